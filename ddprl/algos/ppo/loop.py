@@ -1,0 +1,270 @@
+"""PPO with DDP: every rank collects its own rollout, one model learns from all of them.
+
+The whole algorithm is :func:`train`, read top to bottom; :func:`learn` is its update phase
+(epochs x minibatches, ``sync_freq`` accumulation, global-KL early stop). Neither touches
+torch.distributed: collectives go through the runtime ``rt``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from typing import Any
+
+import torch
+
+from ddprl.algos.ppo.loss import ppo_loss
+from ddprl.algos.ppo.networks import ActorCritic
+from ddprl.algos.ppo.rollout import RolloutBuffer, compute_gae
+from ddprl.checkpoint import load_checkpoint, rng_state, set_rng_state, strip_prefixes
+from ddprl.config import to_dict
+from ddprl.envs import env_seed, make_env
+from ddprl.evaluate import Actor, evaluate
+from ddprl.metrics import MetricsLogger
+from ddprl.normalize import RunningMeanStd
+from ddprl.run import Checkpointer, open_run_dir
+
+log = logging.getLogger("ddprl")
+
+
+# Keys that shape the network: a resumed run may not change them.
+ARCHITECTURE_KEYS = ("policy", "hidden_sizes", "policy_width", "policy_depth")
+
+
+def autocast_context(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """Mixed precision for forward passes: bf16/fp16 autocast, or nothing for fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+
+
+def build_agent(cfg: Any, env: Any) -> ActorCritic:
+    return ActorCritic(env.single_observation_space, env.single_action_space, policy=cfg.policy,
+                       hidden_sizes=list(cfg.hidden_sizes), policy_width=cfg.policy_width,
+                       policy_depth=cfg.policy_depth)
+
+
+def learn(rt: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+          batch: dict[str, torch.Tensor], cfg: Any) -> dict[str, float]:
+    """PPO's update phase on this rank's flattened rollout ``batch``; returns global means.
+
+    Each optimizer step sees ``sync_freq`` minibatches of ``batch_size`` per rank: the first
+    k-1 backward passes run under ``no_sync`` (local accumulation), the k-th all-reduces
+    (DESIGN.md invariant 5). Every rank has the same number of samples, so the same number of
+    minibatches, so the same collectives; the KL early stop uses the globally reduced KL.
+    """
+    n = batch["obs"].shape[0]
+    num_minibatches = n // cfg.batch_size
+    k = cfg.sync_freq
+    autocast = autocast_context(rt.device, cfg.precision)
+    sums: dict[str, torch.Tensor] = {}
+    count = 0
+    epochs_done = 0
+    for _ in range(cfg.epochs):
+        perm = torch.randperm(n, device=batch["obs"].device)
+        epoch_kl = torch.zeros((), device=rt.device)
+        for i in range(num_minibatches):
+            idx = perm[i * cfg.batch_size:(i + 1) * cfg.batch_size]
+            group_start = (i // k) * k
+            group_size = min(k, num_minibatches - group_start)  # the last group may be shorter
+            steps_optimizer = i - group_start == group_size - 1
+            with rt.no_sync(model, enabled=not steps_optimizer):
+                with autocast:
+                    out = model(batch["obs"][idx], batch["actions"][idx])
+                terms = ppo_loss(out, batch["log_probs"][idx], batch["values"][idx], batch["advantages"][idx],
+                                 batch["returns"][idx], cfg.clip_coef, cfg.clip_vloss, cfg.vf_coef, cfg.ent_coef)
+                scaler.scale(terms["loss"] / group_size).backward()
+            if steps_optimizer:
+                scaler.unscale_(optimizer)
+                if cfg.max_grad_norm > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+            for key, value in terms.items():
+                sums[key] = sums.get(key, 0.0) + value.detach().float()
+            epoch_kl += terms["approx_kl"]
+            count += 1
+        epochs_done += 1
+        if cfg.target_kl is not None:
+            # Decided on the KL averaged over ranks: a per-rank decision would let one rank
+            # leave the epoch loop while the others wait in its all-reduce (a deadlock).
+            global_kl = rt.all_reduce_mean(float(epoch_kl) / max(1, num_minibatches))
+            if global_kl > cfg.target_kl:
+                break
+    local = {f"train/{k}": float(v) / max(1, count) for k, v in sums.items()}
+    local["train/epochs"] = float(epochs_done)
+    return rt.all_reduce_mean(local)
+
+
+def train(rt: Any, cfg: Any) -> None:
+    """Train PPO on ``cfg.task`` for ``cfg.steps`` global agent steps (runs on every rank)."""
+    # -- sizes: global in, local derived (DESIGN.md invariant 4) -------------------------------
+    local_num_envs = cfg.local_num_envs(rt.world_size)
+    steps_per_iteration = cfg.n_steps * local_num_envs * rt.world_size  # global
+    num_iterations = math.ceil(cfg.steps / steps_per_iteration)
+
+    ckpt = load_checkpoint(cfg.resume, expect_algo="ppo") if cfg.resume else None
+    same_world = ckpt is not None and ckpt["world_size"] == rt.world_size
+    run_dir = open_run_dir(rt, cfg)
+    # Per-rank randomness (action sampling, minibatch order). Weights don't depend on it:
+    # DDP broadcasts rank 0's weights at wrap time.
+    torch.manual_seed(cfg.seed + rt.rank)
+    env = make_env(cfg.task, local_num_envs, seed=env_seed(cfg.seed, rt.rank), device=rt.device, **cfg.env_kwargs)
+    obs = env.reset()
+
+    agent = build_agent(cfg, env)
+    obs_rms = RunningMeanStd(tuple(env.single_observation_space.shape)).to(rt.device)
+    global_step, start_iteration = 0, 0
+    if ckpt is not None:
+        agent.load_state_dict(ckpt["state"]["model"])
+        obs_rms.load_state_dict(ckpt["state"]["obs_rms"])
+        global_step, start_iteration = ckpt["step"], ckpt["iteration"]
+    model = rt.wrap(agent, compile=cfg.compile)
+    policy = rt.unwrap(model)  # acting needs no gradient sync: skip the DDP forward
+    checksum = rt.check_in_sync(model)
+    log.info("parameters synchronised across %d rank(s) (checksum %.6f)", rt.world_size, checksum)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=1e-5)
+    scaler = torch.amp.GradScaler(rt.device.type, enabled=cfg.precision == "fp16")
+    if ckpt is not None:
+        optimizer.load_state_dict(ckpt["state"]["optimizer"])
+        scaler.load_state_dict(ckpt["state"]["scaler"])
+        if same_world:
+            # Continue exactly where the interrupted run was: same RNG streams, same episodes.
+            rank_state = ckpt["ranks"][rt.rank]
+            set_rng_state(rank_state["rng"])
+            if rank_state["env"] is not None:
+                obs = env.load_state_dict(rank_state["env"])
+        else:
+            log.warning("resuming %d-rank checkpoint on %d ranks: environments restart with new seeds",
+                        ckpt["world_size"], rt.world_size)
+            obs = env.reset(seed=env_seed(cfg.seed + global_step, rt.rank))
+
+    def normalize(x: torch.Tensor) -> torch.Tensor:
+        return obs_rms.normalize(x) if cfg.norm_obs else x
+
+    def act_deterministic(x: torch.Tensor) -> torch.Tensor:
+        return policy(normalize(x), deterministic=True).action
+
+    def save(step: int, iteration: int) -> None:
+        rt.check_in_sync(model, "parameters at checkpoint")
+        payload = {
+            "algo": "ppo", "task": cfg.task, "step": step, "iteration": iteration, "config": to_dict(cfg),
+            "state": {"model": strip_prefixes(policy.state_dict()), "optimizer": optimizer.state_dict(),
+                      "scaler": scaler.state_dict(), "obs_rms": obs_rms.state_dict()},
+        }
+        checkpointer.save(rt, step, payload, {"rng": rng_state(), "env": env.state_dict()})
+
+    def run_eval(step: int) -> dict[str, float]:
+        result = evaluate(rt, lambda n, s: make_env(cfg.task, n, seed=s, device=rt.device, **cfg.env_kwargs),
+                          act_deterministic, cfg.eval_episodes, cfg.seed, extra_keys=getattr(env, "extra_info_keys", ()))
+        return {f"eval/{k}": v for k, v in result.items()}
+
+    effective_batch = cfg.effective_batch_size(rt.world_size)
+    log.info("run directory %s | %d ranks x %d envs | effective batch %d | %d iterations of %d steps",
+             run_dir, rt.world_size, local_num_envs, effective_batch, num_iterations, steps_per_iteration)
+    logger = MetricsLogger(run_dir, cfg, rt.is_main, total_steps=num_iterations * steps_per_iteration,
+                           start_step=global_step)
+    checkpointer = Checkpointer(run_dir)
+    action_shape = tuple(env.single_action_space.shape)
+    buffer = RolloutBuffer(cfg.n_steps, local_num_envs, tuple(env.single_observation_space.shape), action_shape,
+                           torch.long if agent.discrete else torch.float32, rt.device)
+    autocast = autocast_context(rt.device, cfg.precision)
+
+    for iteration in range(start_iteration, num_iterations):
+        if cfg.anneal_lr:
+            for group in optimizer.param_groups:
+                group["lr"] = cfg.lr * (1.0 - iteration / num_iterations)
+        # -- rollout: n_steps in each local env (no gradient, no collective) ---------------------
+        t_start = time.perf_counter()
+        ep_return_sum = torch.zeros((), device=rt.device)
+        ep_count = torch.zeros((), device=rt.device)
+        with torch.no_grad():
+            for t in range(cfg.n_steps):
+                with autocast:
+                    out = policy(normalize(obs))
+                next_obs, reward, terminated, truncated, info = env.step(out.action)
+                with autocast:
+                    # V(final_obs) bootstraps truncated episodes (kept apart from terminated ones).
+                    final_values = policy.value(normalize(info["final_obs"])).float()
+                buffer.store(t, obs=obs, actions=out.action, log_probs=out.log_prob, values=out.value,
+                             rewards=reward, terminated=terminated, truncated=truncated, final_values=final_values)
+                done = terminated | truncated
+                ep_return_sum += (info["episode_return"] * done).sum()
+                ep_count += done.sum()
+                obs = next_obs
+            with autocast:
+                next_values = policy.value(normalize(obs)).float()
+        rollout = buffer.data
+        advantages, returns = compute_gae(rollout, next_values, cfg.gamma, cfg.gae_lambda)
+        if cfg.norm_adv:
+            # Normalised with the global mean/std (over all ranks' rollouts), so DDP on N half
+            # rollouts computes the same update as one process on the whole rollout.
+            moments = rt.all_reduce_sum(torch.stack([advantages.new_tensor(advantages.numel()),
+                                                     advantages.sum(), (advantages ** 2).sum()]))
+            mean = moments[1] / moments[0]
+            std = (moments[2] / moments[0] - mean ** 2).clamp_min(0).sqrt()
+            advantages = (advantages - mean) / (std + 1e-8)
+        t_rollout = time.perf_counter() - t_start
+
+        # -- update -------------------------------------------------------------------------------
+        t_update_start = time.perf_counter()
+        batch = {
+            "obs": normalize(rollout.obs.flatten(0, 1)), "actions": rollout.actions.flatten(0, 1),
+            "log_probs": rollout.log_probs.flatten(), "values": rollout.values.flatten(),
+            "advantages": advantages.flatten(), "returns": returns.flatten(),
+        }
+        metrics = learn(rt, model, optimizer, scaler, batch, cfg)
+        if cfg.norm_obs:  # after the update: rollout and update used the same statistics
+            obs_rms.update(rollout.obs, reduce_sum=rt.all_reduce_sum)
+        t_update = time.perf_counter() - t_update_start
+
+        # -- bookkeeping: every number is global (DESIGN.md invariant 7) -------------------------
+        global_step += steps_per_iteration
+        local_fps = cfg.n_steps * local_num_envs / (t_rollout + t_update)
+        episodes = rt.all_reduce_sum(torch.stack([ep_return_sum, ep_count]).float())
+        metrics.update(rt.all_reduce_mean({"time/rollout_s": t_rollout, "time/update_s": t_update}))
+        metrics["time/global_fps"] = rt.all_reduce_sum(local_fps)
+        metrics["train/effective_batch_size"] = float(effective_batch)
+        metrics["train/lr"] = optimizer.param_groups[0]["lr"]
+        if episodes[1] > 0:
+            metrics["train/episode_return"] = float(episodes[0] / episodes[1])
+        last = iteration == num_iterations - 1
+        if _crossed(global_step, steps_per_iteration, cfg.eval_freq) or (last and cfg.eval_episodes > 0):
+            metrics.update(run_eval(global_step))
+        logger.log(global_step, metrics)
+        logger.progress(global_step, metrics["time/global_fps"])
+        if _crossed(global_step, steps_per_iteration, cfg.checkpoint_freq) or last:
+            save(global_step, iteration + 1)
+
+    logger.close()
+    env.close()
+    if rt.is_main:
+        print(f"run directory: {run_dir}", flush=True)
+
+
+def _crossed(step: int, stride: int, every: int) -> bool:
+    """True when ``step`` just passed a multiple of ``every`` (steps advance by ``stride``)."""
+    return every > 0 and (step // every) > ((step - stride) // every)
+
+
+def load_actor(cfg: Any, state: dict[str, Any], device: torch.device) -> Actor:
+    """A deterministic PPO policy from a checkpoint's ``state``, for eval and play."""
+    def make(num_envs: int, seed: int):
+        return make_env(cfg.task, num_envs, seed=seed, device=device, **cfg.env_kwargs)
+
+    probe = make(1, cfg.seed)
+    agent = build_agent(cfg, probe).to(device).eval()
+    extra_keys = tuple(getattr(probe, "extra_info_keys", ()))
+    probe.close()
+    agent.load_state_dict(state["model"])
+    obs_rms = RunningMeanStd(tuple(probe.single_observation_space.shape)).to(device)
+    obs_rms.load_state_dict(state["obs_rms"])
+
+    @torch.no_grad()
+    def act(obs: torch.Tensor) -> torch.Tensor:
+        return agent(obs_rms.normalize(obs) if cfg.norm_obs else obs, deterministic=True).action
+
+    return Actor(make, act, extra_keys)

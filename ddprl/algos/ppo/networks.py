@@ -1,0 +1,123 @@
+"""PPO actor-critic networks: an MLP for vector observations, a CNN for C x H x W planes.
+
+``forward`` computes everything the PPO loss needs in one call, so that under DDP the whole
+gradient-carrying computation goes through the wrapped module's ``forward`` (STYLE.md rule 5).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+from torch.distributions import Categorical, Normal
+
+
+class PolicyOutput(NamedTuple):
+    action: torch.Tensor  # (B,) discrete or (B, A) continuous
+    log_prob: torch.Tensor  # (B,)
+    entropy: torch.Tensor  # (B,)
+    value: torch.Tensor  # (B,)
+
+
+def _layer(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Module:
+    # Orthogonal init (Engstrom et al. 2020 list it among PPO's code-level choices that matter).
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias)
+    return layer
+
+
+def mlp(in_dim: int, hidden: list[int], out_dim: int, out_std: float) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for width in hidden:
+        layers += [_layer(nn.Linear(in_dim, width)), nn.Tanh()]
+        in_dim = width
+    layers.append(_layer(nn.Linear(in_dim, out_dim), std=out_std))
+    return nn.Sequential(*layers)
+
+
+class ConvTrunk(nn.Module):
+    """``depth`` 3x3 conv layers of ``width`` channels (same padding), then flatten + linear 256."""
+
+    def __init__(self, obs_shape: tuple[int, ...], width: int, depth: int, out_dim: int = 256):
+        super().__init__()
+        c, h, w = obs_shape
+        convs: list[nn.Module] = []
+        for _ in range(depth):
+            convs += [_layer(nn.Conv2d(c, width, 3, padding=1)), nn.ReLU()]
+            c = width
+        self.convs = nn.Sequential(*convs)
+        self.head = nn.Sequential(nn.Flatten(), _layer(nn.Linear(width * h * w, out_dim)), nn.ReLU())
+        self.out_dim = out_dim
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, out_dim)
+        return self.head(self.convs(obs))
+
+
+class ActorCritic(nn.Module):
+    """Policy and value function for a Discrete or Box action space.
+
+    >>> net = ActorCritic(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), hidden_sizes=[64, 64])
+    >>> out = net(torch.zeros(3, 4))
+    >>> out.action.shape, out.value.shape
+    (torch.Size([3]), torch.Size([3]))
+    """
+
+    def __init__(
+        self,
+        obs_space: gym.Space,
+        action_space: gym.Space,
+        policy: str = "mlp",
+        hidden_sizes: list[int] = (64, 64),
+        policy_width: int = 32,
+        policy_depth: int = 2,
+    ):
+        super().__init__()
+        obs_shape = tuple(obs_space.shape)
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        n_out = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
+        if policy == "cnn":
+            if len(obs_shape) != 3:
+                raise ValueError(f"policy=cnn needs C x H x W observations, got shape {obs_shape}")
+            # A shared conv trunk: the expensive part is computed once for actor and critic.
+            self.trunk: nn.Module = ConvTrunk(obs_shape, policy_width, policy_depth)
+            feat = self.trunk.out_dim
+            self.actor = _layer(nn.Linear(feat, n_out), std=0.01)
+            self.critic = _layer(nn.Linear(feat, 1), std=1.0)
+        else:
+            in_dim = int(np.prod(obs_shape))
+            self.trunk = nn.Flatten()
+            # Separate actor and critic MLPs: the usual choice for low-dimensional control.
+            self.actor = mlp(in_dim, list(hidden_sizes), n_out, out_std=0.01)
+            self.critic = mlp(in_dim, list(hidden_sizes), 1, out_std=1.0)
+        if not self.discrete:
+            self.log_std = nn.Parameter(torch.zeros(n_out))
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        """V(obs), shape (B,)."""
+        return self.critic(self.trunk(obs)).squeeze(-1)
+
+    def distribution(self, features: torch.Tensor):
+        logits_or_mean = self.actor(features).float()  # distributions in fp32 even under autocast
+        if self.discrete:
+            return Categorical(logits=logits_or_mean)
+        return Normal(logits_or_mean, self.log_std.exp().expand_as(logits_or_mean))
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor | None = None, deterministic: bool = False) -> PolicyOutput:
+        """Sample (or score a given ``action``) and evaluate the value, in one pass."""
+        features = self.trunk(obs)
+        dist = self.distribution(features)
+        if action is None:
+            if deterministic:
+                action = dist.probs.argmax(-1) if self.discrete else dist.mean
+            else:
+                action = dist.sample()
+        log_prob = dist.log_prob(action)
+        entropy = dist.entropy()
+        if not self.discrete:  # independent action dims: sum over the last axis
+            log_prob, entropy = log_prob.sum(-1), entropy.sum(-1)
+        value = self.critic(features).squeeze(-1).float()
+        return PolicyOutput(action, log_prob, entropy, value)

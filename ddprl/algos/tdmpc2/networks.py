@@ -1,0 +1,362 @@
+"""TD-MPC2 networks (Hansen, Wang, Su, ICLR 2024): world model, Q ensemble, policy prior.
+
+Facts (sizes, layers, init) are from REFERENCE.md, "TD-MPC2". Notation: B batch, H horizon,
+Q ensemble members, d latent_dim, A action_dim, h mlp_dim, K = 101 bins.
+
+DDP design (STYLE.md 5: every gradient-carrying call goes through a wrapped module's forward)
+----------------------------------------------------------------------------------------------
+TD-MPC2 makes two updates per step: the world-model loss (encoder, dynamics, reward, Qs) and
+then the policy loss (policy prior only, against the *updated* Qs). They touch disjoint
+trainable parameters, so the loop wraps two modules, each with a forward computing its loss
+input in one call::
+
+    model = WorldModel(obs_dim, action_dim, model_size=5).to(device)
+    wm = rt.wrap(model)              # DDP #1: forward(obs, action, reward, terminated, discount)
+    pi = rt.wrap(model.policy)       # DDP #2: forward(z) -> (action, info)
+    model.make_target()              # after wrapping: copy the broadcast Q weights
+
+    out = wm(obs, action, reward, terminated, discount)   # dict, see WorldModel.forward
+    ... world-model loss from out, backward, step ...
+    action, info = pi(out["z"].detach())                   # policy on detached latents
+    q = model.Q(out["z"].detach(), action, "avg", detach=True)   # Q params get no grad
+    ... policy loss, backward, step; model.soft_update_target(0.01) ...
+
+``WorldModel`` lists the policy's parameters and the target Q buffers in the attribute
+``_ddp_params_and_buffers_to_ignore``, which DistributedDataParallel reads at construction
+(PyTorch's documented hook for this, see ``DistributedDataParallel.
+_set_params_and_buffers_to_ignore_for_model``). So DDP #1 neither expects gradients for the
+policy (no "unused parameters" error, no ``find_unused_parameters=True``) nor broadcasts the
+target copy on every forward; DDP #2 owns the policy (it broadcasts it at wrap time and
+all-reduces its gradients). Wrap with DDP *before* torch.compile: the attribute lives on the
+plain module. The target Q copy is a set of buffers (never trainable), created at
+construction so state dicts always hold it; ``make_target()`` refreshes it from the online Qs
+after DDP broadcast the weights (REFERENCE.md: the official distributed branch copied before
+the broadcast, so ranks started with different targets).
+
+The Q ensemble is computed in one batched call over members: weights are stacked with shape
+(Q, in, out), the first layer is one einsum for all members and later layers one baddbmm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .math import NUM_BINS, squash_log_std, squashed_gaussian_sample, two_hot_inv
+
+
+# --------------------------------------------------------------------------- sizes
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """Widths of one TD-MPC2 model size (REFERENCE.md, model-size table)."""
+
+    enc_dim: int
+    mlp_dim: int
+    latent_dim: int
+    num_enc_layers: int
+    num_q: int
+
+
+MODEL_SIZES: dict[int, ModelDims] = {
+    1: ModelDims(enc_dim=256, mlp_dim=384, latent_dim=128, num_enc_layers=2, num_q=2),
+    5: ModelDims(enc_dim=256, mlp_dim=512, latent_dim=512, num_enc_layers=2, num_q=5),
+    19: ModelDims(enc_dim=1024, mlp_dim=1024, latent_dim=768, num_enc_layers=3, num_q=5),
+    48: ModelDims(enc_dim=1792, mlp_dim=1792, latent_dim=768, num_enc_layers=4, num_q=5),
+    317: ModelDims(enc_dim=4096, mlp_dim=4096, latent_dim=1376, num_enc_layers=5, num_q=8),
+}
+
+
+def dims_for_model_size(size: int) -> ModelDims:
+    """Dimensions for a model size in millions of parameters (the paper's names).
+
+    >>> dims_for_model_size(5).latent_dim
+    512
+    """
+    if size not in MODEL_SIZES:
+        valid = ", ".join(str(s) for s in MODEL_SIZES)
+        raise ValueError(f"model_size must be one of {valid}; got {size!r}")
+    return MODEL_SIZES[size]
+
+
+# --------------------------------------------------------------------------- layers
+
+
+class SimNorm(nn.Module):
+    """Simplicial normalisation: softmax over groups of ``group`` features (default 8).
+
+    Bounds the latent and keeps it sparse-ish, which the paper credits for stable long
+    training. (..., d) -> (..., d), each group of 8 sums to 1.
+    """
+
+    def __init__(self, group: int = 8):
+        super().__init__()
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        return F.softmax(x.unflatten(-1, (shape[-1] // self.group, self.group)), -1).reshape(shape)
+
+
+class NormedLinear(nn.Module):
+    """Linear -> Dropout (if p > 0) -> LayerNorm -> activation (Mish unless given)."""
+
+    def __init__(self, in_dim: int, out_dim: int, dropout: float = 0.0, act: Optional[nn.Module] = None):
+        super().__init__()
+        self.linear = nn.Linear(in_dim, out_dim)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.ln = nn.LayerNorm(out_dim)
+        self.act = act if act is not None else nn.Mish()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.ln(self.dropout(self.linear(x))))
+
+
+def mlp(in_dim: int, hidden: int, out_dim: int, last: str = "linear") -> nn.Sequential:
+    """in -> h -> h -> out with NormedLinear hidden layers; last is a plain Linear ("linear")
+    or NormedLinear + SimNorm ("simnorm", used by encoder and dynamics)."""
+    head = nn.Linear(hidden, out_dim) if last == "linear" else NormedLinear(hidden, out_dim, act=SimNorm())
+    return nn.Sequential(NormedLinear(in_dim, hidden), NormedLinear(hidden, hidden), head)
+
+
+class QEnsemble(nn.Module):
+    """Q members of (in -> h -> h -> K), evaluated in ONE batched call over members.
+
+    Tensors (stacked over members): ``weight{i}`` (Q, in_i, out_i), ``bias{i}`` (Q, out_i),
+    and for the two hidden layers ``ln_weight{i}``, ``ln_bias{i}`` (Q, out_i). Dropout (0.01,
+    REFERENCE.md) on the first layer only. ``trainable=False`` registers the same tensors as
+    buffers: that is the target copy, invisible to optimizers and DDP gradient sync.
+
+    Example:
+        >>> qs = QEnsemble(num_q=5, in_dim=12, hidden=32)
+        >>> qs(torch.randn(3, 7, 12)).shape          # (Q, H, B, K)
+        torch.Size([5, 3, 7, 101])
+    """
+
+    def __init__(self, num_q: int, in_dim: int, hidden: int, out_dim: int = NUM_BINS,
+                 dropout: float = 0.01, trainable: bool = True):
+        super().__init__()
+        self.num_q, self.dropout = num_q, dropout
+        dims = [in_dim, hidden, hidden, out_dim]
+        self.num_layers = len(dims) - 1
+        self._names: list[str] = []
+        for i, (d_in, d_out) in enumerate(zip(dims[:-1], dims[1:])):
+            tensors = {f"weight{i}": torch.empty(num_q, d_in, d_out), f"bias{i}": torch.zeros(num_q, d_out)}
+            if i < self.num_layers - 1:
+                tensors |= {f"ln_weight{i}": torch.ones(num_q, d_out), f"ln_bias{i}": torch.zeros(num_q, d_out)}
+            for name, t in tensors.items():
+                if trainable:
+                    self.register_parameter(name, nn.Parameter(t))
+                else:
+                    self.register_buffer(name, t)
+                self._names.append(name)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """All stacked tensors, in a fixed order (used to copy online -> target)."""
+        return [getattr(self, n) for n in self._names]
+
+    def forward(self, x: torch.Tensor, members: Optional[torch.Tensor] = None, detach: bool = False) -> torch.Tensor:
+        """x (..., in) -> logits (M, ..., K); M = Q, or len(members) for an index tensor
+        ``members``. ``detach=True`` uses detached weights: gradients reach ``x`` only."""
+        t = {}
+        for n in self._names:
+            v = getattr(self, n)
+            v = v.detach() if detach else v
+            t[n] = v if members is None else v.index_select(0, members)
+        lead = x.shape[:-1]
+        h = x.reshape(-1, x.shape[-1])  # (N, in)
+        for i in range(self.num_layers):
+            if i == 0:  # one GEMM for all members: the input is shared
+                h = torch.einsum("ni,mio->mno", h, t["weight0"]) + t["bias0"].unsqueeze(1)
+            else:  # (M, N, in_i) @ (M, in_i, out_i), batched over members
+                h = torch.baddbmm(t[f"bias{i}"].unsqueeze(1), h, t[f"weight{i}"])
+            if i < self.num_layers - 1:
+                if i == 0 and self.dropout > 0:
+                    h = F.dropout(h, self.dropout, self.training)
+                h = F.layer_norm(h, h.shape[-1:])
+                h = F.mish(h * t[f"ln_weight{i}"].unsqueeze(1) + t[f"ln_bias{i}"].unsqueeze(1))
+        return h.reshape(h.shape[0], *lead, h.shape[-1])
+
+
+class PolicyPrior(nn.Module):
+    """Tanh-squashed Gaussian policy d -> h -> h -> 2A (mean, log_std in [-10, 2]).
+
+    ``forward(z)`` is the DDP entry point of the policy update. Returns ``(action, info)``:
+    action (..., A) in (-1, 1), and info with ``mean`` (tanh of the mean, the deterministic
+    action), ``log_std`` (..., A), ``log_prob`` (..., 1) log density of the squashed action
+    summed over dims, ``entropy`` = -log_prob / A (per-dimension estimate) and
+    ``scaled_entropy`` = -log_prob = A * entropy: the entropy bonus is scaled by the action
+    dim (REFERENCE.md: "entropy 1e-4 * scaled entropy"), so its weight relative to the
+    per-dimension Gaussian terms does not shrink in high-dimensional action spaces.
+    Noise comes from the global RNG unless ``eps`` is given.
+
+    Example:
+        >>> pi = PolicyPrior(latent_dim=16, mlp_dim=32, action_dim=3)
+        >>> a, info = pi(torch.randn(5, 16))
+        >>> a.shape, info["scaled_entropy"].shape
+        (torch.Size([5, 3]), torch.Size([5, 1]))
+    """
+
+    def __init__(self, latent_dim: int, mlp_dim: int, action_dim: int,
+                 log_std_min: float = -10.0, log_std_max: float = 2.0):
+        super().__init__()
+        self.action_dim = action_dim
+        self.log_std_min, self.log_std_max = log_std_min, log_std_max
+        self.net = mlp(latent_dim, mlp_dim, 2 * action_dim)
+
+    def forward(self, z: torch.Tensor, eps: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, dict]:
+        mean, raw_log_std = self.net(z).chunk(2, dim=-1)  # (..., A) each
+        log_std = squash_log_std(raw_log_std, self.log_std_min, self.log_std_max)
+        action, mean, log_prob = squashed_gaussian_sample(mean, log_std, eps)
+        entropy = -log_prob / self.action_dim
+        info = {"mean": mean, "log_std": log_std, "log_prob": log_prob,
+                "entropy": entropy, "scaled_entropy": -log_prob}
+        return action, info
+
+
+# --------------------------------------------------------------------------- world model
+
+
+class WorldModel(nn.Module):
+    """TD-MPC2 implicit world model: encoder, latent dynamics, reward, Q ensemble, policy.
+
+    Args: obs_dim, action_dim; model_size in {1, 5, 19, 48, 317}; ``dims`` overrides the
+    table (tests, tiny models). ``parameters()`` are the online networks only (the target Q
+    copy is buffers). See the module docstring for the DDP contract.
+
+    Example:
+        >>> model = WorldModel(obs_dim=24, action_dim=6, model_size=1)
+        >>> z = model.encode(torch.randn(8, 24))                     # (B, d)
+        >>> model.Q(z, torch.zeros(8, 6), "min").shape               # (B, 1)
+        torch.Size([8, 1])
+    """
+
+    def __init__(self, obs_dim: int, action_dim: int, model_size: int = 5, dims: Optional[ModelDims] = None):
+        super().__init__()
+        self.dims = dims if dims is not None else dims_for_model_size(model_size)
+        d, h, e, A = self.dims.latent_dim, self.dims.mlp_dim, self.dims.enc_dim, action_dim
+        self.obs_dim, self.action_dim, self.num_q = obs_dim, action_dim, self.dims.num_q
+        n_hidden = max(self.dims.num_enc_layers - 1, 1)
+        self.encoder = nn.Sequential(
+            *[NormedLinear(obs_dim if i == 0 else e, e) for i in range(n_hidden)],
+            NormedLinear(e, d, act=SimNorm()),
+        )
+        self.dynamics = mlp(d + A, h, d, last="simnorm")
+        self.reward_head = mlp(d + A, h, NUM_BINS)
+        self.qs = QEnsemble(self.num_q, d + A, h, NUM_BINS, dropout=0.01)
+        self.target_qs = QEnsemble(self.num_q, d + A, h, NUM_BINS, dropout=0.01, trainable=False)
+        self.policy = PolicyPrior(d, h, A)
+        self.reset_parameters()
+        # Read by DistributedDataParallel at wrap time: the policy is synced by its own DDP
+        # wrapper and the target copy is derived locally (module docstring).
+        self._ddp_params_and_buffers_to_ignore = [f"policy.{n}" for n, _ in self.policy.named_parameters()] + [
+            f"target_qs.{n}" for n, _ in self.target_qs.named_buffers()
+        ]
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """REFERENCE.md init: weights ~ truncated normal(std 0.02), biases 0, LayerNorm (1, 0);
+        last layer of reward and of every Q zeroed (value/reward predictions start at 0)."""
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias)
+        for i in range(self.qs.num_layers - 1):
+            nn.init.trunc_normal_(getattr(self.qs, f"weight{i}"), std=0.02)
+        nn.init.zeros_(getattr(self.qs, f"weight{self.qs.num_layers - 1}"))
+        nn.init.zeros_(self.reward_head[-1].weight)
+        self.make_target()
+
+    # ---- pieces -----------------------------------------------------------------------
+    def encode(self, obs: torch.Tensor) -> torch.Tensor:
+        """(..., obs_dim) -> (..., d)."""
+        return self.encoder(obs)
+
+    def next(self, z: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """Latent dynamics: (..., d), (..., A) -> (..., d)."""
+        return self.dynamics(torch.cat([z, a], -1))
+
+    def reward(self, z: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """Reward logits (..., K); decode with ``two_hot_inv``."""
+        return self.reward_head(torch.cat([z, a], -1))
+
+    def pi(self, z: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """Policy prior sample: see :class:`PolicyPrior`."""
+        return self.policy(z)
+
+    def Q(self, z: torch.Tensor, a: torch.Tensor, return_type: str = "min",
+          target: bool = False, detach: bool = False) -> torch.Tensor:
+        """Q ensemble. 'all': logits (Q, ..., K). 'min' / 'avg': scalar (..., 1), min or mean
+        of 2 members drawn at random (without replacement, on z's device: no host sync).
+        ``target`` uses the target copy; ``detach`` blocks gradients to Q parameters only
+        (policy loss). Only the 2 drawn members are computed for 'min' / 'avg'."""
+        if return_type not in ("all", "min", "avg"):
+            raise ValueError(f"return_type must be 'all', 'min' or 'avg'; got {return_type!r}")
+        net = self.target_qs if target else self.qs
+        x = torch.cat([z, a], -1)
+        if return_type == "all":
+            return net(x, detach=detach)
+        members = torch.randperm(self.num_q, device=x.device)[:2]
+        q = two_hot_inv(net(x, members=members, detach=detach))  # (2, ..., 1)
+        return q.min(0).values if return_type == "min" else q.mean(0)
+
+    # ---- target copy -------------------------------------------------------------------
+    @torch.no_grad()
+    def make_target(self) -> None:
+        """target <- online Q weights. Call after DDP wrapping (weights broadcast by then)."""
+        for t, p in zip(self.target_qs.tensors(), self.qs.tensors()):
+            t.copy_(p)
+
+    @torch.no_grad()
+    def soft_update_target(self, tau: float) -> None:
+        """target <- (1 - tau) target + tau online (REFERENCE.md: tau = 0.01)."""
+        for t, p in zip(self.target_qs.tensors(), self.qs.tensors()):
+            t.lerp_(p, tau)
+
+    # ---- losses' inputs ----------------------------------------------------------------
+    @torch.no_grad()
+    def td_target(self, next_z: torch.Tensor, reward: torch.Tensor,
+                  terminated: Optional[torch.Tensor], discount: Union[float, torch.Tensor]) -> torch.Tensor:
+        """r + discount * (1 - terminated) * min of 2 random target Qs at (z', pi(z')).
+        Shapes (H, B, d), (H, B, 1), (H, B, 1) or None -> (H, B, 1). No gradient."""
+        q = self.Q(next_z, self.pi(next_z)[0], "min", target=True)
+        not_done = 1.0 if terminated is None else 1.0 - terminated.to(q.dtype)
+        return reward + discount * not_done * q
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor, reward: Optional[torch.Tensor] = None,
+                terminated: Optional[torch.Tensor] = None,
+                discount: Union[float, torch.Tensor, None] = None) -> dict[str, torch.Tensor]:
+        """Everything the world-model loss needs, in one call (the DDP entry point).
+
+        Args: obs (H+1, B, obs_dim), action (H, B, A); optional reward / terminated
+        (H, B, 1) and discount to also return TD targets.
+        Returns dict: ``z`` (H+1, B, d) latent rollout from enc(obs[0]) through the dynamics
+        (with grad); ``next_z`` (H, B, d) = enc(obs[1:]) without grad (consistency target, no
+        target encoder: REFERENCE.md); ``reward_logits`` (H, B, K) and ``q_logits``
+        (Q, H, B, K) at (z[:-1], action); ``td_target`` (H, B, 1) when reward is given.
+        """
+        with torch.no_grad():
+            next_z = self.encode(obs[1:])
+        zs = [self.encode(obs[0])]
+        for t in range(action.shape[0]):
+            zs.append(self.next(zs[-1], action[t]))
+        z = torch.stack(zs)  # (H+1, B, d)
+        out = {"z": z, "next_z": next_z,
+               "reward_logits": self.reward(z[:-1], action), "q_logits": self.Q(z[:-1], action, "all")}
+        if reward is not None:
+            if discount is None:
+                raise ValueError("forward: discount is required with reward")
+            out["td_target"] = self.td_target(next_z, reward, terminated, discount)
+        return out
+
+    def world_model_param_groups(self, lr: float, encoder_lr_scale: float = 0.3) -> list[dict]:
+        """Adam param groups for the world-model optimizer (REFERENCE.md: encoder lr x 0.3);
+        the policy has its own optimizer over ``model.policy.parameters()``."""
+        rest = [p for m in (self.dynamics, self.reward_head, self.qs) for p in m.parameters()]
+        return [{"params": list(self.encoder.parameters()), "lr": lr * encoder_lr_scale},
+                {"params": rest, "lr": lr}]

@@ -1,0 +1,112 @@
+"""Checkpoints: plain state dicts, written atomically by rank 0, loaded with ``weights_only=True``.
+
+Layout of a checkpoint file (DESIGN.md invariant 8)::
+
+    {"format_version": 1, "algo": str, "task": str, "step": int, "config": {...},
+     "world_size": int, "state": {"model": state_dict, "optimizer": state_dict, ...},
+     "ranks": [ {rank 0's RNG and env state}, {rank 1's}, ... ]}
+
+Saving is collective (every rank calls it: each hands in its own RNG/env state); the runtime
+decides who writes. A checkpoint from N ranks loads in one CPU process.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ddprl.errors import UsageError
+
+FORMAT_VERSION = 1
+
+
+def strip_prefixes(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """Remove wrapper prefixes (``module.``, ``_orig_mod.``) from the *front* of keys only.
+
+    A parameter called ``submodule.weight`` keeps its name: prefixes, never substrings.
+    """
+    out = {}
+    for key, value in state_dict.items():
+        while True:
+            for prefix in ("module.", "_orig_mod."):
+                if key.startswith(prefix):
+                    key = key[len(prefix):]
+                    break
+            else:
+                break
+        out[key] = value
+    return out
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states (torch, CUDA, numpy, random) as weights_only-loadable values."""
+    np_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"keys": torch.as_tensor(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "python": [list(random.getstate()[1]), random.getstate()[0], random.getstate()[2]],
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    internal, version, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _to_cpu(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+def save_checkpoint(rt: Any, path: Path, payload: dict[str, Any], rank_state: dict[str, Any]) -> None:
+    """Collective: gather every rank's ``rank_state``; rank 0 writes ``payload`` + them atomically.
+
+    ``payload`` holds the global state (identical on every rank): plain state dicts, counters,
+    the config. Written to ``<path>.tmp`` then renamed, so a crash never leaves half a file.
+    """
+    ranks = rt.all_gather_object(_to_cpu(rank_state))
+    if not rt.is_main:
+        return
+    data = {"format_version": FORMAT_VERSION, "world_size": rt.world_size, **_to_cpu(payload), "ranks": ranks}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(data, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str | Path, expect_algo: str | None = None) -> dict[str, Any]:
+    """Load and check a checkpoint; bad files raise a UsageError that says what is wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"checkpoint {path} does not exist")
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated, corrupt, or not a torch file at all
+        raise UsageError(f"checkpoint {path} cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+    if not isinstance(data, dict) or "format_version" not in data:
+        raise UsageError(f"{path} is not a ddprl checkpoint (no format_version)")
+    if data["format_version"] > FORMAT_VERSION:
+        raise UsageError(f"{path} has format_version {data['format_version']}; this ddprl reads up to {FORMAT_VERSION}")
+    if expect_algo is not None and data.get("algo") != expect_algo:
+        raise UsageError(f"checkpoint {path} was written by algo={data.get('algo')}, not algo={expect_algo}")
+    return data

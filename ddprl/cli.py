@@ -1,0 +1,208 @@
+"""``ddprl`` command line: train, eval, doctor, keys.
+
+    ddprl train [--config-name NAME] [key=value ...]
+    ddprl eval checkpoint=PATH [episodes=10] [device=cpu] [seed=N]
+    ddprl doctor [world_size=2] [device=auto] [backend=auto]
+    ddprl keys [algo=ppo]
+
+Exit codes: 0 done; 2 bad input (one line ``ddprl: error: ...``); 1 failure at run time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import importlib
+import os
+import sys
+from typing import Any, Callable
+
+from ddprl.errors import UsageError
+
+ALGOS = {"ppo": "ddprl.algos.ppo"}
+
+# Settings of the interrupted job that must not carry over into a resumed one.
+NOT_RESUMED = ("master_port", "master_addr", "node_rank", "resume", "run_dir")
+
+
+def algo_module(name: str):
+    """The module of an algorithm: ``train(rt, cfg)`` and ``load_actor(cfg, state, device)``."""
+    return importlib.import_module(ALGOS[name])
+
+
+def _key_values(args: list[str], allowed: dict[str, Callable[[str], Any]], command: str) -> dict[str, Any]:
+    """Parse ``key=value`` arguments of the small commands (eval, doctor)."""
+    import difflib
+
+    values: dict[str, Any] = {}
+    for arg in args:
+        if "=" not in arg:
+            raise UsageError(f"{command}: expected key=value, got {arg!r}")
+        key, value = arg.split("=", 1)
+        if key not in allowed:
+            near = difflib.get_close_matches(key, list(allowed), n=3, cutoff=0.6)
+            hint = f" (did you mean {', '.join(near)}?)" if near else ""
+            raise UsageError(f"{command}: unknown key {key!r}{hint}; keys: {', '.join(allowed)}")
+        try:
+            values[key] = allowed[key](value)
+        except ValueError:
+            raise UsageError(f"{command}: {key}={value!r} is not a valid {allowed[key].__name__}") from None
+    return values
+
+
+def _launcher_overrides(overrides: list[str]) -> list[str]:
+    """Under torchrun/srun the launcher fixes world_size: take it (or refuse a contradiction)."""
+    from ddprl.runtime import detect_launcher
+
+    launcher = detect_launcher()
+    if launcher == "spawn":
+        return overrides
+    actual = int(os.environ["WORLD_SIZE"] if launcher == "torchrun" else os.environ["SLURM_NTASKS"])
+    for o in overrides:
+        if o.startswith("world_size=") and o.split("=", 1)[1] != str(actual):
+            raise UsageError(f"{o} contradicts the {launcher} launcher's world size {actual}; drop world_size=")
+    return [o for o in overrides if not o.startswith("world_size=")] + [f"world_size={actual}"]
+
+
+def prepare_train(overrides: list[str], config_name: str | None):
+    """Resolve and check everything a training job needs before any process starts."""
+    from ddprl.config import load_config
+    from ddprl.envs import check_task
+    from ddprl.run import resolve_resume, run_dir_of_checkpoint
+
+    overrides = _launcher_overrides(overrides)
+    cfg = load_config(overrides, config_name)
+    ckpt_path = resolve_resume(cfg.resume, cfg.run_dir, cfg.algo)
+    if ckpt_path is not None:
+        from ddprl.checkpoint import load_checkpoint
+
+        saved = load_checkpoint(ckpt_path, expect_algo=cfg.algo)["config"]
+        resumed = {k: v for k, v in saved.items() if k not in NOT_RESUMED}
+        cfg = load_config(overrides, config_name, resumed=resumed)
+        if cfg.task != saved["task"]:
+            raise UsageError(f"resume: checkpoint {ckpt_path} is for task={saved['task']}, not task={cfg.task}")
+        for key in getattr(algo_module(cfg.algo), "ARCHITECTURE_KEYS", ()):
+            if getattr(cfg, key) != saved.get(key):
+                raise UsageError(f"resume: {key}={getattr(cfg, key)!r} differs from the checkpoint's {saved.get(key)!r}")
+        run_dir = cfg.run_dir or str(run_dir_of_checkpoint(ckpt_path))
+        cfg = dataclasses.replace(cfg, resume=str(ckpt_path), run_dir=run_dir)
+    elif cfg.resume:  # resume=auto with nothing to resume yet
+        cfg = dataclasses.replace(cfg, resume="")
+    check_task(cfg.task)
+    if cfg.enable_wandb:
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise UsageError("enable_wandb=true needs the wandb package: pip install 'ddprl[wandb]'") from None
+    return cfg
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from ddprl.runtime import launch
+
+    cfg = prepare_train(args.overrides, args.config_name)
+    launch(algo_module(cfg.algo).train, cfg)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from ddprl.checkpoint import load_checkpoint
+    from ddprl.config import load_config
+    from ddprl.runtime import launch
+
+    kv = _key_values(args.overrides, {"checkpoint": str, "episodes": int, "device": str, "seed": int,
+                                      "video": str}, "eval")
+    if "checkpoint" not in kv:
+        raise UsageError("eval: give checkpoint=PATH")
+    if kv.get("episodes", 10) < 1:
+        raise UsageError("eval: episodes must be >= 1")
+    ckpt = load_checkpoint(kv["checkpoint"])
+    if ckpt.get("algo") not in ALGOS:
+        raise UsageError(f"eval: checkpoint algo {ckpt.get('algo')!r} is unknown to this ddprl")
+    saved = {k: v for k, v in ckpt["config"].items() if k not in NOT_RESUMED}
+    # One process: a checkpoint from any number of ranks evaluates here.
+    extra = ["world_size=1", f"num_envs={min(8, kv.get('episodes', 10))}", "progress=false",
+             f"device={kv.get('device', 'auto')}", f"eval_episodes={kv.get('episodes', 10)}"]
+    if "seed" in kv:
+        extra.append(f"seed={kv['seed']}")
+    cfg = load_config(extra, resumed=saved)
+    launch(functools.partial(_eval_rank, ckpt=ckpt, video=kv.get("video")), cfg)
+    return 0
+
+
+def _eval_rank(rt: Any, cfg: Any, ckpt: dict[str, Any], video: str | None) -> None:
+    from ddprl.evaluate import evaluate
+
+    actor = algo_module(cfg.algo).load_actor(cfg, ckpt["state"], rt.device)
+    result = evaluate(rt, actor.make_env, actor.act, cfg.eval_episodes, cfg.seed, actor.extra_keys)
+    if video:
+        from ddprl.video import record_video
+
+        record_video(actor, video, seed=cfg.seed)
+    if rt.is_main:
+        extras = " ".join(f"{k}={v:.4g}" for k, v in result.items() if k not in ("return_mean", "return_std", "episodes"))
+        print(extras, flush=True)
+        print(f"return_mean={result['return_mean']:.4f} return_std={result['return_std']:.4f} "
+              f"episodes={int(result['episodes'])}", flush=True)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from ddprl.config import load_config
+    from ddprl.doctor import doctor, describe_machine
+    from ddprl.runtime import launch
+
+    kv = _key_values(args.overrides, {"world_size": int, "device": str, "backend": str, "master_port": str,
+                                      "size_mb": float, "dist_timeout": float}, "doctor")
+    world_size = kv.pop("world_size", 2)
+    size_mb = kv.pop("size_mb", 64.0)
+    overrides = [f"world_size={world_size}", f"num_envs={world_size}"] + [f"{k}={v}" for k, v in kv.items()]
+    cfg = load_config(_launcher_overrides(overrides))
+    print(describe_machine(cfg), flush=True)
+    launch(functools.partial(doctor, size_mb=size_mb), cfg)
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from ddprl.config import describe
+    from ddprl.config.schema import SCHEMAS
+
+    kv = _key_values(args.overrides, {"algo": str}, "keys")
+    algo = kv.get("algo", "ppo")
+    if algo not in SCHEMAS:
+        raise UsageError(f"keys: unknown algo {algo!r}; choose from {', '.join(SCHEMAS)}")
+    for name, typ, help_ in describe(SCHEMAS[algo]):
+        print(f"{name:18s} {typ:22s} {help_}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ddprl", description="Reinforcement learning with PyTorch DDP.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("train", help="train an agent (key=value overrides)")
+    p.add_argument("--config-name", default=None, help="a shipped config to start from (e.g. a multi-GPU preset)")
+    p.add_argument("overrides", nargs="*")
+    p.set_defaults(fn=cmd_train)
+    for name, fn, help_ in [("eval", cmd_eval, "evaluate a checkpoint in one process"),
+                            ("doctor", cmd_doctor, "check devices, backend, all_reduce and bandwidth"),
+                            ("keys", cmd_keys, "list config keys with their help")]:
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("overrides", nargs="*")
+        p.set_defaults(fn=fn)
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except UsageError as e:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"ddprl: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        print("ddprl: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a rank failed: say which, briefly; its traceback was logged by it
+        from ddprl.runtime import RankFailed
+
+        if isinstance(e, RankFailed):
+            print(f"ddprl: {e}", file=sys.stderr, flush=True)
+            return 1
+        raise

@@ -1,0 +1,163 @@
+"""Configuration: typed schemas, YAML values shipped in the package, Hydra-grammar overrides.
+
+Resolution order (later wins)::
+
+    schema types  <-  base.yaml  <-  algo/<algo>.yaml  <-  task/<task>.yaml  <-  <config-name>.yaml  <-  CLI
+
+``algo=`` and ``task=`` select the group files; every other ``key=value`` sets a key of the
+schema. A task file may hold a section per algorithm (``ppo: {...}``) applied only to it.
+Unknown keys, bad types and out-of-range values raise :class:`~ddprl.errors.UsageError` with
+the key named and near matches suggested. The result is a frozen dataclass instance.
+
+>>> cfg = load_config(["steps=20000", "world_size=1"])
+>>> cfg.algo, cfg.steps, cfg.world_size
+('ppo', 20000, 1)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from ddprl.config.schema import SCHEMAS, CommonConfig
+from ddprl.errors import UsageError
+
+CONFIG_DIR = Path(str(resources.files("ddprl.config")))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    with open(path) as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: expected a mapping of key: value")
+    return data
+
+
+def _parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
+    """``key=value`` strings in Hydra's grammar → {key: python value}, in order."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    parsed: dict[str, Any] = {}
+    for text in overrides:
+        try:
+            ov = parser.parse_override(text)
+        except HydraException as e:
+            first = str(e).strip().splitlines()[0]
+            raise UsageError(f"cannot parse override {text!r}: {first}") from None
+        if ov.is_sweep_override():
+            raise UsageError(f"{text!r}: sweeps (a=1,2) are not supported; run one job per value")
+        if ov.is_delete():
+            raise UsageError(f"{text!r}: deleting keys is not supported; every key has a default")
+        # `+key=` (add) is refused below for unknown keys like a plain override: the schema is closed.
+        parsed[ov.key_or_group] = ov.value()
+    return parsed
+
+
+def known_tasks() -> list[str]:
+    return sorted(p.stem for p in (CONFIG_DIR / "task").glob("*.yaml"))
+
+
+def named_configs() -> list[str]:
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem != "base")
+
+
+def _suggest(word: str, choices: Iterable[str]) -> str:
+    near = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.6)
+    return f" (did you mean {', '.join(near)}?)" if near else ""
+
+
+def load_config(overrides: Iterable[str] = (), config_name: str | None = None,
+                resumed: dict[str, Any] | None = None) -> CommonConfig:
+    """Resolve the configuration of a job; see the module docstring for the order.
+
+    ``resumed`` is the config stored in a checkpoint being resumed: it comes after the YAML
+    files and before the command line, so a resumed run keeps its settings unless overridden.
+    """
+    cli = _parse_overrides(overrides)
+    resumed = dict(resumed or {})
+    base = _read_yaml(CONFIG_DIR / "base.yaml")
+    named: dict[str, Any] = {}
+    if config_name:
+        path = CONFIG_DIR / f"{config_name}.yaml"
+        if not path.exists() or config_name == "base":
+            raise UsageError(f"unknown --config-name {config_name!r}{_suggest(config_name, named_configs())}; "
+                             f"choose from {', '.join(named_configs()) or 'none'}")
+        named = _read_yaml(path)
+
+    algo = str(cli.get("algo", resumed.get("algo", named.get("algo", base["algo"]))))
+    if algo not in SCHEMAS:
+        raise UsageError(f"unknown algo {algo!r}{_suggest(algo, SCHEMAS)}; choose from {', '.join(sorted(SCHEMAS))}")
+    task = str(cli.get("task", resumed.get("task", named.get("task", base["task"]))))
+
+    layers: list[tuple[str, dict[str, Any]]] = [("base.yaml", base)]
+    algo_file = CONFIG_DIR / "algo" / f"{algo}.yaml"
+    if algo_file.exists():
+        layers.append((f"algo/{algo}.yaml", _read_yaml(algo_file)))
+    task_file = CONFIG_DIR / "task" / f"{task}.yaml"
+    if task_file.exists():
+        task_values = _read_yaml(task_file)
+        per_algo = task_values.pop(algo, {}) or {}
+        task_values = {k: v for k, v in task_values.items() if k not in SCHEMAS}
+        layers.append((f"task/{task}.yaml", {**task_values, **per_algo}))
+    if named:
+        layers.append((f"{config_name}.yaml", named))
+    if resumed:
+        layers.append(("the checkpoint's config", resumed))
+    layers.append(("command line", cli))
+
+    schema = SCHEMAS[algo]
+    cfg = OmegaConf.structured(schema)
+    fields = [f.name for f in dataclasses.fields(schema)]
+    for source, values in layers:
+        for key, value in values.items():
+            if key not in fields:
+                raise UsageError(f"unknown key {key!r} for algo={algo} (from {source}){_suggest(key, fields)}")
+            try:
+                OmegaConf.update(cfg, key, value, merge=False)
+            except OmegaConfBaseException as e:
+                expected = _field_type_name(schema, key)
+                raise UsageError(f"{key}={value!r} ({source}): expected {expected}") from None
+            except ValueError as e:
+                raise UsageError(f"{key}={value!r} ({source}): {e}") from None
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise UsageError(f"no value for {', '.join(missing)} (algo={algo})")
+    try:
+        return OmegaConf.to_object(cfg)  # runs the dataclass's __post_init__ range checks
+    except OmegaConfBaseException as e:
+        cause = e.__cause__ if isinstance(e.__cause__, UsageError) else None
+        if cause is not None:
+            raise cause from None
+        raise UsageError(str(e).splitlines()[0]) from None
+
+
+def _field_type_name(schema: type, key: str) -> str:
+    for f in dataclasses.fields(schema):
+        if f.name == key:
+            t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+            return {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}.get(t, t)
+    return "another type"
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Plain dict of a config (for config.yaml and checkpoints: primitives only)."""
+    return dataclasses.asdict(cfg)
+
+
+def save_yaml(cfg: Any, path: Path) -> None:
+    with open(path, "w") as f:
+        yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
+
+
+def describe(schema: type = CommonConfig) -> list[tuple[str, str, str]]:
+    """(key, type, help) for each field: the CLI's ``ddprl keys`` and the docs' tables."""
+    return [(f.name, str(f.type), f.metadata.get("help", "")) for f in dataclasses.fields(schema)]

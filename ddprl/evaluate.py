@@ -1,0 +1,87 @@
+"""Evaluation shared by all algorithms: episodes split over ranks, results gathered on all.
+
+Every rank takes part, also a rank with no episode to run (it still joins the gather), so no
+rank waits on a collective that another skipped (DESIGN.md invariant 1).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from ddprl.envs.base import VecEnv
+
+EVAL_SEED_OFFSET = 1_000_000  # eval envs never replay a training env's seed
+
+
+class Actor(NamedTuple):
+    """What ``ddprl eval``/``play`` need from a trained agent, whatever its algorithm."""
+
+    make_env: Callable[[int, int], VecEnv]  # (num_envs, seed) -> env
+    act: Callable[[torch.Tensor], torch.Tensor]  # observations -> deterministic actions
+    extra_keys: tuple[str, ...] = ()  # env-specific episode stats to report (e.g. episode_score)
+
+
+def split_episodes(episodes: int, world_size: int, rank: int) -> int:
+    """Episodes this rank runs: an even split, the first ``episodes % world_size`` ranks one more."""
+    return episodes // world_size + (1 if rank < episodes % world_size else 0)
+
+
+@torch.no_grad()
+def run_episodes(env: VecEnv, act: Callable[[torch.Tensor], torch.Tensor], episodes: int, seed: int,
+                 extra_keys: tuple[str, ...] = ()) -> list[dict[str, float]]:
+    """Run exactly ``episodes`` episodes on ``env`` and return one record per episode.
+
+    Each env of the batch gets a fixed quota of episodes decided up front. Counting "the first
+    k episodes to finish" instead would favour short episodes and bias the mean.
+    """
+    n = env.num_envs
+    quota = torch.tensor([episodes // n + (1 if i < episodes % n else 0) for i in range(n)])
+    done_count = torch.zeros(n, dtype=torch.long)
+    records: list[dict[str, float]] = []
+    obs = env.reset(seed=seed)
+    while bool((done_count < quota).any()):
+        obs, _, terminated, truncated, info = env.step(act(obs))
+        finished = (terminated | truncated).cpu()
+        for i in torch.nonzero(finished).flatten().tolist():
+            if done_count[i] < quota[i]:
+                rec = {"return": float(info["episode_return"][i]), "length": float(info["episode_length"][i])}
+                for key in extra_keys:
+                    rec[key.removeprefix("episode_")] = float(info[key][i])
+                records.append(rec)
+                done_count[i] += 1
+    return records
+
+
+def summarize(records: list[dict[str, float]]) -> dict[str, float]:
+    """``return_mean``, ``return_std`` (population), ``length_mean``, ... and ``episodes``."""
+    if not records:
+        return {"episodes": 0}
+    out: dict[str, float] = {"episodes": float(len(records))}
+    for key in records[0]:
+        values = [r[key] for r in records]
+        mean = sum(values) / len(values)
+        out[f"{key}_mean"] = mean
+        out[f"{key}_std"] = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+    return out
+
+
+def evaluate(rt: Any, make_eval_env: Callable[[int, int], VecEnv], act: Callable[[torch.Tensor], torch.Tensor],
+             episodes: int, seed: int, extra_keys: tuple[str, ...] = ()) -> dict[str, float]:
+    """Collective: run ``episodes`` episodes over all ranks; every rank gets the global summary.
+
+    ``make_eval_env(num_envs, seed)`` builds this rank's eval env; ``act(obs)`` picks actions.
+    """
+    local = split_episodes(episodes, rt.world_size, rt.rank)
+    records: list[dict[str, float]] = []
+    if local > 0:
+        rank_seed = seed + EVAL_SEED_OFFSET + rt.rank * 10_000
+        env = make_eval_env(min(local, 8), rank_seed)
+        try:
+            records = run_episodes(env, act, local, rank_seed, extra_keys)
+        finally:
+            env.close()
+    gathered = rt.all_gather_object(records)
+    return summarize([r for rank_records in gathered for r in rank_records])

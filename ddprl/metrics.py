@@ -1,0 +1,110 @@
+"""Rank-aware metrics: every rank calls ``log``; rank 0 alone writes (DESIGN.md invariant 6).
+
+Sinks: ``metrics.jsonl`` (one JSON object per line), TensorBoard under ``tb/``, W&B when
+enabled, and a tqdm progress bar on rank 0. Values handed to ``log`` must already be global
+(reduced over ranks) unless their key starts with ``rank<r>/`` (invariant 7).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from ddprl.config import to_dict
+
+
+class MetricsLogger:
+    """Write metrics from rank 0; a no-op on the other ranks.
+
+    >>> logger = MetricsLogger(run_dir, cfg, is_main=rt.is_main, total_steps=cfg.steps)  # doctest: +SKIP
+    >>> logger.log(step=4096, metrics={"train/loss": 0.3, "time/global_fps": 9000.0})      # doctest: +SKIP
+    """
+
+    def __init__(self, run_dir: Path, cfg: Any, is_main: bool, total_steps: int, start_step: int = 0):
+        self.is_main = is_main
+        self.run_dir = Path(run_dir)
+        self.start_time = time.time()
+        self._tb = None
+        self._wandb = None
+        self._bar = None
+        self._last_eval: float | None = None
+        if not is_main:
+            return
+        self._jsonl = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._tb = SummaryWriter(log_dir=str(self.run_dir / "tb"))
+        if cfg.enable_wandb:
+            self._wandb = _start_wandb(cfg, self.run_dir)
+        if cfg.progress:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, initial=start_step, unit="step", unit_scale=True,
+                             dynamic_ncols=True, desc=f"{cfg.algo} {cfg.task}")
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Record ``metrics`` at global step ``step`` (every rank calls; rank 0 writes)."""
+        if not self.is_main:
+            return
+        clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
+        record = {"step": int(step), "wall_time": time.time() - self.start_time, **clean}
+        self._jsonl.write(json.dumps(record) + "\n")
+        for k, v in clean.items():
+            self._tb.add_scalar(k, v, int(step))
+        if self._wandb is not None:
+            self._wandb.log(clean, step=int(step))
+        if "eval/return_mean" in clean:
+            self._last_eval = clean["eval/return_mean"]
+
+    def progress(self, step: int, fps: float | None = None) -> None:
+        """Move the progress bar to global ``step`` (rank 0 only)."""
+        if self._bar is None:
+            return
+        self._bar.update(max(0, int(step) - self._bar.n))
+        post = {}
+        if fps is not None:
+            post["fps"] = f"{fps:,.0f}"
+        if self._last_eval is not None:
+            post["eval"] = f"{self._last_eval:.1f}"
+        self._bar.set_postfix(post, refresh=False)
+
+    def close(self) -> None:
+        if not self.is_main:
+            return
+        if self._bar is not None:
+            self._bar.close()
+        self._tb.flush()
+        self._tb.close()
+        self._jsonl.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def _start_wandb(cfg: Any, run_dir: Path):
+    try:
+        import wandb
+    except ImportError:
+        from ddprl.errors import UsageError
+
+        raise UsageError("enable_wandb=true needs the wandb package: pip install 'ddprl[wandb]'") from None
+    os.environ.setdefault("WANDB_SILENT", "true")
+    return wandb.init(
+        project=cfg.wandb_project,
+        entity=cfg.wandb_entity or None,
+        name=run_dir.name,
+        dir=str(run_dir),
+        mode=cfg.wandb_mode,
+        config=to_dict(cfg),
+        resume="allow",
+        id=run_dir.name.replace("/", "-"),
+    )
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The records of a run's ``metrics.jsonl`` (for tests, plots and benchmarks)."""
+    with open(Path(run_dir) / "metrics.jsonl") as f:
+        return [json.loads(line) for line in f if line.strip()]
