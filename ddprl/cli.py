@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from ddprl.errors import UsageError
 
-ALGOS = {"ppo": "ddprl.algos.ppo"}
+ALGOS = {"ppo": "ddprl.algos.ppo", "tdmpc2": "ddprl.algos.tdmpc2"}
 
 # Settings of the interrupted job that must not carry over into a resumed one.
 NOT_RESUMED = ("master_port", "master_addr", "node_rank", "resume", "run_dir")

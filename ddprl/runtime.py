@@ -27,6 +27,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
@@ -416,11 +417,22 @@ def _run_rank(placement: Placement, fn: Callable, cfg: Any, dist_timeout: float)
         if rt.is_main:
             print(f"ddprl: error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
-    except BaseException:
+    except BaseException as e:
         log.error("rank %d failed:\n%s", rt.rank, traceback.format_exc())
+        if _is_peer_failure(e):
+            # A collective broke because *another* rank died: leave the stage to that rank's
+            # error for a moment, so the launcher reports the root cause, not the echo.
+            time.sleep(3)
         raise
     finally:
         rt.close()
+
+
+def _is_peer_failure(e: BaseException) -> bool:
+    text = str(e)
+    return isinstance(e, RuntimeError) and any(
+        s in text for s in ("Connection closed by peer", "Connection reset by peer", "NCCL communicator was aborted",
+                            "Broken pipe", "timed out", "Timed out"))
 
 
 def launch(fn: Callable[[Runtime, Any], Any], cfg: Any) -> Any:

@@ -18,13 +18,28 @@ BUILTIN_TASKS: dict[str, str] = {}
 
 
 def check_task(task: str) -> None:
-    """Raise a UsageError naming near matches when ``task`` is no known environment."""
+    """Raise a UsageError naming near matches when ``task`` is no known environment.
+
+    DMC names (``walker-run``, ``cup-catch``) are known without dm_control; using one without
+    it installed is a UsageError saying what to install.
+    """
+    from ddprl.envs import dmc
+
+    if dmc.parse_dmc_task(task) is not None:
+        dmc.check_dmc_installed()
+        return
     if task in BUILTIN_TASKS or task in gym.registry:
         return
-    names = list(BUILTIN_TASKS) + list(gym.registry)
+    if dmc.is_dmc_domain(task):
+        domain = task.partition("-")[0]
+        tasks = sorted(t for d, t in dmc.DMC_TASKS if d == dmc.DOMAIN_ALIASES.get(domain, domain))
+        raise UsageError(f"unknown DeepMind Control task {task!r}; {domain} tasks: "
+                         f"{', '.join(f'{domain}-{t}' for t in tasks)}")
+    names = list(BUILTIN_TASKS) + list(gym.registry) + dmc.dmc_task_names()
     near = difflib.get_close_matches(task, names, n=3, cutoff=0.6)
     hint = f" (did you mean {', '.join(near)}?)" if near else ""
-    raise UsageError(f"unknown task {task!r}{hint}; use a Gymnasium id such as CartPole-v1")
+    raise UsageError(f"unknown task {task!r}{hint}; use a Gymnasium id such as CartPole-v1 "
+                     "or a DeepMind Control task such as walker-run")
 
 
 def make_env(task: str, num_envs: int, seed: int, device: str | torch.device = "cpu", **kwargs: Any) -> VecEnv:
@@ -33,6 +48,10 @@ def make_env(task: str, num_envs: int, seed: int, device: str | torch.device = "
     Callers pass ``seed=env_seed(cfg.seed, rank)`` so ranks never share a seed.
     """
     check_task(task)
+    from ddprl.envs import dmc
+
+    if dmc.parse_dmc_task(task) is not None:
+        return dmc.DMCVecEnv(task, num_envs, seed=seed, device=device, **kwargs)
     from ddprl.envs.gym_vec import GymVecEnv
 
     return GymVecEnv(task, num_envs, seed=seed, device=device, **kwargs)

@@ -175,19 +175,29 @@ class SnakeEnv:
         self.head_r, self.head_c, self.direction, self.length, self.food = z(), z(), z(), z(), z()
         self.steps_since_food, self.ep_length, self.ep_score = z(), z(), z()
         self.ep_return = torch.zeros(n, dtype=torch.float32, device=dev)
-        self._start_new(torch.ones(n, dtype=torch.bool, device=dev))
+        # Usable without reset(); the generator is rewound so that the first reset() gives
+        # this same board, i.e. SnakeEnv(seed=s).reset() == env.reset(seed=s).
+        self._start_new(torch.ones(n, dtype=torch.bool, device=dev), self._draw())
+        self._gen.manual_seed(int(seed))
 
     # ------------------------------------------------------------------ protocol
     def reset(self, seed: int | None = None) -> torch.Tensor:
         """Start a fresh episode in every game; reseeds the shared generator if ``seed``."""
         if seed is not None:
             self._gen.manual_seed(int(seed))
-        self._start_new(torch.ones(self.num_envs, dtype=torch.bool, device=self.device))
+        self._start_new(torch.ones(self.num_envs, dtype=torch.bool, device=self.device),
+                        self._draw())
         self.ep_return.zero_(), self.ep_length.zero_(), self.ep_score.zero_()
         return self.observe()
 
     def step(self, actions: torch.Tensor):
         """Advance every game one move; ``actions`` (N,) ints in 0..3 (see module docs)."""
+        # torch.compile cannot trace an explicit Generator, so the random draw stays outside
+        # ``advance``, which is pure tensor code: compile that one (fullgraph=True works).
+        return self.advance(actions, self._draw())
+
+    def advance(self, actions: torch.Tensor, rnd: torch.Tensor):
+        """``step`` given this step's random integers ``rnd`` (3, N) from ``_draw``."""
         n, g = self.num_envs, self.grid_size
         a = actions.to(self.device, torch.long).reshape(n)
         new_dir = torch.where(a == (self.direction + 2) % 4, self.direction, a)  # (N,)
@@ -224,7 +234,7 @@ class SnakeEnv:
         ep_return, ep_length = self.ep_return + reward, self.ep_length + 1
         ep_score = self.ep_score + grow.long()
         final_obs = self.observe()
-        self._start_new(done, new_food=grow)
+        self._start_new(done, rnd, new_food=grow)
         self.ep_return = torch.where(done, 0.0, ep_return)
         self.ep_length = torch.where(done, 0, ep_length)
         self.ep_score = torch.where(done, 0, ep_score)
@@ -240,7 +250,7 @@ class SnakeEnv:
         """Observation of the current state, (N, C, H, W) float32 (channels: module docs)."""
         n, hw = self.num_envs, self.grid_size ** 2
         obs = torch.zeros(n, OBS_CHANNELS[self.obs_mode], hw, device=self.device)
-        torch.div(self.body, self.length[:, None].float(), out=obs[:, 1])
+        obs[:, 1] = self.body / self.length[:, None].float()
         # Head and food as one scatter into the flattened (C*H*W) planes; a won board has
         # food -1, which writes a harmless 0 into channel 2 instead of a 1.
         ones = torch.stack([torch.ones_like(self.ep_return), (self.food >= 0).float()], 1)
@@ -251,12 +261,19 @@ class SnakeEnv:
             obs[:, 3:7] = (self.direction[:, None] == self._dirs).float()[:, :, None]
         return obs.view(n, -1, self.grid_size, self.grid_size)
 
-    def _start_new(self, mask: torch.Tensor, new_food: torch.Tensor | None = None) -> None:
+    def _draw(self) -> torch.Tensor:
+        """(3, N) uniform int64 in [0, 2**62): start direction, start spot, food pick. Drawn
+        for every game every step, used where needed (fixed shapes, no host sync); reducing
+        them modulo a count n is biased by under n / 2**62, i.e. not measurably."""
+        return torch.randint(0, 2 ** 62, (3, self.num_envs), generator=self._gen,
+                             device=self.device)
+
+    def _start_new(self, mask: torch.Tensor, rnd: torch.Tensor,
+                   new_food: torch.Tensor | None = None) -> None:
         """Respawn games where ``mask`` (N,) bool, then redraw food where respawned or
-        ``new_food``. Draws random numbers for every game (fixed shapes, no host sync)."""
+        ``new_food``, using the random integers ``rnd`` (3, N) from ``_draw``."""
         n, g = self.num_envs, self.grid_size
-        d = torch.randint(0, 4, (n,), generator=self._gen, device=self.device)
-        k = torch.randint(0, 2 ** 62, (n,), generator=self._gen, device=self.device)
+        d, k = rnd[0] % 4, rnd[1]
         vertical = d % 2 == 0
         # Placements keeping the body and one cell ahead of the head on the board: the
         # 4-cell span along the direction has g-3 positions, the other axis g.
@@ -279,11 +296,10 @@ class SnakeEnv:
         self.steps_since_food = torch.where(mask, 0, self.steps_since_food)
         if new_food is not None:
             mask = mask | new_food
-        # Uniform over free cells: draw k uniform in [0, #free) and take the k-th free cell,
-        # i.e. the number of cells whose running count of free cells is still <= k. (The
-        # modulo bias of 2**62 % #free is below 1e-15.)
+        # Uniform over free cells: k uniform in [0, #free), then the k-th free cell, i.e. the
+        # number of cells whose running count of free cells is still <= k.
         n_free = (g * g - self.length).clamp(min=1)
-        k = torch.randint(0, 2 ** 62, (n,), generator=self._gen, device=self.device) % n_free
+        k = rnd[2] % n_free
         free_before = (self.body == 0).cumsum(1)  # (N, H*W)
         pick = (free_before <= k[:, None]).sum(1)
         self.food = torch.where(mask, pick, self.food)
@@ -310,6 +326,13 @@ class SnakeEnv:
         self.food[i] = -1 if food is None else int(food[0]) * g + int(food[1])
         self.steps_since_food[i] = int(steps_since_food)
         self.ep_return[i], self.ep_length[i], self.ep_score[i] = 0.0, 0, 0
+
+    def set_food(self, i: int, food: tuple[int, int]) -> None:
+        """Move game ``i``'s food to the free cell ``food`` (tests; keeps episode stats)."""
+        g, (r, c) = self.grid_size, (int(food[0]), int(food[1]))
+        if not (0 <= r < g and 0 <= c < g) or int(self.body[i, r * g + c]) > 0:
+            raise ValueError("food must be a free cell on the board")
+        self.food[i] = r * g + c
 
     def get_state(self, i: int) -> dict:
         """Board of game ``i`` in ``set_state``'s terms (host sync; for tests and debugging)."""

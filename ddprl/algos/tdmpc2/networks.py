@@ -226,7 +226,8 @@ class WorldModel(nn.Module):
     """TD-MPC2 implicit world model: encoder, latent dynamics, reward, Q ensemble, policy.
 
     Args: obs_dim, action_dim; model_size in {1, 5, 19, 48, 317}; ``dims`` overrides the
-    table (tests, tiny models). ``parameters()`` are the online networks only (the target Q
+    table (tests, tiny models); ``dropout`` on each Q member's first layer (0.01 in the
+    paper; 0 makes an update deterministic given its noise). ``parameters()`` are the online networks only (the target Q
     copy is buffers). See the module docstring for the DDP contract.
 
     Example:
@@ -236,7 +237,8 @@ class WorldModel(nn.Module):
         torch.Size([8, 1])
     """
 
-    def __init__(self, obs_dim: int, action_dim: int, model_size: int = 5, dims: Optional[ModelDims] = None):
+    def __init__(self, obs_dim: int, action_dim: int, model_size: int = 5, dims: Optional[ModelDims] = None,
+                 dropout: float = 0.01):
         super().__init__()
         self.dims = dims if dims is not None else dims_for_model_size(model_size)
         d, h, e, A = self.dims.latent_dim, self.dims.mlp_dim, self.dims.enc_dim, action_dim
@@ -248,8 +250,8 @@ class WorldModel(nn.Module):
         )
         self.dynamics = mlp(d + A, h, d, last="simnorm")
         self.reward_head = mlp(d + A, h, NUM_BINS)
-        self.qs = QEnsemble(self.num_q, d + A, h, NUM_BINS, dropout=0.01)
-        self.target_qs = QEnsemble(self.num_q, d + A, h, NUM_BINS, dropout=0.01, trainable=False)
+        self.qs = QEnsemble(self.num_q, d + A, h, NUM_BINS, dropout=dropout)
+        self.target_qs = QEnsemble(self.num_q, d + A, h, NUM_BINS, dropout=dropout, trainable=False)
         self.policy = PolicyPrior(d, h, A)
         self.reset_parameters()
         # Read by DistributedDataParallel at wrap time: the policy is synced by its own DDP
@@ -290,9 +292,11 @@ class WorldModel(nn.Module):
         return self.policy(z)
 
     def Q(self, z: torch.Tensor, a: torch.Tensor, return_type: str = "min",
-          target: bool = False, detach: bool = False) -> torch.Tensor:
+          target: bool = False, detach: bool = False, members: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Q ensemble. 'all': logits (Q, ..., K). 'min' / 'avg': scalar (..., 1), min or mean
-        of 2 members drawn at random (without replacement, on z's device: no host sync).
+        of 2 members drawn at random (without replacement, on z's device: no host sync), or of
+        the given ``members`` (an index tensor (2,): the training loop draws them from a
+        generator shared by all ranks, so DDP ranks use the same pair, as one big batch would).
         ``target`` uses the target copy; ``detach`` blocks gradients to Q parameters only
         (policy loss). Only the 2 drawn members are computed for 'min' / 'avg'."""
         if return_type not in ("all", "min", "avg"):
@@ -301,7 +305,8 @@ class WorldModel(nn.Module):
         x = torch.cat([z, a], -1)
         if return_type == "all":
             return net(x, detach=detach)
-        members = torch.randperm(self.num_q, device=x.device)[:2]
+        if members is None:
+            members = torch.randperm(self.num_q, device=x.device)[:2]
         q = two_hot_inv(net(x, members=members, detach=detach))  # (2, ..., 1)
         return q.min(0).values if return_type == "min" else q.mean(0)
 
@@ -321,20 +326,24 @@ class WorldModel(nn.Module):
     # ---- losses' inputs ----------------------------------------------------------------
     @torch.no_grad()
     def td_target(self, next_z: torch.Tensor, reward: torch.Tensor,
-                  terminated: Optional[torch.Tensor], discount: Union[float, torch.Tensor]) -> torch.Tensor:
+                  terminated: Optional[torch.Tensor], discount: Union[float, torch.Tensor],
+                  members: Optional[torch.Tensor] = None, eps: Optional[torch.Tensor] = None) -> torch.Tensor:
         """r + discount * (1 - terminated) * min of 2 random target Qs at (z', pi(z')).
-        Shapes (H, B, d), (H, B, 1), (H, B, 1) or None -> (H, B, 1). No gradient."""
-        q = self.Q(next_z, self.pi(next_z)[0], "min", target=True)
+        Shapes (H, B, d), (H, B, 1), (H, B, 1) or None -> (H, B, 1). No gradient.
+        Optional ``members`` (2,) fixes the Q pair and ``eps`` (H, B, A) the policy's noise."""
+        q = self.Q(next_z, self.policy(next_z, eps)[0], "min", target=True, members=members)
         not_done = 1.0 if terminated is None else 1.0 - terminated.to(q.dtype)
         return reward + discount * not_done * q
 
     def forward(self, obs: torch.Tensor, action: torch.Tensor, reward: Optional[torch.Tensor] = None,
                 terminated: Optional[torch.Tensor] = None,
-                discount: Union[float, torch.Tensor, None] = None) -> dict[str, torch.Tensor]:
+                discount: Union[float, torch.Tensor, None] = None, members: Optional[torch.Tensor] = None,
+                eps: Optional[torch.Tensor] = None) -> dict[str, torch.Tensor]:
         """Everything the world-model loss needs, in one call (the DDP entry point).
 
         Args: obs (H+1, B, obs_dim), action (H, B, A); optional reward / terminated
-        (H, B, 1) and discount to also return TD targets.
+        (H, B, 1) and discount to also return TD targets (``members``, ``eps``: see
+        :meth:`td_target`).
         Returns dict: ``z`` (H+1, B, d) latent rollout from enc(obs[0]) through the dynamics
         (with grad); ``next_z`` (H, B, d) = enc(obs[1:]) without grad (consistency target, no
         target encoder: REFERENCE.md); ``reward_logits`` (H, B, K) and ``q_logits``
@@ -351,7 +360,7 @@ class WorldModel(nn.Module):
         if reward is not None:
             if discount is None:
                 raise ValueError("forward: discount is required with reward")
-            out["td_target"] = self.td_target(next_z, reward, terminated, discount)
+            out["td_target"] = self.td_target(next_z, reward, terminated, discount, members, eps)
         return out
 
     def world_model_param_groups(self, lr: float, encoder_lr_scale: float = 0.3) -> list[dict]:

@@ -1,0 +1,33 @@
+"""Shared test helpers: run the real CLI in a subprocess, with bounded time."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("MUJOCO_GL", "disable")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    return env
+
+
+def run_cli(args: list[str], cwd: Path | str | None = None, timeout: float = 300,
+            launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m ddprl ARGS`` (or ``LAUNCHER -m ddprl ARGS``); killed after ``timeout``."""
+    cmd = (launcher or [sys.executable]) + ["-m", "ddprl", *args]
+    return subprocess.run(cmd, cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def cli():
+    return run_cli

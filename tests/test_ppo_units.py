@@ -1,0 +1,88 @@
+"""PPO's small pieces against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from ddprl.algos.ppo.loss import ppo_loss
+from ddprl.algos.ppo.networks import ActorCritic, PolicyOutput
+from ddprl.algos.ppo.rollout import Rollout, compute_gae
+from ddprl.normalize import RunningMeanStd
+
+
+def rollout_of(rewards, values, terminated, truncated, final_values):
+    t = lambda x, dt=torch.float32: torch.tensor(x, dtype=dt).reshape(-1, 1)  # (T, N=1)
+    z = torch.zeros(len(rewards), 1)
+    return Rollout(obs=z, actions=z, log_probs=z, values=t(values), rewards=t(rewards),
+                   terminated=t(terminated, torch.bool), truncated=t(truncated, torch.bool),
+                   final_values=t(final_values))
+
+
+def test_gae_terminated_does_not_bootstrap():
+    g, lam = 0.9, 0.5
+    r = rollout_of([1.0, 2.0, 3.0], [0.5, 1.0, 1.5], [0, 1, 0], [0, 0, 0], [0, 0, 0])
+    adv, ret = compute_gae(r, torch.tensor([2.0]), g, lam)
+    d2 = 3.0 + g * 2.0 - 1.5                      # last step bootstraps from next_values
+    d1 = 2.0 + 0.0 - 1.0                          # terminated: no bootstrap, chain cut
+    d0 = 1.0 + g * 1.0 - 0.5
+    expected = [d0 + g * lam * d1, d1, d2]
+    assert torch.allclose(adv.flatten(), torch.tensor(expected))
+    assert torch.allclose(ret, adv + r.values)
+
+
+def test_gae_truncated_bootstraps_from_final_obs():
+    g, lam = 0.9, 0.5
+    r = rollout_of([1.0, 2.0], [0.5, 1.0], [0, 0], [1, 0], [7.0, 0.0])
+    adv, _ = compute_gae(r, torch.tensor([3.0]), g, lam)
+    d1 = 2.0 + g * 3.0 - 1.0
+    d0 = 1.0 + g * 7.0 - 0.5     # V(final_obs) = 7, not V(next episode's first obs) = 1.0
+    assert torch.allclose(adv.flatten(), torch.tensor([d0, d1]))  # chain cut at the truncation
+
+
+def test_ppo_loss_matches_hand_computation():
+    new_lp = torch.tensor([math.log(0.5), math.log(0.9)])
+    old_lp = torch.tensor([math.log(0.4), math.log(0.5)])
+    adv = torch.tensor([1.0, -1.0])
+    out = PolicyOutput(action=None, log_prob=new_lp, entropy=torch.tensor([0.6, 0.4]), value=torch.tensor([1.0, 3.0]))
+    terms = ppo_loss(out, old_lp, old_values=torch.tensor([0.0, 2.5]), advantages=adv,
+                     returns=torch.tensor([2.0, 2.0]), clip_coef=0.2, clip_vloss=False, vf_coef=0.5, ent_coef=0.01)
+    # ratios 1.25 and 1.8: the first is clipped to 1.2 (A>0), the second's max(-A*r, -A*clip(r)) = 1.8
+    pg = (-1.0 * 1.2 + 1.8) / 2
+    v = 0.5 * ((1.0 - 2.0) ** 2 + (3.0 - 2.0) ** 2) / 2
+    assert terms["policy_loss"].item() == pytest.approx(pg, rel=1e-5)
+    assert terms["value_loss"].item() == pytest.approx(v, rel=1e-5)
+    assert terms["loss"].item() == pytest.approx(pg - 0.01 * 0.5 + 0.5 * v, rel=1e-5)
+    assert terms["clip_frac"].item() == pytest.approx(1.0)
+    clipped = ppo_loss(out, old_lp, torch.tensor([0.0, 2.5]), adv, torch.tensor([2.0, 2.0]), 0.2, True, 0.5, 0.01)
+    # clipped value for sample 0: 0 + clamp(1.0, -0.2, 0.2) = 0.2 → (0.2-2)^2 = 3.24 > 1
+    assert clipped["value_loss"].item() == pytest.approx(0.5 * (3.24 + 1.0) / 2, rel=1e-5)
+
+
+def test_actor_critic_shapes_and_scoring():
+    torch.manual_seed(0)
+    net = ActorCritic(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-1, 1, (2,)), hidden_sizes=[8])
+    out = net(torch.zeros(5, 3))
+    assert out.action.shape == (5, 2) and out.log_prob.shape == (5,) and out.value.shape == (5,)
+    again = net(torch.zeros(5, 3), out.action)
+    assert torch.allclose(again.log_prob, out.log_prob)  # scoring a given action reproduces its log-prob
+    cnn = ActorCritic(gym.spaces.Box(0, 1, (4, 6, 6)), gym.spaces.Discrete(4), policy="cnn", policy_width=8)
+    assert cnn(torch.zeros(2, 4, 6, 6)).action.shape == (2,)
+    with pytest.raises(ValueError, match="C x H x W"):
+        ActorCritic(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2), policy="cnn")
+
+
+def test_running_mean_std_matches_numpy_over_several_updates():
+    rng = np.random.default_rng(0)
+    chunks = [rng.normal(3.0, 2.0, size=(n, 2)) for n in (5, 17, 100)]
+    rms = RunningMeanStd((2,))
+    for c in chunks:
+        rms.update(torch.as_tensor(c))
+    allx = np.concatenate(chunks)
+    assert np.allclose(rms.mean.numpy(), allx.mean(0)) and np.allclose(rms.var.numpy(), allx.var(0))
+    x = torch.tensor([[3.0, 3.0]])
+    assert torch.allclose(rms.normalize(x), (x - rms.mean.float()) / torch.sqrt(rms.var.float() + 1e-8))

@@ -1,0 +1,144 @@
+"""The distributed runtime: placement rules (pure functions) and real 2-rank gloo collectives."""
+
+from __future__ import annotations
+
+import functools
+import socket
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import dist_fns
+from ddprl.config import load_config
+from ddprl.errors import UsageError
+from ddprl.runtime import (RankFailed, check_port_free, choose_device_and_backend, detect_launcher, launch,
+                           placement_from_env, unwrap)
+
+
+def cfg2(**extra):
+    overrides = ["world_size=2", "dist_timeout=60", "progress=false"] + [f"{k}={v}" for k, v in extra.items()]
+    return load_config(overrides)
+
+
+# -- placement (no processes) -------------------------------------------------------------------
+
+def test_detect_launcher():
+    assert detect_launcher({}) == "spawn"
+    assert detect_launcher({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1"}) == "torchrun"
+    slurm = {"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0"}
+    assert detect_launcher(slurm) == "slurm"
+    # an salloc shell with one task is no SLURM launch: ddprl spawns its own processes
+    assert detect_launcher({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_STEP_ID": "0"}) == "spawn"
+
+
+def test_placement_uses_global_rank_not_local_rank():
+    cfg = load_config(["device=cpu"])
+    env = {"RANK": "9", "WORLD_SIZE": "16", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "8",
+           "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29555"}
+    p = placement_from_env(cfg, env)
+    assert (p.launcher, p.rank, p.local_rank, p.world_size, p.master_addr, p.master_port) == \
+        ("torchrun", 9, 1, 16, "10.0.0.1", 29555)
+    slurm = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0",
+             "SLURM_NTASKS_PER_NODE": "4", "MASTER_ADDR": "node01", "SLURM_JOB_ID": "1234"}
+    p = placement_from_env(cfg, slurm)
+    assert (p.launcher, p.rank, p.local_rank, p.world_size, p.master_addr) == ("slurm", 5, 1, 8, "node01")
+    assert p.master_port == 20000 + 1234  # every task derives the same port from the job id
+    spawn_cfg = load_config(["device=cpu", "world_size=4", "nnodes=2", "node_rank=1", "master_port=29600"])
+    p = placement_from_env(spawn_cfg, {}, local_rank=1)
+    assert (p.rank, p.local_rank, p.world_size) == (3, 1, 4)
+
+
+def test_device_and_backend_rules():
+    cpu = torch.device("cpu")
+    assert choose_device_and_backend("auto", "auto", 0, 2, cuda_count=0) == (cpu, "gloo")
+    assert choose_device_and_backend("cpu", "auto", 1, 2, cuda_count=4) == (cpu, "gloo")
+    # GPUs are simulated by cuda_count: CI has none (the only mock in these tests).
+    assert choose_device_and_backend("auto", "auto", 1, 2, cuda_count=2) == (torch.device("cuda", 1), "nccl")
+    assert choose_device_and_backend("cuda", "gloo", 3, 4, cuda_count=2) == (torch.device("cuda", 1), "gloo")
+    with pytest.raises(UsageError, match="NCCL cannot put two ranks"):
+        choose_device_and_backend("cuda", "nccl", 0, 4, cuda_count=2)
+    with pytest.raises(UsageError, match="only 2 GPU"):
+        choose_device_and_backend("cuda", "auto", 0, 4, cuda_count=2)
+    with pytest.raises(UsageError, match="no CUDA device"):
+        choose_device_and_backend("cuda", "auto", 0, 1, cuda_count=0)
+    with pytest.raises(UsageError, match="backend=nccl needs CUDA"):
+        choose_device_and_backend("cpu", "nccl", 0, 1, cuda_count=0)
+
+
+def test_port_in_use_is_named():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(UsageError, match=f"master_port={port} is already in use"):
+            check_port_free("127.0.0.1", port)
+
+
+def test_unwrap_strips_compile_and_ddp_layers():
+    inner = nn.Linear(2, 2)
+
+    class FakeCompiled(nn.Module):  # what torch.compile returns exposes ._orig_mod
+        def __init__(self, m):
+            super().__init__()
+            self._orig_mod = m
+
+    assert unwrap(FakeCompiled(FakeCompiled(inner))) is inner
+    assert unwrap(inner) is inner
+
+
+# -- real collectives over gloo, 2 ranks ----------------------------------------------------------
+
+def _results(tmp_path, n=2):
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(n)]
+
+
+def test_collectives_two_ranks(tmp_path):
+    launch(functools.partial(dist_fns.collectives, out=str(tmp_path)), cfg2())
+    r0, r1 = _results(tmp_path)
+    for r in (r0, r1):
+        assert r["sum"] == 3 and isinstance(r["sum"], int)
+        assert r["mean_dict"] == {"a": 15.0, "b": 0.5}
+        assert torch.equal(r["tensor_sum"], torch.tensor([2.0, 1.0]))
+        assert r["broadcast"] == {"from": 0}
+        assert r["gathered"] == [0, 2]
+
+
+def test_check_in_sync_catches_drift_and_wrap_broadcasts(tmp_path):
+    launch(functools.partial(dist_fns.drifted_params, out=str(tmp_path)), cfg2())
+    assert all(r["caught"] for r in _results(tmp_path))
+
+
+def test_failing_rank_takes_job_down_within_timeout(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(RankFailed, match="rank 1 failed: ValueError: deliberate failure on rank 1"):
+        launch(functools.partial(dist_fns.rank_one_raises, out=str(tmp_path)), cfg2(dist_timeout=30))
+    assert time.monotonic() - start < 30 + 30  # dist_timeout + margin (spawn start-up included)
+
+
+def test_usage_error_inside_a_rank_exits_2(tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        launch(functools.partial(dist_fns.rank_one_usage_error, out=str(tmp_path)), cfg2(dist_timeout=30))
+    assert exc.value.code == 2
+
+
+def test_env_seeds_distinct_per_rank(tmp_path):
+    launch(functools.partial(dist_fns.env_seeds, out=str(tmp_path)), cfg2())
+    r0, r1 = _results(tmp_path)
+    assert (r0["seed"], r1["seed"]) == (1, 10_001)
+    assert not torch.allclose(r0["obs"], r1["obs"])  # different seeds, different starts
+    assert not torch.allclose(r0["obs"][0], r0["obs"][1])  # envs of one rank differ too
+
+
+def test_running_stats_identical_across_ranks_and_exact(tmp_path):
+    launch(functools.partial(dist_fns.rms_update, out=str(tmp_path)), cfg2())
+    r0, r1 = _results(tmp_path)
+    for k in r0:
+        assert torch.equal(r0[k], r1[k])
+    g = torch.Generator().manual_seed(0)
+    data = torch.randn(2, 50, 3, generator=g) * torch.tensor([1.0, 5.0, 0.1]) + 2.0
+    everything = torch.cat([data.reshape(-1, 3), data.reshape(-1, 3) * 2]).double()
+    assert torch.allclose(r0["mean"], everything.mean(0), atol=1e-9)
+    assert torch.allclose(r0["var"], everything.var(0, unbiased=False), atol=1e-9)
+    assert r0["count"].item() == 200
