@@ -4,7 +4,7 @@ Rules (shared exactly with the numpy reference ``ddprl.envs.snake_gym.SnakeGymEn
 
 - Board ``grid_size x grid_size`` surrounded by walls. A new episode starts with a straight
   snake of length 3 whose head faces away from its body with at least one free cell ahead
-  (never a forced death), direction and position uniform over such placements.
+  (never a forced death): direction uniform, then position uniform among those that fit.
 - Actions are **absolute** directions, ``Discrete(4)``: 0 up (row-1), 1 right (col+1),
   2 down (row+1), 3 left (col-1). An action that reverses the current direction
   (straight back into the neck) is ignored: the snake keeps going straight.
@@ -16,14 +16,18 @@ Rules (shared exactly with the numpy reference ``ddprl.envs.snake_gym.SnakeGymEn
 - Entering the food cell: reward +1, length +1 at once (the tail stays put this step), new
   food uniform over the free cells. Filling the whole board is a win: reward +1 and
   terminated, with no food drawn on the final board.
-- Any other step gives ``-step_penalty``. After ``max_steps_without_food`` consecutive steps
-  without eating (default ``4 * grid_size**2``) the episode is truncated.
+- Any other step (a plain move) gives ``-step_penalty``. After ``max_steps_without_food``
+  consecutive steps without eating (default ``4 * grid_size**2``) the episode is truncated.
 
 Observation ``(C, H, W)`` float32 in [0, 1], channels:
     0 head (1 at the head), 1 body order (cell k-th from the tail holds k/L: head 1, tail 1/L,
     0 empty), 2 food, and for ``obs_mode="planes"`` 3..6 constant one-hot planes of the
     current direction (up, right, down, left). ``obs_mode="compact"`` keeps only 0..2; the
     direction is then readable from the neck in channel 1.
+
+``info`` (all (N,) tensors, valid where ``terminated | truncated``): ``final_obs``
+(N, C, H, W), ``episode_return`` float32, ``episode_length`` int64 (moves),
+``episode_score`` int64 (food eaten).
 
 State representation: ``body`` (N, H*W) holds for every cell its remaining lifetime in steps
 (tail 1, head L, empty 0). A plain move is "subtract 1 from every positive cell, write L at
@@ -157,6 +161,7 @@ class SnakeEnv:
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.step_penalty = float(step_penalty)
+        # None (or 0) means the default, 4 * grid_size**2.
         self.max_steps_without_food = int(max_steps_without_food or
                                           default_max_steps_without_food(grid_size))
         c, g = OBS_CHANNELS[obs_mode], self.grid_size
@@ -165,7 +170,6 @@ class SnakeEnv:
         dev, n = self.device, self.num_envs
         self._dr = torch.tensor([d[0] for d in DELTAS], device=dev)  # (4,)
         self._dc = torch.tensor([d[1] for d in DELTAS], device=dev)  # (4,)
-        self._cells = torch.arange(g * g, device=dev)  # (H*W,)
         self._dirs = torch.arange(4, device=dev)  # (4,)
         self._gen = torch.Generator(device=dev)
         self._gen.manual_seed(int(seed))
@@ -194,6 +198,8 @@ class SnakeEnv:
         """Advance every game one move; ``actions`` (N,) ints in 0..3 (see module docs)."""
         # torch.compile cannot trace an explicit Generator, so the random draw stays outside
         # ``advance``, which is pure tensor code: compile that one (fullgraph=True works).
+        if not isinstance(actions, torch.Tensor):
+            actions = torch.as_tensor(actions)
         return self.advance(actions, self._draw())
 
     def advance(self, actions: torch.Tensor, rnd: torch.Tensor):

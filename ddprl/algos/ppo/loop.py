@@ -172,6 +172,7 @@ def train(rt: Any, cfg: Any) -> None:
     buffer = RolloutBuffer(cfg.n_steps, local_num_envs, tuple(env.single_observation_space.shape), action_shape,
                            torch.long if agent.discrete else torch.float32, rt.device)
     autocast = autocast_context(rt.device, cfg.precision)
+    zeros = torch.zeros(local_num_envs, device=rt.device)
 
     for iteration in range(start_iteration, num_iterations):
         if cfg.anneal_lr:
@@ -184,12 +185,17 @@ def train(rt: Any, cfg: Any) -> None:
         with torch.no_grad():
             for t in range(cfg.n_steps):
                 with autocast:
-                    out = policy(normalize(obs))
-                next_obs, reward, terminated, truncated, info = env.step(out.action)
-                with autocast:
-                    # V(final_obs) bootstraps truncated episodes (kept apart from terminated ones).
-                    final_values = policy.value(normalize(info["final_obs"])).float()
-                buffer.store(t, obs=obs, actions=out.action, log_probs=out.log_prob, values=out.value,
+                    action, log_prob, value = policy.act(normalize(obs))
+                next_obs, reward, terminated, truncated, info = env.step(action)
+                # V(final_obs) bootstraps truncated episodes (kept apart from terminated ones). On
+                # the CPU, skip the forward when nothing was truncated; on a GPU asking would cost
+                # a host sync, so always compute it.
+                if rt.device.type != "cpu" or bool(truncated.any()):
+                    with autocast:
+                        final_values = policy.value(normalize(info["final_obs"])).float()
+                else:
+                    final_values = zeros
+                buffer.store(t, obs=obs, actions=action, log_probs=log_prob, values=value,
                              rewards=reward, terminated=terminated, truncated=truncated, final_values=final_values)
                 done = terminated | truncated
                 ep_return_sum += (info["episode_return"] * done).sum()

@@ -102,9 +102,20 @@ class ActorCritic(nn.Module):
 
     def distribution(self, features: torch.Tensor):
         logits_or_mean = self.actor(features).float()  # distributions in fp32 even under autocast
+        # validate_args=False: argument checks cost more than the tiny networks themselves.
         if self.discrete:
-            return Categorical(logits=logits_or_mean)
-        return Normal(logits_or_mean, self.log_std.exp().expand_as(logits_or_mean))
+            return Categorical(logits=logits_or_mean, validate_args=False)
+        return Normal(logits_or_mean, self.log_std.exp().expand_as(logits_or_mean), validate_args=False)
+
+    def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rollout step: sampled action, its log-prob and V(obs) — no entropy, no gradient needed."""
+        features = self.trunk(obs)
+        dist = self.distribution(features)
+        action = dist.sample()
+        log_prob = dist.log_prob(action)
+        if not self.discrete:
+            log_prob = log_prob.sum(-1)
+        return action, log_prob, self.critic(features).squeeze(-1).float()
 
     def forward(self, obs: torch.Tensor, action: torch.Tensor | None = None, deterministic: bool = False) -> PolicyOutput:
         """Sample (or score a given ``action``) and evaluate the value, in one pass."""

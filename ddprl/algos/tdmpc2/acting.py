@@ -1,0 +1,212 @@
+"""TD-MPC2 on one rank's environments: the env it needs, recording episodes, choosing actions.
+
+- :func:`make_tdmpc2_env`: any ``make_env`` task with a continuous 1-D action box and flat
+  observations, actions presented to the agent in [-1, 1] (:class:`UnitBoxActions` rescales
+  a Gymnasium box such as Humanoid-v5's [-0.4, 0.4]; DMC envs do it themselves).
+- :class:`EpisodeRecorder`: keeps each env's transitions until its episode ends, then hands
+  the whole episode to the replay buffer (REFERENCE.md: episodes enter the buffer when they end).
+- :class:`Acting`: MPPI warm-started from each env's previous plan, or the policy prior
+  alone (``mpc=false``); :class:`NotifyEpisodeEnds` tells it when an eval env's episode ends.
+Nothing here is distributed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from ddprl.algos.tdmpc2.networks import WorldModel
+from ddprl.algos.tdmpc2.planner import MPPI, MPPIConfig, mppi_iterations
+from ddprl.envs import make_env
+from ddprl.envs.dmc import parse_dmc_task
+from ddprl.errors import UsageError
+
+
+class EnvWrapper:
+    """Forwards everything it does not override (spaces, render_rgb, state_dict, close)."""
+
+    def __init__(self, env: Any):
+        self.env = env
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
+
+    def reset(self, seed: Optional[int] = None) -> torch.Tensor:
+        return self.env.reset(seed=seed)
+
+    def step(self, actions: torch.Tensor):
+        return self.env.step(actions)
+
+
+class UnitBoxActions(EnvWrapper):
+    """Present a bounded action box as [-1, 1]: a -> low + (a + 1) (high - low) / 2."""
+
+    def __init__(self, env: Any):
+        super().__init__(env)
+        space = env.single_action_space
+        self._low = torch.as_tensor(space.low, dtype=torch.float32, device=env.device)
+        self._half = torch.as_tensor((space.high - space.low) / 2, dtype=torch.float32, device=env.device)
+        self.single_action_space = gym.spaces.Box(-1.0, 1.0, space.shape, np.float32)
+
+    def step(self, actions: torch.Tensor):
+        a = actions.clamp(-1, 1).to(self._low.device)
+        return self.env.step(self._low + (a + 1) * self._half)
+
+
+def make_tdmpc2_env(cfg: Any, num_envs: int, seed: int, device: torch.device) -> Any:
+    """``make_env`` for TD-MPC2: checks the spaces and presents actions in [-1, 1].
+
+    ``cfg.episode_length`` (when set) is the episode length: DMC truncates there itself,
+    Gymnasium gets ``max_episode_steps``.
+    """
+    kwargs = dict(cfg.env_kwargs)
+    if cfg.episode_length is not None:
+        kwargs["episode_length" if parse_dmc_task(cfg.task) else "max_episode_steps"] = cfg.episode_length
+    env = make_env(cfg.task, num_envs, seed=seed, device=device, **kwargs)
+    act_space, obs_space = env.single_action_space, env.single_observation_space
+    if not isinstance(act_space, gym.spaces.Box) or len(act_space.shape) != 1:
+        env.close()
+        raise UsageError(f"tdmpc2 needs continuous actions (a 1-D Box); {cfg.task} has {act_space}: "
+                         "use algo=ppo for discrete actions")
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        env.close()
+        raise UsageError(f"tdmpc2 here learns from flat state observations; {cfg.task} observes {obs_space}")
+    if not (np.all(np.isfinite(act_space.low)) and np.all(np.isfinite(act_space.high))):
+        env.close()
+        raise UsageError(f"{cfg.task} has an unbounded action box; tdmpc2 acts in [-1, 1] and needs bounds")
+    if np.any(act_space.low != -1) or np.any(act_space.high != 1):
+        env = UnitBoxActions(env)
+    return env
+
+
+def episode_length_of(cfg: Any, env: Any) -> int:
+    """Agent steps per episode: ``cfg.episode_length``, else the task's own time limit."""
+    if cfg.episode_length is not None:
+        return cfg.episode_length
+    length = getattr(env, "max_episode_steps", None)  # DMCVecEnv
+    if length is None:
+        spec = gym.spec(cfg.task) if cfg.task in gym.registry else None
+        length = getattr(spec, "max_episode_steps", None)
+    if length is None:
+        raise UsageError(f"{cfg.task} has no time limit to derive the discount and seed_steps from: "
+                         "set episode_length=<agent steps per episode>")
+    return int(length)
+
+
+class Episode(NamedTuple):
+    """One finished episode of T transitions (CPU tensors, the buffer's ``add_episode`` order)."""
+
+    obs: torch.Tensor  # (T+1, obs_dim), the last one the true final observation
+    actions: torch.Tensor  # (T, A)
+    rewards: torch.Tensor  # (T,)
+    terminated: torch.Tensor  # (T,) bool, True at most on the last transition
+
+
+class EpisodeRecorder:
+    """Per-env transition lists, handed over whole when the env's episode ends.
+
+    >>> rec = EpisodeRecorder(num_envs=1)
+    >>> rec.start(torch.zeros(1, 3))
+    >>> done = rec.add(torch.zeros(1, 2), torch.ones(1), torch.tensor([True]), torch.tensor([True]),
+    ...                final_obs=torch.ones(1, 3), next_obs=torch.zeros(1, 3))
+    >>> done[0].obs.shape, done[0].terminated
+    (torch.Size([2, 3]), tensor([True]))
+    """
+
+    def __init__(self, num_envs: int):
+        self.num_envs = num_envs
+        self._obs: list[list[torch.Tensor]] = [[] for _ in range(num_envs)]
+        self._act: list[list[torch.Tensor]] = [[] for _ in range(num_envs)]
+        self._rew: list[list[torch.Tensor]] = [[] for _ in range(num_envs)]
+        self._term: list[list[torch.Tensor]] = [[] for _ in range(num_envs)]
+
+    def start(self, obs: torch.Tensor) -> None:
+        """First observations (N, obs_dim) of fresh episodes (after a reset)."""
+        obs = obs.detach().cpu()
+        for i in range(self.num_envs):
+            self._obs[i], self._act[i], self._rew[i], self._term[i] = [obs[i]], [], [], []
+
+    def add(self, actions: torch.Tensor, rewards: torch.Tensor, terminated: torch.Tensor, done: torch.Tensor,
+            final_obs: torch.Tensor, next_obs: torch.Tensor) -> list[Episode]:
+        """Record one step of every env (N rows each); return the episodes that just ended."""
+        actions, rewards, terminated = actions.detach().cpu(), rewards.detach().cpu(), terminated.cpu()
+        final_obs, next_obs, done = final_obs.detach().cpu(), next_obs.detach().cpu(), done.cpu()
+        finished = []
+        for i in range(self.num_envs):
+            self._act[i].append(actions[i])
+            self._rew[i].append(rewards[i])
+            self._term[i].append(terminated[i])
+            if done[i]:
+                finished.append(Episode(torch.stack(self._obs[i] + [final_obs[i]]), torch.stack(self._act[i]),
+                                        torch.stack(self._rew[i]), torch.stack(self._term[i])))
+                self._obs[i], self._act[i], self._rew[i], self._term[i] = [next_obs[i]], [], [], []
+            else:
+                self._obs[i].append(next_obs[i])
+        return finished
+
+
+def mppi_config(cfg: Any, action_dim: int) -> MPPIConfig:
+    """The planner settings of ``cfg`` (iterations null -> 6, or 8 for action_dim >= 20)."""
+    iterations = cfg.iterations if cfg.iterations is not None else mppi_iterations(action_dim)
+    return MPPIConfig(horizon=cfg.horizon, iterations=iterations, num_samples=cfg.num_samples,
+                      num_elites=cfg.num_elites, num_pi_trajs=cfg.num_pi_trajs, temperature=cfg.temperature,
+                      min_std=cfg.min_std, max_std=cfg.max_std)
+
+
+class Acting:
+    """Actions for one batch of E envs from the (unwrapped) world model, without gradients.
+
+    ``mpc=true``: MPPI, warm-started from each env's previous plan shifted one step
+    (REFERENCE.md); call :meth:`episode_ended` with the done mask after every env step so a
+    new episode starts from a blank plan. ``mpc=false``: the policy prior (its mean in eval).
+    The model is switched to eval mode (no Q dropout) while acting.
+    """
+
+    def __init__(self, model: WorldModel, cfg: Any, discount: float, compile: bool = False):
+        self.model = model
+        self.planner = MPPI.from_world_model(model, discount, mppi_config(cfg, model.action_dim)) if cfg.mpc else None
+        self._plan = None
+        if self.planner is not None:
+            self._plan = torch.compile(self.planner.plan) if compile else self.planner.plan
+        self.prev_mean: Optional[torch.Tensor] = None  # (H, E, A) last plan's mean
+
+    def episode_ended(self, done: torch.Tensor) -> None:
+        """Forget the plan of envs whose episode just ended: done (E,) bool."""
+        if self.prev_mean is not None:
+            # zero mean == no warm start for those envs; a mask, not a branch: no host sync
+            keep = (~done.to(self.prev_mean.device)).to(self.prev_mean.dtype)
+            self.prev_mean = self.prev_mean * keep[None, :, None]
+
+    @torch.no_grad()
+    def __call__(self, obs: torch.Tensor, eval_mode: bool = False) -> torch.Tensor:
+        """obs (E, obs_dim) -> actions (E, A) in [-1, 1]; exploration noise unless ``eval_mode``."""
+        self.model.eval()
+        z = self.model.encode(obs)  # (E, d)
+        if self.planner is None:
+            action, info = self.model.pi(z)
+            return info["mean"] if eval_mode else action
+        if self.prev_mean is not None and self.prev_mean.shape[1] != obs.shape[0]:
+            self.prev_mean = None
+        plan = self._plan(z, self.prev_mean, eval_mode)
+        self.prev_mean = plan.mean
+        return plan.action
+
+
+class NotifyEpisodeEnds(EnvWrapper):
+    """Tell an :class:`Acting` which episodes ended at each step (eval and video envs)."""
+
+    def __init__(self, env: Any, acting: Acting):
+        super().__init__(env)
+        self.acting = acting
+
+    def reset(self, seed: Optional[int] = None) -> torch.Tensor:
+        self.acting.prev_mean = None
+        return self.env.reset(seed=seed)
+
+    def step(self, actions: torch.Tensor):
+        out = self.env.step(actions)
+        self.acting.episode_ended(out[2] | out[3])
+        return out

@@ -1,0 +1,367 @@
+"""TD-MPC2 with DDP: every rank acts in its own env and fills its own replay buffer; one world
+model and one policy prior learn from all ranks' batches.
+
+The algorithm is :func:`train`, read top to bottom; :func:`update` is one optimizer step of
+world model and policy (REFERENCE.md "Losses"). Neither touches torch.distributed: the
+collectives go through the runtime ``rt``.
+
+Schedule (docs/tdmpc2.md explains the choices):
+
+- ``steps`` and ``seed_steps`` count *global* agent steps (summed over ranks; one agent step
+  is two DMC simulator steps). The default ``seed_steps`` is world_size x max(1000, 5 L):
+  every rank collects the paper's max(1000, 5 L) random steps, so every rank holds whole
+  episodes before the first update.
+- Each rank makes ``updates_per_step`` micro-batch updates per agent step it takes, counted
+  from the shared global step counter, so every rank makes the same number of updates (and
+  collectives) whatever its episodes do. When seeding ends, the updates for all seed steps
+  are made at once (the paper's pretraining burst), then the regular ones.
+- ``sync_freq = k``: one optimizer step per k micro-batches; gradients are accumulated under
+  ``no_sync`` and all-reduced on the k-th. Effective batch = batch_size x world_size x k.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Optional
+
+import torch
+
+from ddprl.algos.tdmpc2.acting import (Acting, EpisodeRecorder, NotifyEpisodeEnds, episode_length_of,
+                                       make_tdmpc2_env)
+from ddprl.algos.tdmpc2.buffer import EpisodeBuffer, TrajectoryBatch
+from ddprl.algos.tdmpc2.loss import policy_loss, world_model_loss
+from ddprl.algos.tdmpc2.math import RunningScale, discount_for_episode_length
+from ddprl.algos.tdmpc2.networks import ModelDims, WorldModel, dims_for_model_size
+from ddprl.checkpoint import load_checkpoint, rng_state, set_rng_state, strip_prefixes
+from ddprl.config import to_dict
+from ddprl.envs import env_seed
+from ddprl.errors import UsageError
+from ddprl.evaluate import Actor, evaluate
+from ddprl.metrics import MetricsLogger
+from ddprl.run import Checkpointer, open_run_dir
+
+log = logging.getLogger("ddprl")
+
+# Keys that shape the network: a resumed run may not change them.
+ARCHITECTURE_KEYS = ("model_size", "enc_dim", "mlp_dim", "latent_dim", "num_enc_layers", "num_q")
+
+SHARED_SEED_OFFSET = 777  # the generator every rank shares (Q-member draws): seed + this, same on all ranks
+
+
+# ---------------------------------------------------------------------------------------------
+# pieces of the loop
+
+
+def model_dims(cfg: Any) -> ModelDims:
+    """The table's dims for ``model_size``, with any dim the config sets overriding it."""
+    table = dims_for_model_size(cfg.model_size)
+    return ModelDims(**{name: getattr(cfg, name) if getattr(cfg, name) is not None else getattr(table, name)
+                        for name in ModelDims.__dataclass_fields__})
+
+
+def autocast_context(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast for the update's forward passes, or nothing for fp32."""
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@dataclass
+class Learner:
+    """Everything one optimizer step touches, on one rank.
+
+    ``model`` is the plain module (acting, targets, checkpoints); ``wm`` and ``pi`` are its
+    DDP (+ compile) wrappers: every gradient-carrying call goes through their forward.
+    """
+
+    model: WorldModel
+    wm: torch.nn.Module  # DDP(model): forward(obs, action, reward, terminated, discount, members, eps)
+    pi: torch.nn.Module  # DDP(model.policy): forward(z, eps) -> (action, info)
+    scale: RunningScale  # running 5-95% range of Q, identical on every rank (reduced)
+    wm_optim: torch.optim.Optimizer
+    pi_optim: torch.optim.Optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": strip_prefixes(self.model.state_dict()), "wm_optimizer": self.wm_optim.state_dict(),
+                "pi_optimizer": self.pi_optim.state_dict(), "scale": self.scale.state_dict()}
+
+
+def build_learner(rt: Any, cfg: Any, obs_dim: int, action_dim: int,
+                  state: Optional[dict[str, Any]] = None) -> Learner:
+    """World model + policy wrapped by the runtime, their optimizers and the Q scale.
+
+    Fresh: DDP broadcasts rank 0's weights, then the target Qs are copied from them
+    (DESIGN.md invariant 2). Resumed: every rank loads the same checkpoint, targets included.
+    """
+    model = WorldModel(obs_dim, action_dim, dims=model_dims(cfg), dropout=cfg.dropout)
+    if state is not None:
+        model.load_state_dict(state["model"])
+    wm = rt.wrap(model, compile=cfg.compile)
+    pi = rt.wrap(model.policy, compile=cfg.compile)
+    if state is None:
+        model.make_target()  # after wrapping: the broadcast weights, not this rank's init
+    scale = RunningScale(tau=cfg.tau).to(rt.device)
+    wm_optim = torch.optim.Adam(model.world_model_param_groups(cfg.lr, cfg.enc_lr_scale), lr=cfg.lr)
+    pi_optim = torch.optim.Adam(model.policy.parameters(), lr=cfg.lr, eps=1e-5)
+    if state is not None:
+        wm_optim.load_state_dict(state["wm_optimizer"])
+        pi_optim.load_state_dict(state["pi_optimizer"])
+        scale.load_state_dict(state["scale"])
+    return Learner(model, wm, pi, scale, wm_optim, pi_optim)
+
+
+class UpdateNoise(NamedTuple):
+    """The randomness of one micro-batch update, drawn outside it so that it can be fixed.
+
+    The Q members come from a generator every rank seeds alike: all ranks use the same pair,
+    so N ranks on N batches compute what one process on the joined batch would.
+    """
+
+    members_td: torch.Tensor  # (2,) target-Q members whose min is the TD target
+    members_pi: torch.Tensor  # (2,) Q members averaged by the policy loss
+    eps_td: Optional[torch.Tensor] = None  # (H, B, A) policy noise at the next latents (None: rank's RNG)
+    eps_pi: Optional[torch.Tensor] = None  # (H+1, B, A) policy noise of the policy loss
+
+
+def draw_noise(shared: torch.Generator, num_q: int, device: torch.device) -> UpdateNoise:
+    """Q-member pairs from the shared generator (on ``device``: no host sync)."""
+    pairs = [torch.randperm(num_q, generator=shared, device=device)[:2] for _ in range(2)]
+    return UpdateNoise(pairs[0], pairs[1])
+
+
+def update(rt: Any, learner: Learner, batches: list[TrajectoryBatch], noises: list[UpdateNoise], cfg: Any,
+           discount: float) -> dict[str, torch.Tensor]:
+    """One optimizer step of world model, then policy, on k = len(batches) micro-batches.
+
+    World model: k forward/backward passes (the first k-1 under ``no_sync``: gradients add up
+    locally and are all-reduced once), clip, step. Policy: on the detached latents of those
+    passes, against the *updated* Qs, the same way; then the target Qs soft-update. Returns
+    the terms averaged over micro-batches as device tensors (no host sync here).
+    """
+    model, k = learner.model, len(batches)
+    autocast = autocast_context(rt.device, cfg.precision)
+    model.train()
+    sums: dict[str, torch.Tensor] = {}
+
+    def add(prefix: str, terms: dict[str, torch.Tensor]) -> None:
+        for name, value in terms.items():
+            sums[f"{prefix}{name}"] = sums.get(f"{prefix}{name}", 0.0) + value.detach() / k
+
+    latents = []
+    for i, (batch, noise) in enumerate(zip(batches, noises)):
+        with rt.no_sync(learner.wm, enabled=i < k - 1):
+            with autocast:
+                out = learner.wm(batch.obs, batch.action, batch.reward, batch.terminated, discount,
+                                 noise.members_td, noise.eps_td)
+            terms = world_model_loss(out, batch.reward, cfg.rho, cfg.consistency_coef, cfg.reward_coef,
+                                     cfg.value_coef)
+            (terms["loss"] / k).backward()
+        latents.append(out["z"].detach())  # (H+1, B, d): the policy learns on these
+        add("train/", terms)
+    if cfg.grad_clip_norm > 0:
+        sums["train/grad_norm"] = torch.nn.utils.clip_grad_norm_(learner.wm_optim.param_groups[0]["params"]
+                                                                 + learner.wm_optim.param_groups[1]["params"],
+                                                                 cfg.grad_clip_norm)
+    learner.wm_optim.step()
+    learner.wm_optim.zero_grad(set_to_none=True)
+
+    for i, (z, noise) in enumerate(zip(latents, noises)):
+        with rt.no_sync(learner.pi, enabled=i < k - 1):
+            with autocast:
+                action, info = learner.pi(z, noise.eps_pi)
+                q = model.Q(z, action, "avg", detach=True, members=noise.members_pi)  # (H+1, B, 1)
+            # the scale statistic of the first step's Q, averaged over ranks before the EMA step
+            learner.scale.update(q[0], reduce_fn=rt.all_reduce_mean)
+            terms = policy_loss(q, info["scaled_entropy"], learner.scale.value, cfg.rho, cfg.entropy_coef)
+            (terms["loss"] / k).backward()
+        add("train/pi_", terms)
+    if cfg.grad_clip_norm > 0:
+        sums["train/pi_grad_norm"] = torch.nn.utils.clip_grad_norm_(model.policy.parameters(), cfg.grad_clip_norm)
+    learner.pi_optim.step()
+    learner.pi_optim.zero_grad(set_to_none=True)
+    model.soft_update_target(cfg.tau)
+    sums["train/pi_scale"] = learner.scale.value.detach().reshape(())
+    return sums
+
+
+def check_state_in_sync(rt: Any, learner: Learner) -> None:
+    """Raise if target Qs or the Q scale differ across ranks (buffers: check_in_sync sees parameters)."""
+    values = [t.detach().double().sum() for t in learner.model.target_qs.tensors()] + [learner.scale.value.double().sum()]
+    checksum = float(sum(float(v) * (i + 1) for i, v in enumerate(values)))
+    sums = rt.all_gather_object(checksum)
+    if max(sums) - min(sums) > 1e-6 * (1.0 + abs(checksum)):
+        raise RuntimeError(f"target Qs / Q scale differ across ranks: checksums {sums}")
+
+
+def _crossed(step: int, stride: int, every: int) -> bool:
+    """True when ``step`` just passed a multiple of ``every`` (steps advance by ``stride``)."""
+    return every > 0 and (step // every) > ((step - stride) // every)
+
+
+# ---------------------------------------------------------------------------------------------
+# the loop
+
+
+def train(rt: Any, cfg: Any) -> None:
+    """Train TD-MPC2 on ``cfg.task`` for ``cfg.steps`` global agent steps (runs on every rank)."""
+    # -- sizes: global in, local derived (DESIGN.md invariant 4) -------------------------------
+    local_num_envs = cfg.local_num_envs(rt.world_size)
+    ckpt = load_checkpoint(cfg.resume, expect_algo="tdmpc2") if cfg.resume else None
+    run_dir = open_run_dir(rt, cfg)
+    # Per-rank randomness: seed-step actions, exploration noise, policy noise, buffer sampling.
+    torch.manual_seed(cfg.seed + rt.rank)
+    # Shared randomness: the Q-member pairs of each update, identical on every rank.
+    shared = torch.Generator(device=rt.device).manual_seed(cfg.seed + SHARED_SEED_OFFSET)
+    env = make_tdmpc2_env(cfg, local_num_envs, seed=env_seed(cfg.seed, rt.rank), device=rt.device)
+    obs_dim, action_dim = env.single_observation_space.shape[0], env.single_action_space.shape[0]
+    episode_length = episode_length_of(cfg, env)
+    discount = cfg.discount if cfg.discount is not None else discount_for_episode_length(episode_length)
+    seed_steps = cfg.seed_steps if cfg.seed_steps is not None else rt.world_size * max(1000, 5 * episode_length)
+    if cfg.buffer_size <= episode_length:
+        raise UsageError(f"buffer_size={cfg.buffer_size} must exceed the episode length {episode_length}")
+
+    learner = build_learner(rt, cfg, obs_dim, action_dim, ckpt["state"] if ckpt else None)
+    model = learner.model
+    global_step, num_updates, learning_started = 0, 0, False
+    if ckpt is not None:
+        global_step, num_updates, learning_started = ckpt["step"], ckpt["updates"], ckpt["learning_started"]
+        shared.set_state(ckpt["shared_rng"].to(shared.get_state().device))
+        if ckpt["world_size"] == rt.world_size:
+            set_rng_state(ckpt["ranks"][rt.rank]["rng"])
+        # Replay buffers are not checkpointed (1M transitions per rank): refill them with the
+        # restored agent's own actions for seed_steps more steps before updating again.
+        log.info("resumed at step %d (%d updates); refilling the replay buffers for %d steps",
+                 global_step, num_updates, seed_steps)
+    refill_until = global_step + seed_steps if ckpt is not None else 0
+    checksum = rt.check_in_sync(learner.wm)
+    log.info("parameters synchronised across %d rank(s) (checksum %.6f)", rt.world_size, checksum)
+
+    buffer = EpisodeBuffer(cfg.buffer_size, obs_dim, action_dim)
+    recorder = EpisodeRecorder(local_num_envs)
+    acting = Acting(model, cfg, discount, compile=cfg.compile)
+    effective_batch = cfg.effective_batch_size(rt.world_size)
+    micro_per_iteration = local_num_envs * cfg.updates_per_step  # updates this rank owes per env step
+    checkpointer = Checkpointer(run_dir)
+    logger = MetricsLogger(run_dir, cfg, rt.is_main, total_steps=cfg.steps, start_step=global_step)
+    log.info("run directory %s | %d ranks x %d envs | effective batch %d | discount %.4g | seed steps %d | "
+             "episode length %d", run_dir, rt.world_size, local_num_envs, effective_batch, discount, seed_steps,
+             episode_length)
+
+    def save(step: int) -> None:
+        rt.check_in_sync(learner.wm, "parameters at checkpoint")
+        check_state_in_sync(rt, learner)
+        payload = {"algo": "tdmpc2", "task": cfg.task, "step": step, "updates": num_updates,
+                   "learning_started": learning_started, "shared_rng": shared.get_state(),
+                   "config": to_dict(cfg), "state": learner.state_dict()}
+        checkpointer.save(rt, step, payload, {"rng": rng_state(), "env": env.state_dict()})
+
+    def run_eval() -> dict[str, float]:
+        eval_acting = Acting(model, cfg, discount)  # its own warm-start state, eval batch size
+
+        def make_eval_env(n: int, seed: int):
+            return NotifyEpisodeEnds(make_tdmpc2_env(cfg, n, seed, rt.device), eval_acting)
+
+        result = evaluate(rt, make_eval_env, lambda o: eval_acting(o, eval_mode=True), cfg.eval_episodes, cfg.seed)
+        return {f"eval/{k}": v for k, v in result.items()}
+
+    obs = env.reset()
+    recorder.start(obs)
+    micro_due = 0  # micro-batch updates owed by this rank (identical on every rank)
+    steps_since_restart = 0  # local agent steps collected by this process (what the buffer holds)
+    sums: dict[str, torch.Tensor] = {}
+    num_sums = 0
+    ep_stats = torch.zeros(2, device=rt.device)  # (sum of returns, episodes) since the last log
+    t_log, steps_at_log = time.perf_counter(), global_step
+
+    while global_step < cfg.steps:
+        # -- act: random while seeding, else plan (MPPI) or the policy prior ---------------------
+        if global_step < seed_steps:
+            action = torch.rand(local_num_envs, action_dim, device=rt.device) * 2 - 1
+        else:
+            action = acting(obs)
+        next_obs, reward, terminated, truncated, info = env.step(action)
+        done = terminated | truncated
+        acting.episode_ended(done)
+        for episode in recorder.add(action, reward, terminated, done, info["final_obs"], next_obs):
+            buffer.add_episode(*episode)
+        ep_stats += torch.stack([(info["episode_return"] * done).sum(), done.sum()]).float()
+        obs = next_obs
+        global_step += cfg.num_envs
+        steps_since_restart += local_num_envs
+
+        # -- learn: decided on global counters only, so every rank does the same ---------------
+        if learning_started:
+            micro_due += micro_per_iteration
+        elif global_step >= max(seed_steps, refill_until):
+            # Every rank needs a whole episode (>= horizon steps) before sampling. A collective
+            # on a global condition: asked once in DMC (fixed-length episodes), more only while
+            # some rank's first episode is still running.
+            not_ready = rt.all_reduce_sum(0 if buffer.num_starts(cfg.horizon) > 0 else 1)
+            if not_ready == 0:
+                # The paper's pretraining burst: one update per step collected so far, at once.
+                # (A resumed run that had already learned just carries on: it owes nothing.)
+                micro_due = 0 if num_updates > 0 else steps_since_restart * cfg.updates_per_step
+                learning_started = True
+        while micro_due >= cfg.sync_freq:
+            batches = [buffer.sample(cfg.batch_size, cfg.horizon, device=rt.device) for _ in range(cfg.sync_freq)]
+            noises = [draw_noise(shared, model.num_q, rt.device) for _ in range(cfg.sync_freq)]
+            terms = update(rt, learner, batches, noises, cfg, discount)
+            for name, value in terms.items():
+                sums[name] = sums.get(name, 0.0) + value
+            num_sums += 1
+            num_updates += 1
+            micro_due -= cfg.sync_freq
+
+        # -- bookkeeping: every number is global (DESIGN.md invariant 7) -------------------------
+        last = global_step >= cfg.steps
+        logging_now = _crossed(global_step, cfg.num_envs, cfg.log_freq) or last
+        evaluating = _crossed(global_step, cfg.num_envs, cfg.eval_freq) or (last and cfg.eval_episodes > 0)
+        if logging_now or evaluating:
+            elapsed = time.perf_counter() - t_log
+            local_fps = (global_step - steps_at_log) / rt.world_size / max(elapsed, 1e-9)
+            metrics = rt.all_reduce_mean({k: v / max(num_sums, 1) for k, v in sums.items()}) if num_sums else {}
+            episodes = rt.all_reduce_sum(ep_stats)
+            metrics["time/global_fps"] = rt.all_reduce_sum(local_fps)
+            metrics["train/updates"] = float(num_updates)
+            metrics["train/effective_batch_size"] = float(effective_batch)
+            metrics["train/buffer_transitions"] = float(rt.all_reduce_sum(len(buffer)))
+            if episodes[1] > 0:
+                metrics["train/episode_return"] = float(episodes[0] / episodes[1])
+            if evaluating:
+                metrics.update(run_eval())
+            logger.log(global_step, metrics)
+            logger.progress(global_step, metrics["time/global_fps"])
+            sums, num_sums, ep_stats = {}, 0, torch.zeros_like(ep_stats)
+            t_log, steps_at_log = time.perf_counter(), global_step
+        if _crossed(global_step, cfg.num_envs, cfg.checkpoint_freq) or last:
+            save(global_step)
+
+    logger.close()
+    env.close()
+    if rt.is_main:
+        print(f"run directory: {run_dir}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# evaluation and play
+
+
+def load_actor(cfg: Any, state: dict[str, Any], device: torch.device) -> Actor:
+    """A TD-MPC2 agent from a checkpoint's ``state`` (written by any number of ranks), for eval
+    and video: MPPI in eval mode (no exploration noise), or the policy mean when ``mpc=false``."""
+    probe = make_tdmpc2_env(cfg, 1, cfg.seed, device)
+    obs_dim, action_dim = probe.single_observation_space.shape[0], probe.single_action_space.shape[0]
+    discount = cfg.discount if cfg.discount is not None else discount_for_episode_length(episode_length_of(cfg, probe))
+    probe.close()
+    model = WorldModel(obs_dim, action_dim, dims=model_dims(cfg), dropout=cfg.dropout)
+    model.load_state_dict(state["model"])
+    model.to(device).eval()
+    acting = Acting(model, cfg, discount)
+
+    def make(num_envs: int, seed: int):
+        return NotifyEpisodeEnds(make_tdmpc2_env(cfg, num_envs, seed, device), acting)
+
+    return Actor(make, lambda obs: acting(obs, eval_mode=True), ())
