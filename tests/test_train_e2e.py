@@ -197,3 +197,33 @@ def test_default_job_learns_cartpole(tmp_path):
     final = read_metrics(tmp_path / "d")[-1]
     assert final["eval/episodes"] == 10
     assert final["eval/return_mean"] >= 475, final
+
+
+def test_wandb_offline_one_run(tmp_path):
+    pytest.importorskip("wandb")
+    res = run_cli(["train", "world_size=2", "steps=1024", f"run_dir={tmp_path / 'w'}", "enable_wandb=true",
+                   "wandb_mode=offline", *FAST], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    runs = list((tmp_path / "w" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1  # one W&B run for the job, not one per rank
+    assert list(runs[0].glob("*.wandb"))
+
+
+def test_continuous_actions_and_mixed_precision(tmp_path):
+    """Box actions (Pendulum) with observation normalisation, under bf16 autocast."""
+    res = run_cli(["train", "task=Pendulum-v1", "world_size=2", "steps=1024", "norm_obs=true", "precision=bf16",
+                   f"run_dir={tmp_path / 'p'}", *FAST], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    final = read_metrics(tmp_path / "p")[-1]
+    assert final["step"] == 1024 and final["eval/return_mean"] < 0  # Pendulum's rewards are negative
+    rms = torch.load(tmp_path / "p" / "checkpoints" / "latest.pt", weights_only=True)["state"]["obs_rms"]
+    assert rms["count"].item() == 1024  # both ranks' observations, counted once each
+
+
+def test_console_script_installed():
+    import shutil
+
+    exe = shutil.which("ddprl")
+    assert exe is not None
+    res = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "train" in res.stdout

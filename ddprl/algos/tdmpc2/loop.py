@@ -162,9 +162,8 @@ def update(rt: Any, learner: Learner, batches: list[TrajectoryBatch], noises: li
         latents.append(out["z"].detach())  # (H+1, B, d): the policy learns on these
         add("train/", terms)
     if cfg.grad_clip_norm > 0:
-        sums["train/grad_norm"] = torch.nn.utils.clip_grad_norm_(learner.wm_optim.param_groups[0]["params"]
-                                                                 + learner.wm_optim.param_groups[1]["params"],
-                                                                 cfg.grad_clip_norm)
+        wm_params = [p for group in learner.wm_optim.param_groups for p in group["params"]]
+        sums["train/grad_norm"] = torch.nn.utils.clip_grad_norm_(wm_params, cfg.grad_clip_norm)
     learner.wm_optim.step()
     learner.wm_optim.zero_grad(set_to_none=True)
 
@@ -226,16 +225,22 @@ def train(rt: Any, cfg: Any) -> None:
     learner = build_learner(rt, cfg, obs_dim, action_dim, ckpt["state"] if ckpt else None)
     model = learner.model
     global_step, num_updates, learning_started = 0, 0, False
+    random_until, learn_from = seed_steps, seed_steps  # global steps: random actions / no updates before
     if ckpt is not None:
         global_step, num_updates, learning_started = ckpt["step"], ckpt["updates"], ckpt["learning_started"]
-        shared.set_state(ckpt["shared_rng"].to(shared.get_state().device))
+        if ckpt["shared_rng"].numel() == shared.get_state().numel():
+            shared.set_state(ckpt["shared_rng"])
+        else:  # a checkpoint from another device type: any common seed keeps the ranks agreeing
+            shared.manual_seed(cfg.seed + SHARED_SEED_OFFSET + global_step)
         if ckpt["world_size"] == rt.world_size:
             set_rng_state(ckpt["ranks"][rt.rank]["rng"])
-        # Replay buffers are not checkpointed (1M transitions per rank): refill them with the
-        # restored agent's own actions for seed_steps more steps before updating again.
-        log.info("resumed at step %d (%d updates); refilling the replay buffers for %d steps",
-                 global_step, num_updates, seed_steps)
-    refill_until = global_step + seed_steps if ckpt is not None else 0
+        # Replay buffers are not checkpointed (up to 1M transitions per rank). They are refilled
+        # for seed_steps steps before updates resume: with the restored agent's own actions when
+        # it had started learning, else the interrupted seeding phase starts over.
+        learn_from = global_step + seed_steps
+        random_until = global_step if learning_started else learn_from
+        log.info("resumed at step %d after %d updates; refilling the replay buffers until step %d",
+                 global_step, num_updates, learn_from)
     checksum = rt.check_in_sync(learner.wm)
     log.info("parameters synchronised across %d rank(s) (checksum %.6f)", rt.world_size, checksum)
 
@@ -278,7 +283,7 @@ def train(rt: Any, cfg: Any) -> None:
 
     while global_step < cfg.steps:
         # -- act: random while seeding, else plan (MPPI) or the policy prior ---------------------
-        if global_step < seed_steps:
+        if global_step < random_until:
             action = torch.rand(local_num_envs, action_dim, device=rt.device) * 2 - 1
         else:
             action = acting(obs)
@@ -295,7 +300,7 @@ def train(rt: Any, cfg: Any) -> None:
         # -- learn: decided on global counters only, so every rank does the same ---------------
         if learning_started:
             micro_due += micro_per_iteration
-        elif global_step >= max(seed_steps, refill_until):
+        elif global_step >= learn_from:
             # Every rank needs a whole episode (>= horizon steps) before sampling. A collective
             # on a global condition: asked once in DMC (fixed-length episodes), more only while
             # some rank's first episode is still running.
@@ -318,7 +323,7 @@ def train(rt: Any, cfg: Any) -> None:
         # -- bookkeeping: every number is global (DESIGN.md invariant 7) -------------------------
         last = global_step >= cfg.steps
         logging_now = _crossed(global_step, cfg.num_envs, cfg.log_freq) or last
-        evaluating = _crossed(global_step, cfg.num_envs, cfg.eval_freq) or (last and cfg.eval_episodes > 0)
+        evaluating = cfg.eval_episodes > 0 and (_crossed(global_step, cfg.num_envs, cfg.eval_freq) or last)
         if logging_now or evaluating:
             elapsed = time.perf_counter() - t_log
             local_fps = (global_step - steps_at_log) / rt.world_size / max(elapsed, 1e-9)
