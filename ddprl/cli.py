@@ -2,6 +2,7 @@
 
     ddprl train [--config-name NAME] [key=value ...]
     ddprl eval checkpoint=PATH [episodes=10] [device=cpu] [seed=N]
+    ddprl play checkpoint=PATH [fps=10] [episodes=1] [video=out.gif] [device=cpu] [seed=N]
     ddprl doctor [world_size=2] [device=auto] [backend=auto]
     ddprl keys [algo=ppo]
 
@@ -90,12 +91,39 @@ def prepare_train(overrides: list[str], config_name: str | None):
     elif cfg.resume:  # resume=auto with nothing to resume yet
         cfg = dataclasses.replace(cfg, resume="")
     check_task(cfg.task)
+    if cfg.autoscale and ckpt_path is None:
+        cfg = _autoscale(cfg, overrides, config_name)
     if cfg.enable_wandb:
         try:
             import wandb  # noqa: F401
         except ImportError:
             raise UsageError("enable_wandb=true needs the wandb package: pip install 'ddprl[wandb]'") from None
     return cfg
+
+
+def _autoscale(cfg: Any, overrides: list[str], config_name: str | None):
+    """Re-resolve the config with autoscaled sizes beneath the user's own ``key=value``s."""
+    from ddprl.config import load_config
+    from ddprl.envs import make_env
+    from ddprl.runtime import detect_launcher
+    from ddprl.system import autoscale_ppo
+
+    if cfg.algo != "ppo":
+        raise UsageError(f"autoscale=true is implemented for algo=ppo, not algo={cfg.algo}")
+    probe = make_env(cfg.task, 1, seed=0, device="cpu", **cfg.env_kwargs)
+    obs_shape = tuple(probe.single_observation_space.shape)
+    probe.close()
+    if detect_launcher() == "spawn":
+        local_world_size = cfg.world_size // cfg.nnodes
+    else:
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
+    user_keys = {o.split("=", 1)[0].lstrip("+") for o in overrides}
+    fixed = {k: getattr(cfg, k) for k in ("num_envs", "n_steps", "batch_size") if k in user_keys}
+    chosen = autoscale_ppo(cfg, obs_shape, cfg.world_size, local_world_size, fixed=fixed)
+    auto = {k: v for k, v in chosen.items() if k not in user_keys}  # what the user set wins
+    if os.environ.get("RANK", "0") == "0":
+        print("ddprl: autoscale set " + " ".join(f"{k}={v}" for k, v in auto.items()), file=sys.stderr, flush=True)
+    return load_config([f"{k}={v}" for k, v in auto.items()] + overrides, config_name)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -122,7 +150,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise UsageError(f"eval: checkpoint algo {ckpt.get('algo')!r} is unknown to this ddprl")
     saved = {k: v for k, v in ckpt["config"].items() if k not in NOT_RESUMED}
     # One process: a checkpoint from any number of ranks evaluates here.
-    extra = ["world_size=1", f"num_envs={min(8, kv.get('episodes', 10))}", "progress=false",
+    extra = ["world_size=1", "progress=false",
              f"device={kv.get('device', 'auto')}", f"eval_episodes={kv.get('episodes', 10)}"]
     if "seed" in kv:
         extra.append(f"seed={kv['seed']}")
@@ -145,6 +173,47 @@ def _eval_rank(rt: Any, cfg: Any, ckpt: dict[str, Any], video: str | None) -> No
         print(extras, flush=True)
         print(f"return_mean={result['return_mean']:.4f} return_std={result['return_std']:.4f} "
               f"episodes={int(result['episodes'])}", flush=True)
+
+
+def cmd_play(args: argparse.Namespace) -> int:
+    import torch
+
+    from ddprl.checkpoint import load_checkpoint
+    from ddprl.config import load_config
+
+    kv = _key_values(args.overrides, {"checkpoint": str, "episodes": int, "fps": float, "video": str,
+                                      "device": str, "seed": int}, "play")
+    if "checkpoint" not in kv:
+        raise UsageError("play: give checkpoint=PATH")
+    device = kv.get("device", "cpu")
+    if device not in ("cpu", "cuda"):
+        raise UsageError(f"play: device={device!r} is not cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("play: device=cuda but no CUDA device is visible")
+    ckpt = load_checkpoint(kv["checkpoint"])
+    saved = {k: v for k, v in ckpt["config"].items() if k not in NOT_RESUMED}
+    cfg = load_config(["world_size=1", f"device={device}", "progress=false"], resumed=saved)
+    seed = kv.get("seed", cfg.seed)
+    # One process, one device: a checkpoint from N ranks plays here.
+    actor = algo_module(cfg.algo).load_actor(cfg, ckpt["state"], torch.device(device))
+    if "video" in kv:
+        from ddprl.video import record_video
+
+        for episode in range(kv.get("episodes", 1)):
+            path = kv["video"] if kv.get("episodes", 1) == 1 else _numbered(kv["video"], episode)
+            print(f"wrote {record_video(actor, path, seed=seed + episode)}", flush=True)
+    else:
+        from ddprl.play import play_terminal
+
+        play_terminal(actor, kv.get("episodes", 1), kv.get("fps", 10.0), seed)
+    return 0
+
+
+def _numbered(path: str, i: int) -> str:
+    from pathlib import Path
+
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}-{i + 1}{p.suffix}"))
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -184,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*")
     p.set_defaults(fn=cmd_train)
     for name, fn, help_ in [("eval", cmd_eval, "evaluate a checkpoint in one process"),
+                            ("play", cmd_play, "watch an agent in the terminal or write a video (one process)"),
                             ("doctor", cmd_doctor, "check devices, backend, all_reduce and bandwidth"),
                             ("keys", cmd_keys, "list config keys with their help")]:
         p = sub.add_parser(name, help=help_)

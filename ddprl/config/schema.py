@@ -48,6 +48,8 @@ class CommonConfig:
     # -- speed ------------------------------------------------------------------------------
     precision: str = key("fp32 | bf16 | fp16 (fp16 uses a gradient scaler)")
     compile: bool = key("torch.compile the networks")
+    autoscale: bool = key("choose num_envs, n_steps and batch_size from the device's memory (keys you set win)")
+    nccl_preset: str = key("none | nvlink | ib: NCCL variables for the interconnect (variables you exported win)")
     # -- evaluation, checkpoints, logs --------------------------------------------------------
     eval_freq: int = key("evaluate every this many global steps (0: only at the end)")
     eval_episodes: int = key("episodes per evaluation, split over ranks")
@@ -73,6 +75,7 @@ class CommonConfig:
         _check(self.precision in ("fp32", "bf16", "fp16"), f"precision={self.precision!r} is not one of fp32, bf16, fp16")
         _check(self.device in ("auto", "cpu", "cuda"), f"device={self.device!r} is not one of auto, cpu, cuda")
         _check(self.backend in ("auto", "nccl", "gloo"), f"backend={self.backend!r} is not one of auto, nccl, gloo")
+        _check(self.nccl_preset in ("none", "nvlink", "ib"), f"nccl_preset={self.nccl_preset!r} is not one of none, nvlink, ib")
         _check(self.wandb_mode in ("online", "offline"), f"wandb_mode={self.wandb_mode!r} is not online or offline")
         port = str(self.master_port)
         _check(port == "auto" or (port.isdigit() and 0 < int(port) < 65536),
@@ -109,7 +112,7 @@ class PPOConfig(CommonConfig):
     norm_adv: bool = key("normalise advantages per minibatch")
     norm_obs: bool = key("normalise observations with running statistics reduced over ranks")
     policy: str = key("mlp | cnn (cnn for image-like C x H x W observations)")
-    hidden_sizes: list[int] = key("MLP hidden layer widths")
+    hidden_sizes: list[int] = key("dense layer widths (of the MLPs; after the convs for cnn)")
     policy_width: int = key("CNN channels")
     policy_depth: int = key("CNN conv layers")
     env_kwargs: dict[str, Any] = key("extra keyword arguments for the environment constructor")

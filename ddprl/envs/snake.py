@@ -167,6 +167,7 @@ class SnakeEnv:
         c, g = OBS_CHANNELS[obs_mode], self.grid_size
         self.single_observation_space = gym.spaces.Box(0.0, 1.0, (c, g, g), np.float32)
         self.single_action_space = gym.spaces.Discrete(4)
+        self.extra_info_keys = ("episode_score",)  # reported by eval next to return and length
         dev, n = self.device, self.num_envs
         self._dr = torch.tensor([d[0] for d in DELTAS], device=dev)  # (4,)
         self._dc = torch.tensor([d[1] for d in DELTAS], device=dev)  # (4,)
@@ -250,6 +251,23 @@ class SnakeEnv:
 
     def close(self) -> None:
         pass
+
+    # ------------------------------------------------------------------ exact resume
+    _STATE = ("body", "head_r", "head_c", "direction", "length", "food", "steps_since_food",
+              "ep_length", "ep_score", "ep_return")
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Every game's board and counters plus the generator: a checkpoint resumes mid-episode."""
+        state = {k: getattr(self, k).clone() for k in self._STATE}
+        state["generator"] = self._gen.get_state()
+        return state
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Restore :meth:`state_dict`; returns the current observation."""
+        for k in self._STATE:
+            setattr(self, k, state[k].to(self.device))
+        self._gen.set_state(state["generator"])
+        return self.observe()
 
     # ------------------------------------------------------------------ internals
     def observe(self) -> torch.Tensor:
@@ -350,10 +368,10 @@ class SnakeEnv:
                 "food": None if food < 0 else (food // g, food % g),
                 "steps_since_food": int(self.steps_since_food[i])}
 
-    def render_ascii(self, i: int) -> str:
+    def render_ascii(self, i: int = 0) -> str:
         """Text picture of game ``i`` (see :func:`render_text`)."""
         return render_text(self.observe()[i])
 
-    def render_rgb(self, i: int, px: int = 20) -> np.ndarray:
+    def render_rgb(self, i: int = 0, px: int = 20) -> np.ndarray:
         """(H*px, W*px, 3) uint8 picture of game ``i`` (see :func:`render_rgb`)."""
         return render_rgb(self.observe()[i], px)

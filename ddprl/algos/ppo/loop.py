@@ -25,6 +25,7 @@ from ddprl.evaluate import Actor, evaluate
 from ddprl.metrics import MetricsLogger
 from ddprl.normalize import RunningMeanStd
 from ddprl.run import Checkpointer, open_run_dir
+from ddprl.system import system_metrics
 
 log = logging.getLogger("ddprl")
 
@@ -233,6 +234,7 @@ def train(rt: Any, cfg: Any) -> None:
         episodes = rt.all_reduce_sum(torch.stack([ep_return_sum, ep_count]).float())
         metrics.update(rt.all_reduce_mean({"time/rollout_s": t_rollout, "time/update_s": t_update}))
         metrics["time/global_fps"] = rt.all_reduce_sum(local_fps)
+        metrics.update(system_metrics(rt))  # GPU utilisation and memory per rank (CUDA only)
         metrics["train/effective_batch_size"] = float(effective_batch)
         metrics["train/lr"] = optimizer.param_groups[0]["lr"]
         if episodes[1] > 0:

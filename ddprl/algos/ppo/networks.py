@@ -40,9 +40,10 @@ def mlp(in_dim: int, hidden: list[int], out_dim: int, out_std: float) -> nn.Sequ
 
 
 class ConvTrunk(nn.Module):
-    """``depth`` 3x3 conv layers of ``width`` channels (same padding), then flatten + linear 256."""
+    """``depth`` 3x3 conv layers of ``width`` channels (same padding, so small boards keep every
+    cell), then flatten and the dense layers ``hidden`` (ReLU)."""
 
-    def __init__(self, obs_shape: tuple[int, ...], width: int, depth: int, out_dim: int = 256):
+    def __init__(self, obs_shape: tuple[int, ...], width: int, depth: int, hidden: list[int]):
         super().__init__()
         c, h, w = obs_shape
         convs: list[nn.Module] = []
@@ -50,8 +51,13 @@ class ConvTrunk(nn.Module):
             convs += [_layer(nn.Conv2d(c, width, 3, padding=1)), nn.ReLU()]
             c = width
         self.convs = nn.Sequential(*convs)
-        self.head = nn.Sequential(nn.Flatten(), _layer(nn.Linear(width * h * w, out_dim)), nn.ReLU())
-        self.out_dim = out_dim
+        dense: list[nn.Module] = [nn.Flatten()]
+        in_dim = width * h * w
+        for units in hidden:
+            dense += [_layer(nn.Linear(in_dim, units)), nn.ReLU()]
+            in_dim = units
+        self.head = nn.Sequential(*dense)
+        self.out_dim = in_dim
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, out_dim)
         return self.head(self.convs(obs))
@@ -83,7 +89,7 @@ class ActorCritic(nn.Module):
             if len(obs_shape) != 3:
                 raise ValueError(f"policy=cnn needs C x H x W observations, got shape {obs_shape}")
             # A shared conv trunk: the expensive part is computed once for actor and critic.
-            self.trunk: nn.Module = ConvTrunk(obs_shape, policy_width, policy_depth)
+            self.trunk: nn.Module = ConvTrunk(obs_shape, policy_width, policy_depth, list(hidden_sizes))
             feat = self.trunk.out_dim
             self.actor = _layer(nn.Linear(feat, n_out), std=0.01)
             self.critic = _layer(nn.Linear(feat, 1), std=1.0)

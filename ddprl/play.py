@@ -1,0 +1,46 @@
+"""``ddprl play``: watch a trained agent in the terminal (or write its episodes to a GIF/MP4)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+import torch
+
+from ddprl.errors import UsageError
+
+
+@torch.no_grad()
+def play_terminal(actor: Any, episodes: int, fps: float, seed: int, out: TextIO = sys.stdout) -> list[dict[str, float]]:
+    """Show ``episodes`` episodes frame by frame (one env, deterministic actions); returns their stats.
+
+    Needs an environment with ``render_ascii`` (Snake). On a terminal each frame replaces the
+    last; piped output gets the frames one after the other.
+    """
+    env = actor.make_env(1, seed)
+    if not hasattr(env, "render_ascii"):
+        env.close()
+        raise UsageError("play: the terminal view needs a task with a text rendering (task=snake); "
+                         "use video=out.gif, or ddprl eval for numbers")
+    clear = "\033[H\033[2J" if out.isatty() else ""
+    results = []
+    obs = env.reset(seed=seed)
+    for episode in range(1, episodes + 1):
+        step = 0
+        while True:
+            out.write(f"{clear}{env.render_ascii(0)}\nepisode {episode}/{episodes}  step {step}\n")
+            out.flush()
+            if fps > 0:
+                time.sleep(1.0 / fps)
+            obs, _, terminated, truncated, info = env.step(actor.act(obs))
+            step += 1
+            if bool((terminated | truncated)[0]):
+                stats = {"return": float(info["episode_return"][0]), "length": float(info["episode_length"][0])}
+                for key in getattr(env, "extra_info_keys", ()):
+                    stats[key.removeprefix("episode_")] = float(info[key][0])
+                results.append(stats)
+                out.write(" ".join(f"{k}={v:g}" for k, v in stats.items()) + "\n")
+                break
+    env.close()
+    return results
