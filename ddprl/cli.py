@@ -93,6 +93,7 @@ def prepare_train(overrides: list[str], config_name: str | None):
     check_task(cfg.task)
     if cfg.autoscale and ckpt_path is None:
         cfg = _autoscale(cfg, overrides, config_name)
+    cfg.check_sizes()
     if cfg.enable_wandb:
         try:
             import wandb  # noqa: F401

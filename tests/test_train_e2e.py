@@ -158,6 +158,8 @@ def _bad(tmp_path, args, message):
     (["train", "steps=lots"], r"steps='lots' .*expected an integer"),
     (["train", "gamma=1.5"], r"gamma=1.5 must be in \[0, 1\]"),
     (["train", "num_envs=7"], r"num_envs=7 is not divisible by world_size=2"),
+    (["train", "batch_size=5000"], r"batch_size=5000 is larger than the per-rank rollout"),
+    (["train", "task=snake", "policy=cnn", "hidden_sizes=[8]", "nccl_preset=fast"], r"nccl_preset='fast'"),
     (["train", "device=cuda"], r"device=cuda but no CUDA device"),
     (["train", "backend=nccl", "device=cpu"], r"backend=nccl needs CUDA"),
     (["train", "lr=1,2"], r"sweeps"),

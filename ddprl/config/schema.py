@@ -86,6 +86,9 @@ class CommonConfig:
                 f"num_envs is global, use a multiple of {self.world_size}"
             )
 
+    def check_sizes(self) -> None:
+        """Checks across keys that training needs; algorithms add theirs."""
+
     def local_num_envs(self, world_size: int) -> int:
         """Environments on each rank (``num_envs`` is global)."""
         return self.num_envs // world_size
@@ -128,6 +131,9 @@ class PPOConfig(CommonConfig):
         _check(self.max_grad_norm >= 0, f"max_grad_norm={self.max_grad_norm} must be >= 0")
         _check(self.target_kl is None or self.target_kl > 0, f"target_kl={self.target_kl} must be > 0 or null")
         _check(self.policy in ("mlp", "cnn"), f"policy={self.policy!r} is not mlp or cnn")
+
+    def check_sizes(self) -> None:
+        """Checks across keys that training needs (after autoscale; eval and play skip them)."""
         rollout = self.local_num_envs(self.world_size) * self.n_steps
         _check(self.batch_size <= rollout,
                f"batch_size={self.batch_size} is larger than the per-rank rollout "

@@ -14,7 +14,12 @@ from ddprl.errors import UsageError
 __all__ = ["make_env", "check_task", "VecEnv", "env_seed"]
 
 # Tasks implemented by ddprl itself, on top of every registered Gymnasium id.
-BUILTIN_TASKS: dict[str, str] = {}
+BUILTIN_TASKS: dict[str, str] = {"snake": "batched Snake in torch, on the rank's device (ddprl.envs.snake)"}
+
+
+# The one-game numpy Snake, for comparisons through Gymnasium's vector envs (benchmarks).
+if "ddprl/SnakeGym-v0" not in gym.registry:
+    gym.register("ddprl/SnakeGym-v0", entry_point="ddprl.envs.snake_gym:SnakeGymEnv")
 
 
 def check_task(task: str) -> None:
@@ -52,6 +57,10 @@ def make_env(task: str, num_envs: int, seed: int, device: str | torch.device = "
 
     if dmc.parse_dmc_task(task) is not None:
         return dmc.DMCVecEnv(task, num_envs, seed=seed, device=device, **kwargs)
+    if task == "snake":
+        from ddprl.envs.snake import SnakeEnv
+
+        return SnakeEnv(num_envs, device=device, seed=seed, **kwargs)
     from ddprl.envs.gym_vec import GymVecEnv
 
     return GymVecEnv(task, num_envs, seed=seed, device=device, **kwargs)
