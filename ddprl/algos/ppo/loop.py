@@ -125,6 +125,7 @@ def train(rt: Any, cfg: Any) -> None:
         global_step, start_iteration = ckpt["step"], ckpt["iteration"]
     model = rt.wrap(agent, compile=cfg.compile)
     policy = rt.unwrap(model)  # acting needs no gradient sync: skip the DDP forward
+    act = torch.compile(policy.act) if cfg.compile else policy.act
     checksum = rt.check_in_sync(model)
     log.info("parameters synchronised across %d rank(s) (checksum %.6f)", rt.world_size, checksum)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=1e-5)
@@ -186,7 +187,7 @@ def train(rt: Any, cfg: Any) -> None:
         with torch.no_grad():
             for t in range(cfg.n_steps):
                 with autocast:
-                    action, log_prob, value = policy.act(normalize(obs))
+                    action, log_prob, value = act(normalize(obs))
                 next_obs, reward, terminated, truncated, info = env.step(action)
                 # V(final_obs) bootstraps truncated episodes (kept apart from terminated ones). On
                 # the CPU, skip the forward when nothing was truncated; on a GPU asking would cost
