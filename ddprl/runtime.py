@@ -236,9 +236,12 @@ class Runtime:
         self.timeout = datetime.timedelta(seconds=dist_timeout)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        # Under torchrun, env:// reuses the store its agent already serves on MASTER_PORT.
+        init_method = ("env://" if placement.launcher == "torchrun"
+                       else f"tcp://{_url_host(placement.master_addr)}:{placement.master_port}")
         dist.init_process_group(
             backend=self.backend,
-            init_method=f"tcp://{_url_host(placement.master_addr)}:{placement.master_port}",
+            init_method=init_method,
             rank=self.rank,
             world_size=self.world_size,
             timeout=self.timeout,

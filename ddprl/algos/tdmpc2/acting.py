@@ -167,10 +167,9 @@ class Acting:
 
     def __init__(self, model: WorldModel, cfg: Any, discount: float, compile: bool = False):
         self.model = model
-        self.planner = MPPI.from_world_model(model, discount, mppi_config(cfg, model.action_dim)) if cfg.mpc else None
-        self._plan = None
-        if self.planner is not None:
-            self._plan = torch.compile(self.planner.plan) if compile else self.planner.plan
+        self.planner = None
+        if cfg.mpc:
+            self.planner = MPPI.from_world_model(model, discount, mppi_config(cfg, model.action_dim), compile=compile)
         self.prev_mean: Optional[torch.Tensor] = None  # (H, E, A) last plan's mean
 
     def episode_ended(self, done: torch.Tensor) -> None:
@@ -190,7 +189,7 @@ class Acting:
             return info["mean"] if eval_mode else action
         if self.prev_mean is not None and self.prev_mean.shape[1] != obs.shape[0]:
             self.prev_mean = None
-        plan = self._plan(z, self.prev_mean, eval_mode)
+        plan = self.planner.plan(z, self.prev_mean, eval_mode)
         self.prev_mean = plan.mean
         return plan.action
 

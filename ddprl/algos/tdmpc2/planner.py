@@ -87,7 +87,7 @@ class MPPI:
 
     def __init__(self, next_fn: Callable[[Tensor, Tensor], Tensor], reward_fn: Callable[[Tensor, Tensor], Tensor],
                  value_fn: Callable[[Tensor, Tensor], Tensor], pi_fn: Optional[Callable[[Tensor], Tensor]],
-                 action_dim: int, discount: float, cfg: MPPIConfig = MPPIConfig()):
+                 action_dim: int, discount: float, cfg: MPPIConfig = MPPIConfig(), compile: bool = False):
         if cfg.num_pi_trajs > 0 and pi_fn is None:
             raise ValueError("pi_fn is required when cfg.num_pi_trajs > 0")
         if cfg.iterations < 1:
@@ -98,9 +98,14 @@ class MPPI:
             raise ValueError("num_pi_trajs must be smaller than num_samples")
         self.next_fn, self.reward_fn, self.value_fn, self.pi_fn = next_fn, reward_fn, value_fn, pi_fn
         self.action_dim, self.discount, self.cfg = action_dim, discount, cfg
+        # compile=True compiles the hot loop (H dynamics/reward steps and the terminal Q over all
+        # samples), not the whole of plan(): that trips an inductor pattern-matcher error in
+        # torch 2.13 ("Not all inputs to pattern found", on its slice assignments).
+        self._value = torch.compile(self._trajectory_value) if compile else self._trajectory_value
 
     @classmethod
-    def from_world_model(cls, model, discount: float, cfg: Optional[MPPIConfig] = None) -> "MPPI":
+    def from_world_model(cls, model, discount: float, cfg: Optional[MPPIConfig] = None,
+                         compile: bool = False) -> "MPPI":
         """Planner over a :class:`~ddprl.algos.tdmpc2.networks.WorldModel` (the unwrapped
         module: planning carries no gradient). Terminal value: Q 'avg' of 2 random members.
         ``cfg=None`` uses the defaults with ``mppi_iterations(model.action_dim)``."""
@@ -110,7 +115,7 @@ class MPPI:
                    reward_fn=lambda z, a: two_hot_inv(model.reward(z, a)),
                    value_fn=lambda z, a: model.Q(z, a, "avg"),
                    pi_fn=lambda z: model.pi(z)[0],
-                   action_dim=model.action_dim, discount=discount, cfg=cfg)
+                   action_dim=model.action_dim, discount=discount, cfg=cfg, compile=compile)
 
     def _randn(self, shape, like: Tensor, generator: Optional[torch.Generator]) -> Tensor:
         return torch.randn(shape, device=like.device, dtype=like.dtype, generator=generator)
@@ -157,7 +162,7 @@ class MPPI:
         for _ in range(c.iterations):
             noise = self._randn((H, E, N - P, A), z0, generator)
             actions[:, :, P:] = (mean.unsqueeze(2) + std.unsqueeze(2) * noise).clamp(-1, 1)
-            value = self._trajectory_value(z, actions.reshape(H, E * N, A)).reshape(E, N)
+            value = self._value(z, actions.reshape(H, E * N, A)).reshape(E, N)
             value = torch.nan_to_num(value, nan=float("-inf"))  # a diverged rollout never wins
             elite_value, elite_idx = value.topk(K, dim=1)  # (E, K)
             elite_actions = actions.gather(2, elite_idx[None, :, :, None].expand(H, E, K, A))  # (H, E, K, A)
