@@ -82,7 +82,7 @@ def ppo_learn(rt, cfg, out: str, batch_path: str, steps: int = 1) -> None:
     torch.manual_seed(0)
     agent = ActorCritic(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), hidden_sizes=[16, 16])
     model = rt.wrap(agent)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2, eps=1e-5)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2, eps=1e-5, fused=True)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     torch.manual_seed(100 + rt.rank)
     for _ in range(steps):
