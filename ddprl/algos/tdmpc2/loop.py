@@ -210,11 +210,7 @@ def train(rt: Any, cfg: Any) -> None:
     # -- sizes: global in, local derived (DESIGN.md invariant 4) -------------------------------
     local_num_envs = cfg.local_num_envs(rt.world_size)
     ckpt = load_checkpoint(cfg.resume, expect_algo="tdmpc2") if cfg.resume else None
-    run_dir = open_run_dir(rt, cfg)
-    # Per-rank randomness: seed-step actions, exploration noise, policy noise, buffer sampling.
-    torch.manual_seed(cfg.seed + rt.rank)
-    # Shared randomness: the Q-member pairs of each update, identical on every rank.
-    shared = torch.Generator(device=rt.device).manual_seed(cfg.seed + SHARED_SEED_OFFSET)
+    # The env first: a task TD-MPC2 cannot learn fails here, before a run directory exists.
     env = make_tdmpc2_env(cfg, local_num_envs, seed=env_seed(cfg.seed, rt.rank), device=rt.device)
     obs_dim, action_dim = env.single_observation_space.shape[0], env.single_action_space.shape[0]
     episode_length = episode_length_of(cfg, env)
@@ -222,13 +218,18 @@ def train(rt: Any, cfg: Any) -> None:
     seed_steps = cfg.seed_steps if cfg.seed_steps is not None else rt.world_size * max(1000, 5 * episode_length)
     if cfg.buffer_size <= episode_length:
         raise UsageError(f"buffer_size={cfg.buffer_size} must exceed the episode length {episode_length}")
+    run_dir = open_run_dir(rt, cfg)
+    # Per-rank randomness: seed-step actions, exploration noise, policy noise, buffer sampling.
+    torch.manual_seed(cfg.seed + rt.rank)
+    # Shared randomness: the Q-member pairs of each update, identical on every rank.
+    shared = torch.Generator(device=rt.device).manual_seed(cfg.seed + SHARED_SEED_OFFSET)
 
     learner = build_learner(rt, cfg, obs_dim, action_dim, ckpt["state"] if ckpt else None)
     model = learner.model
-    global_step, num_updates, learning_started = 0, 0, False
+    global_step, num_updates, pretrained = 0, 0, False  # pretrained: the burst after seeding is done
     random_until, learn_from = seed_steps, seed_steps  # global steps: random actions / no updates before
     if ckpt is not None:
-        global_step, num_updates, learning_started = ckpt["step"], ckpt["updates"], ckpt["learning_started"]
+        global_step, num_updates, pretrained = ckpt["step"], ckpt["updates"], ckpt["pretrained"]
         if ckpt["shared_rng"].numel() == shared.get_state().numel():
             shared.set_state(ckpt["shared_rng"])
         else:  # a checkpoint from another device type: any common seed keeps the ranks agreeing
@@ -239,7 +240,7 @@ def train(rt: Any, cfg: Any) -> None:
         # for seed_steps steps before updates resume: with the restored agent's own actions when
         # it had started learning, else the interrupted seeding phase starts over.
         learn_from = global_step + seed_steps
-        random_until = global_step if learning_started else learn_from
+        random_until = global_step if pretrained else learn_from
         log.info("resumed at step %d after %d updates; refilling the replay buffers until step %d",
                  global_step, num_updates, learn_from)
     checksum = rt.check_in_sync(learner.wm)
@@ -260,7 +261,7 @@ def train(rt: Any, cfg: Any) -> None:
         rt.check_in_sync(learner.wm, "parameters at checkpoint")
         check_state_in_sync(rt, learner)
         payload = {"algo": "tdmpc2", "task": cfg.task, "step": step, "updates": num_updates,
-                   "learning_started": learning_started, "shared_rng": shared.get_state(),
+                   "pretrained": pretrained, "shared_rng": shared.get_state(),
                    "config": to_dict(cfg), "state": learner.state_dict()}
         checkpointer.save(rt, step, payload, {"rng": rng_state(), "env": env.state_dict()})
 
@@ -275,6 +276,7 @@ def train(rt: Any, cfg: Any) -> None:
 
     obs = env.reset()
     recorder.start(obs)
+    updating = False  # this process's buffers are filled: updates run (the same on every rank)
     micro_due = 0  # micro-batch updates owed by this rank (identical on every rank)
     steps_since_restart = 0  # local agent steps collected by this process (what the buffer holds)
     sums: dict[str, torch.Tensor] = {}
@@ -299,7 +301,7 @@ def train(rt: Any, cfg: Any) -> None:
         steps_since_restart += local_num_envs
 
         # -- learn: decided on global counters only, so every rank does the same ---------------
-        if learning_started:
+        if updating:
             micro_due += micro_per_iteration
         elif global_step >= learn_from:
             # Every rank needs a whole episode (>= horizon steps) before sampling. A collective
@@ -309,10 +311,12 @@ def train(rt: Any, cfg: Any) -> None:
             if not_ready == 0:
                 # The paper's pretraining burst: one update per step collected so far, at once.
                 # (A resumed run that had already learned just carries on: it owes nothing.)
-                micro_due = 0 if num_updates > 0 else steps_since_restart * cfg.updates_per_step
-                learning_started = True
+                micro_due = 0 if pretrained else steps_since_restart * cfg.updates_per_step
+                updating = pretrained = True
         while micro_due >= cfg.sync_freq:
-            batches = [buffer.sample(cfg.batch_size, cfg.horizon, device=rt.device) for _ in range(cfg.sync_freq)]
+            # sampled on the CPU, copied without blocking: no wait for the previous update's kernels
+            batches = [buffer.sample(cfg.batch_size, cfg.horizon).to(rt.device, non_blocking=True)
+                       for _ in range(cfg.sync_freq)]
             noises = [draw_noise(shared, model.num_q, rt.device) for _ in range(cfg.sync_freq)]
             terms = update(rt, learner, batches, noises, cfg, discount)
             for name, value in terms.items():
@@ -328,7 +332,8 @@ def train(rt: Any, cfg: Any) -> None:
         if logging_now or evaluating:
             elapsed = time.perf_counter() - t_log
             local_fps = (global_step - steps_at_log) / rt.world_size / max(elapsed, 1e-9)
-            metrics = rt.all_reduce_mean({k: v / max(num_sums, 1) for k, v in sums.items()}) if num_sums else {}
+            # num_sums is the same on every rank (updates follow the global counter): no rank skips this
+            metrics = rt.all_reduce_mean({k: v / num_sums for k, v in sums.items()}) if num_sums else {}
             episodes = rt.all_reduce_sum(ep_stats)
             metrics["time/global_fps"] = rt.all_reduce_sum(local_fps)
             metrics["train/updates"] = float(num_updates)

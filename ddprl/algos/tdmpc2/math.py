@@ -197,12 +197,14 @@ class RunningScale(nn.Module):
         self.tau = tau
         self.low_pct, self.high_pct = low_pct, high_pct
         self.register_buffer("value", torch.ones(1))
+        # The percentile levels live on the module's device: building them from a Python list in
+        # every update would be a blocking host-to-device copy on CUDA. Not saved (persistent=False).
+        self.register_buffer("_levels", torch.tensor([low_pct, high_pct]), persistent=False)
 
     @torch.no_grad()
     def percentile_range(self, x: torch.Tensor) -> torch.Tensor:
         """(1,) tensor: 95th minus 5th percentile of all elements of ``x`` (local batch)."""
-        q = torch.tensor([self.low_pct, self.high_pct], device=x.device, dtype=torch.float32)
-        lo, hi = torch.quantile(x.detach().flatten().float(), q)
+        lo, hi = torch.quantile(x.detach().flatten().float(), self._levels.to(x.device, torch.float32))
         return (hi - lo).reshape(1).to(self.value.dtype)
 
     @torch.no_grad()

@@ -305,8 +305,10 @@ class WorldModel(nn.Module):
         x = torch.cat([z, a], -1)
         if return_type == "all":
             return net(x, detach=detach)
-        if members is None:
+        if members is None and self.num_q > 2:
             members = torch.randperm(self.num_q, device=x.device)[:2]
+        # num_q == 2: both members, no draw. (randperm(2)[:2] is a no-op slice that trips an
+        # inductor pattern-matcher error under torch.compile in torch 2.13: "slice_shape".)
         q = two_hot_inv(net(x, members=members, detach=detach))  # (2, ..., 1)
         return q.min(0).values if return_type == "min" else q.mean(0)
 

@@ -1,0 +1,130 @@
+"""TD-MPC2 speed: ms per update, ms per MPPI act, agent steps/s, on one rank.
+
+    python benchmarks/tdmpc2_speed.py                           # walker-run, sizes 1 and 5, every device here
+    python benchmarks/tdmpc2_speed.py --sizes 5 --devices cuda --compile off on
+
+Measures the pieces of one agent step of the training loop with the paper's settings
+(batch 256, horizon 3, MPPI 512 samples x 6 iterations, 24 policy trajectories): one
+``update`` (buffer sample + world-model and policy steps, through DDP in a process group of
+one) and one ``Acting`` call (encode + MPPI with warm start) on one env, and the env's own
+step. ``agent steps/s`` = 1000 / (update + act + env step) ms: what one rank sustains after
+seeding, one update per agent step. Compile time is excluded (warm-up) and printed apart.
+
+Reference (REFERENCE.md): the official code, walker-run, model_size 5, 2-core CPU, no compile:
+484 ms per update, 496 ms per act (2.1 updates/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import time
+
+import torch
+
+REFERENCE = {("cpu", 5, "off"): (484.0, 496.0)}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(rt, cfg, threads: int, updates: int, acts: int, result: dict) -> None:
+    """Runs inside ``launch`` (world_size=1): fills ``result`` with timings in ms."""
+    from ddprl.algos.tdmpc2.acting import Acting, EpisodeRecorder, make_tdmpc2_env
+    from ddprl.algos.tdmpc2.buffer import EpisodeBuffer
+    from ddprl.algos.tdmpc2.loop import build_learner, draw_noise, update
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    env = make_tdmpc2_env(cfg, 1, seed=0, device=rt.device)
+    obs_dim, action_dim = env.single_observation_space.shape[0], env.single_action_space.shape[0]
+    learner = build_learner(rt, cfg, obs_dim, action_dim)
+    buffer = EpisodeBuffer(20_000, obs_dim, action_dim)
+    recorder = EpisodeRecorder(1)
+    obs = env.reset()
+    recorder.start(obs)
+    t0 = time.perf_counter()
+    steps = 0
+    while buffer.num_episodes < 2:  # two random episodes to sample from
+        action = torch.rand(1, action_dim, device=rt.device) * 2 - 1
+        nxt, reward, terminated, truncated, info = env.step(action)
+        for ep in recorder.add(action, reward, terminated, terminated | truncated, info["final_obs"], nxt):
+            buffer.add_episode(*ep)
+        obs, steps = nxt, steps + 1
+    env_ms = (time.perf_counter() - t0) / steps * 1000
+    shared = torch.Generator(device=rt.device).manual_seed(0)
+
+    def one_update():
+        batch = buffer.sample(cfg.batch_size, cfg.horizon, device=rt.device)
+        update(rt, learner, [batch], [draw_noise(shared, learner.model.num_q, rt.device)], cfg, 0.99)
+
+    acting = Acting(learner.model, cfg, discount=0.99, compile=cfg.compile)
+    t0 = time.perf_counter()
+    for _ in range(2):  # warm-up: compilation, allocator, first-call costs
+        one_update()
+        acting(obs)
+    _sync(rt.device)
+    result["warmup_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(updates):
+        one_update()
+    _sync(rt.device)
+    result["update_ms"] = (time.perf_counter() - t0) / updates * 1000
+    t0 = time.perf_counter()
+    for _ in range(acts):
+        action = acting(obs)
+        acting.episode_ended(torch.zeros(1, dtype=torch.bool))
+    _sync(rt.device)
+    result["act_ms"] = (time.perf_counter() - t0) / acts * 1000
+    result["env_ms"] = env_ms
+    result["params"] = sum(p.numel() for p in learner.model.parameters())
+    env.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", default="walker-run")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 5])
+    parser.add_argument("--devices", nargs="+", default=["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
+    parser.add_argument("--compile", nargs="+", default=["off"], choices=["off", "on"])
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--updates", type=int, default=20, help="timed updates per configuration")
+    parser.add_argument("--acts", type=int, default=20, help="timed MPPI acts per configuration")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch intra-op threads on CPU")
+    args = parser.parse_args()
+    os.environ.setdefault("MUJOCO_GL", "disable")
+
+    from ddprl.config import load_config
+    from ddprl.runtime import launch
+
+    rows = []
+    for device in args.devices:
+        for size in args.sizes:
+            for comp in args.compile:
+                cfg = load_config(["algo=tdmpc2", f"task={args.task}", "world_size=1", "num_envs=1",
+                                   f"device={device}", f"model_size={size}", f"compile={comp == 'on'}",
+                                   f"precision={args.precision}", "progress=false"])
+                result: dict = {}
+                launch(functools.partial(measure, threads=args.threads, updates=args.updates, acts=args.acts,
+                                         result=result), cfg)
+                steps_per_s = 1000 / (result["update_ms"] + result["act_ms"] + result["env_ms"])
+                rows.append((device, size, comp, result, steps_per_s))
+                print(f"done: {device} model_size={size} compile={comp}", flush=True)
+
+    threads = f"{args.threads} thread(s)" if "cpu" in args.devices else ""
+    print(f"\nTD-MPC2 speed, {args.task}, batch 256, MPPI 512 samples x 6 iterations (8 when A >= 20), "
+          f"{args.precision}, {threads}")
+    print(f"{'device':6} {'size':>4} {'params':>9} {'compile':7} {'ms/update':>10} {'ms/act':>8} {'ms/env':>7} "
+          f"{'steps/s':>8} {'warm-up s':>9}  reference (official code)")
+    for device, size, comp, r, sps in rows:
+        ref = REFERENCE.get((device, size, comp))
+        ref_text = f"{ref[0]:.0f} ms/update, {ref[1]:.0f} ms/act" if ref else ""
+        print(f"{device:6} {size:>4} {r['params']:>9,} {comp:7} {r['update_ms']:>10.1f} {r['act_ms']:>8.1f} "
+              f"{r['env_ms']:>7.2f} {sps:>8.2f} {r['warmup_s']:>9.1f}  {ref_text}")
+
+
+if __name__ == "__main__":
+    main()
