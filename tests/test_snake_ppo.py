@@ -14,7 +14,7 @@ from ddprl.runtime import NCCL_PRESETS, apply_nccl_preset
 from ddprl.system import autoscale_ppo
 
 TINY = ["task=snake", "world_size=2", "num_envs=16", "n_steps=16", "batch_size=64", "epochs=1", "steps=512",
-        "eval_episodes=2", "eval_freq=0", "progress=false", "dist_timeout=120", "policy_width=8", "hidden_sizes=[32]"]
+        "eval_episodes=2", "eval_freq=0", "progress=false", "dist_timeout=120", "policy=cnn", "policy_width=8", "hidden_sizes=[32]"]
 
 
 def test_snake_ppo_two_ranks_then_play_and_eval(tmp_path):

@@ -2,7 +2,7 @@
 
 The whole algorithm is :func:`train`, read top to bottom; :func:`learn` is its update phase
 (epochs x minibatches, ``sync_freq`` accumulation, global-KL early stop). Neither touches
-torch.distributed: collectives go through the runtime ``rt``.
+the process group: collectives go through the runtime ``rt``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 model and one policy prior learn from all ranks' batches.
 
 The algorithm is :func:`train`, read top to bottom; :func:`update` is one optimizer step of
-world model and policy (REFERENCE.md "Losses"). Neither touches torch.distributed: the
+world model and policy (REFERENCE.md "Losses"). Neither touches the process group: the
 collectives go through the runtime ``rt``.
 
 Schedule (docs/tdmpc2.md explains the choices):
