@@ -1,7 +1,8 @@
 """Record one episode of a trained agent to a GIF or MP4 (``ddprl eval ... video=out.gif``).
 
 The environment must offer ``render_rgb()`` (DMC tasks do, given an OpenGL backend such as
-``MUJOCO_GL=egl``). GIFs need only imageio; MP4 also needs ``imageio-ffmpeg``.
+``MUJOCO_GL=egl``; Snake always can). GIFs need only imageio; MP4 also needs ``imageio-ffmpeg``
+(``pip install "ddprl[video]"``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def record_video(actor: Any, path: str | Path, seed: int, max_steps: int = 1000)
     try:
         if not hasattr(env, "render_rgb"):
             raise UsageError(f"video: this task's environment cannot render frames ({type(env).__name__} "
-                             "has no render_rgb); videos work for DeepMind Control tasks")
+                             "has no render_rgb); videos work for DeepMind Control tasks and task=snake")
         obs = env.reset(seed=seed)
         frames = [env.render_rgb()]  # raises a UsageError naming MUJOCO_GL when nothing can render
         path.parent.mkdir(parents=True, exist_ok=True)
