@@ -5,8 +5,8 @@
 
 Measures the pieces of one agent step of the training loop with the paper's settings
 (batch 256, horizon 3, MPPI 512 samples x 6 iterations, 24 policy trajectories): one
-``update`` (buffer sample + world-model and policy steps, through DDP in a process group of
-one) and one ``Acting`` call (encode + MPPI with warm start) on one env, and the env's own
+``update`` (buffer sample + world-model and policy steps, in a process group of one, where the
+runtime skips the DDP wrapper) and one ``Acting`` call (encode + MPPI with warm start) on one env, and the env's own
 step. ``agent steps/s`` = 1000 / (update + act + env step) ms: what one rank sustains after
 seeding, one update per agent step. Compile time is excluded (warm-up) and printed apart.
 
