@@ -7,6 +7,7 @@ enabled, and a tqdm progress bar on rank 0. Values handed to ``log`` must alread
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -100,7 +101,9 @@ def _start_wandb(cfg: Any, run_dir: Path):
         mode=cfg.wandb_mode,
         config=to_dict(cfg),
         resume="allow",
-        id=run_dir.name.replace("/", "-"),
+        # One id per run directory: a resumed run continues its W&B run; two directories with
+        # the same name elsewhere never collide.
+        id=f"{run_dir.name}-{hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:8]}",
     )
 
 

@@ -254,7 +254,7 @@ class Runtime:
 
         DDP broadcasts rank 0's parameters and buffers at construction, so every rank starts
         from the same weights; derive targets/EMA copies *after* this call (invariant 2).
-        Buffers are not re-broadcast on every forward (``broadcast_buffers=False``): running
+        Buffers are not re-broadcast on every forward (``forward_sync_buffers=False``): running
         statistics are reduced explicitly by the algorithm, never silently overwritten.
 
         >>> net = rt.wrap(nn.Linear(4, 2))      # doctest: +SKIP
