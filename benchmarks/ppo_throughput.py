@@ -22,7 +22,6 @@ import time
 import torch
 
 from ddprl.config import load_config
-from ddprl.evaluate import evaluate  # noqa: F401  (documents where eval comes from)
 from ddprl.metrics import read_metrics
 from ddprl.runtime import launch
 

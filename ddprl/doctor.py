@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-from ddprl.errors import UsageError
 
 
 def describe_machine(cfg: Any) -> str:

@@ -30,7 +30,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.distributed as dist

@@ -123,7 +123,7 @@ def load_config(overrides: Iterable[str] = (), config_name: str | None = None,
                 raise UsageError(f"unknown key {key!r} for algo={algo} (from {source}){_suggest(key, fields)}")
             try:
                 OmegaConf.update(cfg, key, value, merge=False)
-            except OmegaConfBaseException as e:
+            except OmegaConfBaseException:
                 expected = _field_type_name(schema, key)
                 raise UsageError(f"{key}={value!r} ({source}): expected {expected}") from None
             except ValueError as e:
