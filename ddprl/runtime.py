@@ -449,6 +449,8 @@ def _run_rank(placement: Placement, fn: Callable, cfg: Any, dist_timeout: float)
     except UsageError as e:
         if rt.is_main:
             print(f"ddprl: error: {e}", file=sys.stderr, flush=True)
+        else:  # bad input seen by this rank alone would otherwise go unsaid
+            log.error("rank %d: %s", rt.rank, e)
         sys.exit(2)
     except BaseException as e:
         log.error("rank %d failed:\n%s", rt.rank, traceback.format_exc())
