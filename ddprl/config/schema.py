@@ -112,7 +112,7 @@ class PPOConfig(CommonConfig):
     ent_coef: float = key("entropy-bonus weight")
     max_grad_norm: float = key("gradient-norm clip (0: off)")
     target_kl: Optional[float] = key("stop the epoch loop when the globally reduced KL exceeds this (null: off)")
-    norm_adv: bool = key("normalise advantages per minibatch")
+    norm_adv: bool = key("normalise advantages with the mean/std of all ranks' rollouts")
     norm_obs: bool = key("normalise observations with running statistics reduced over ranks")
     policy: str = key("mlp | cnn (cnn for image-like C x H x W observations)")
     hidden_sizes: list[int] = key("dense layer widths (of the MLPs; after the convs for cnn)")

@@ -57,12 +57,15 @@ class GymVecEnv:
         self._episode_return += reward
         self._episode_length += 1
         done = terminated | truncated
-        final_obs = obs.copy()
+        obs_t = self._tensor(obs)
+        final_obs_t = obs_t  # most steps end no episode: no copy, no second conversion
         if done.any():
+            final_obs = obs.copy()
             for i in np.flatnonzero(done):
                 final_obs[i] = info["final_obs"][i]
+            final_obs_t = self._tensor(final_obs)
         out_info = {
-            "final_obs": self._tensor(final_obs),
+            "final_obs": final_obs_t,
             "episode_return": self._tensor(self._episode_return.copy()),
             "episode_length": self._tensor(self._episode_length.copy(), torch.int64),
         }
@@ -70,7 +73,7 @@ class GymVecEnv:
         self._episode_length[done] = 0
         self._obs = obs
         return (
-            self._tensor(obs),
+            obs_t,
             self._tensor(reward),
             self._tensor(terminated, torch.bool),
             self._tensor(truncated, torch.bool),

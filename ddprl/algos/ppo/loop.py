@@ -232,14 +232,17 @@ def train(rt: Any, cfg: Any) -> None:
         # -- bookkeeping: every number is global (DESIGN.md invariant 7) -------------------------
         global_step += steps_per_iteration
         local_fps = cfg.n_steps * local_num_envs / (t_rollout + t_update)
-        episodes = rt.all_reduce_sum(torch.stack([ep_return_sum, ep_count]).float())
-        metrics.update(rt.all_reduce_mean({"time/rollout_s": t_rollout, "time/update_s": t_update}))
-        metrics["time/global_fps"] = rt.all_reduce_sum(local_fps)
+        # One collective for all bookkeeping sums; times are then averaged over ranks.
+        sums = rt.all_reduce_sum({"fps": local_fps, "rollout_s": t_rollout, "update_s": t_update,
+                                  "ep_return": ep_return_sum, "ep_count": ep_count})
+        metrics["time/rollout_s"] = sums["rollout_s"] / rt.world_size
+        metrics["time/update_s"] = sums["update_s"] / rt.world_size
+        metrics["time/global_fps"] = sums["fps"]
         metrics.update(system_metrics(rt))  # GPU utilisation and memory per rank (CUDA only)
         metrics["train/effective_batch_size"] = float(effective_batch)
         metrics["train/lr"] = optimizer.param_groups[0]["lr"]
-        if episodes[1] > 0:
-            metrics["train/episode_return"] = float(episodes[0] / episodes[1])
+        if sums["ep_count"] > 0:
+            metrics["train/episode_return"] = sums["ep_return"] / sums["ep_count"]
         last = iteration == num_iterations - 1
         if _crossed(global_step, steps_per_iteration, cfg.eval_freq) or (last and cfg.eval_episodes > 0):
             metrics.update(run_eval(global_step))
@@ -267,9 +270,10 @@ def load_actor(cfg: Any, state: dict[str, Any], device: torch.device) -> Actor:
     probe = make(1, cfg.seed)
     agent = build_agent(cfg, probe).to(device).eval()
     extra_keys = tuple(getattr(probe, "extra_info_keys", ()))
+    obs_shape = tuple(probe.single_observation_space.shape)
     probe.close()
     agent.load_state_dict(state["model"])
-    obs_rms = RunningMeanStd(tuple(probe.single_observation_space.shape)).to(device)
+    obs_rms = RunningMeanStd(obs_shape).to(device)
     obs_rms.load_state_dict(state["obs_rms"])
 
     @torch.no_grad()
