@@ -1,6 +1,4 @@
-import sys
-
-from ddprl.cli import main
+from ddprl.cli import entry
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -246,6 +246,13 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def entry() -> None:
+    """The ``ddprl`` command: run ``main`` and end the process with its exit code."""
+    from ddprl.runtime import exit_process
+
+    exit_process(main())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ddprl", description="Reinforcement learning with PyTorch DDP.")
     sub = parser.add_subparsers(dest="command", required=True)

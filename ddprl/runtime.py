@@ -42,6 +42,9 @@ from ddprl.errors import UsageError
 
 log = logging.getLogger("ddprl")
 
+# Set once DDP has wrapped a module in this process; see ``exit_process``.
+_ddp_used = False
+
 Number = float | int
 
 
@@ -265,6 +268,8 @@ class Runtime:
         # all-reduce per backward (measured: ~2x slower PPO updates on CartPole). The loop is
         # the same either way; only the wrapper is skipped.
         if has_trainable and self.world_size > 1:
+            global _ddp_used
+            _ddp_used = True
             module = DDP(
                 module,
                 device_ids=[self.device.index] if self.device.type == "cuda" else None,
@@ -427,9 +432,37 @@ def prepare_spawn(cfg: Any) -> Any:
     return port
 
 
+def exit_process(code: int) -> None:
+    """End this process with ``code``; without interpreter finalisation once DDP was used here.
+
+    Why: in torch 2.13 a DDP wrapper keeps its gloo process group alive after
+    ``destroy_process_group`` (its reducer holds it), so the group's worker threads outlive
+    ``close``. When one of them frees a finished collective's tensors it takes the GIL; if the
+    interpreter is finalising at that moment the thread is unwound through C++ code and the
+    process aborts ("terminate called without an active exception", SIGABRT) although all its
+    work is done and written. Seen in ~5% of 2-rank runs here (gdb: ``pt_gloo_runloop`` in
+    ``~AsyncAllgatherWork`` -> ``take_gil`` during ``Py_FinalizeEx``). A rank whose files are
+    closed has nothing left for finalisation to do, so it flushes and leaves with ``os._exit``.
+    """
+    if not _ddp_used:
+        sys.exit(code)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 def _child(local_rank: int, fn: Callable, cfg: Any, dist_timeout: float) -> None:
     placement = placement_from_env(cfg, environ={}, local_rank=local_rank)
-    _run_rank(placement, fn, cfg, dist_timeout)
+    try:
+        _run_rank(placement, fn, cfg, dist_timeout)
+    except SystemExit as e:  # bad input (exit 2) found inside this rank
+        exit_process(e.code if isinstance(e.code, int) else 1)
+    # Any other exception propagates: torch.multiprocessing sends its traceback to the parent.
+    exit_process(0)
 
 
 def _run_rank(placement: Placement, fn: Callable, cfg: Any, dist_timeout: float) -> Any:
@@ -476,6 +509,7 @@ def launch(fn: Callable[[Runtime, Any], Any], cfg: Any) -> Any:
     Under torchrun or srun this process *is* one rank. Otherwise ``cfg.world_size`` processes are
     spawned here (``world_size / nnodes`` per node). When one rank fails, the others are killed
     and ``launch`` raises ``RankFailed`` (``SystemExit(2)`` for bad input found inside a rank).
+    A script of your own run under torchrun should end with ``exit_process(0)`` (see there).
     """
     launcher = detect_launcher()
     if launcher != "spawn":

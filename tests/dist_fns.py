@@ -86,6 +86,6 @@ def ppo_learn(rt, cfg, out: str, batch_path: str, steps: int = 1) -> None:
     torch.manual_seed(100 + rt.rank)
     for _ in range(steps):
         learn(rt, model, opt, scaler, local, cfg)
-    checksums = rt.all_gather_object(float(sum(p.double().sum() for p in model.parameters())))
+    checksums = rt.all_gather_object(float(sum(p.detach().double().sum() for p in model.parameters())))
     torch.save({"params": {k: v.clone() for k, v in rt.unwrap(model).state_dict().items()},
                 "checksums": checksums}, Path(out) / f"rank{rt.rank}.pt")

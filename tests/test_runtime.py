@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 import socket
 import time
 
@@ -142,3 +144,21 @@ def test_running_stats_identical_across_ranks_and_exact(tmp_path):
     assert torch.allclose(r0["mean"], everything.mean(0), atol=1e-9)
     assert torch.allclose(r0["var"], everything.var(0, unbiased=False), atol=1e-9)
     assert r0["count"].item() == 200
+
+
+def test_exit_process_after_ddp_flushes_and_keeps_the_code(tmp_path):
+    """A rank that used DDP leaves with os._exit (torch leaks the gloo group): output still arrives."""
+    code = (
+        "import logging, sys\n"
+        "from ddprl import runtime\n"
+        f"logging.basicConfig(filename={str(tmp_path / 'log.txt')!r}, level=logging.INFO)\n"
+        "logging.getLogger('ddprl').info('logged line')\n"
+        "runtime._ddp_used = True\n"
+        "print('unflushed text', end='')\n"
+        "runtime.exit_process(3)\n"
+        "print('never reached')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 3
+    assert out.stdout == "unflushed text"
+    assert "logged line" in (tmp_path / "log.txt").read_text()
