@@ -141,7 +141,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from ddprl.runtime import launch
 
     kv = _key_values(args.overrides, {"checkpoint": str, "episodes": int, "device": str, "seed": int,
-                                      "video": str}, "eval")
+                                      "video": str, "deterministic": boolean}, "eval")
     if "checkpoint" not in kv:
         raise UsageError("eval: give checkpoint=PATH")
     if kv.get("episodes", 10) < 1:
@@ -155,6 +155,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
              f"device={kv.get('device', 'auto')}", f"eval_episodes={kv.get('episodes', 10)}"]
     if "seed" in kv:
         extra.append(f"seed={kv['seed']}")
+    extra += _deterministic_override(kv, ckpt, "eval")
     cfg = load_config(extra, resumed=saved)
     launch(functools.partial(_eval_rank, ckpt=ckpt, video=kv.get("video")), cfg)
     return 0
@@ -183,7 +184,7 @@ def cmd_play(args: argparse.Namespace) -> int:
     from ddprl.config import load_config
 
     kv = _key_values(args.overrides, {"checkpoint": str, "episodes": int, "fps": float, "video": str,
-                                      "device": str, "seed": int}, "play")
+                                      "device": str, "seed": int, "deterministic": boolean}, "play")
     if "checkpoint" not in kv:
         raise UsageError("play: give checkpoint=PATH")
     device = kv.get("device", "cpu")
@@ -193,7 +194,8 @@ def cmd_play(args: argparse.Namespace) -> int:
         raise UsageError("play: device=cuda but no CUDA device is visible")
     ckpt = load_checkpoint(kv["checkpoint"])
     saved = {k: v for k, v in ckpt["config"].items() if k not in NOT_RESUMED}
-    cfg = load_config(["world_size=1", f"device={device}", "progress=false"], resumed=saved)
+    cfg = load_config(["world_size=1", f"device={device}", "progress=false"]
+                      + _deterministic_override(kv, ckpt, "play"), resumed=saved)
     seed = kv.get("seed", cfg.seed)
     # One process, one device: a checkpoint from N ranks plays here.
     actor = algo_module(cfg.algo).load_actor(cfg, ckpt["state"], torch.device(device))
@@ -208,6 +210,23 @@ def cmd_play(args: argparse.Namespace) -> int:
 
         play_terminal(actor, kv.get("episodes", 1), kv.get("fps", 10.0), seed)
     return 0
+
+
+def boolean(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise ValueError(text)
+
+
+def _deterministic_override(kv: dict[str, Any], ckpt: dict[str, Any], command: str) -> list[str]:
+    """``deterministic=BOOL`` on eval/play: most likely vs sampled actions (algorithms that have both)."""
+    if "deterministic" not in kv:
+        return []
+    if ckpt["algo"] != "ppo":
+        raise UsageError(f"{command}: deterministic= applies to ppo checkpoints; {ckpt['algo']} acts with its mean action")
+    return [f"eval_deterministic={str(kv['deterministic']).lower()}"]
 
 
 def _numbered(path: str, i: int) -> str:

@@ -76,6 +76,29 @@ def test_actor_critic_shapes_and_scoring():
         ActorCritic(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2), policy="cnn")
 
 
+def test_eval_action_argmax_or_sampled_from_its_own_generator():
+    torch.manual_seed(0)
+    net = ActorCritic(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(3), hidden_sizes=[8])
+    with torch.no_grad():
+        net.actor[-1].bias.copy_(torch.tensor([0.0, 1.0, -1.0]))  # probs ~ (0.24, 0.67, 0.09)
+    obs = torch.zeros(20_000, 3)
+    assert torch.equal(net.eval_action(obs), torch.ones(20_000, dtype=torch.long))  # argmax
+    rng_before = torch.get_rng_state()
+    sampled = net.eval_action(obs, deterministic=False, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(torch.get_rng_state(), rng_before)  # the global (training) RNG is untouched
+    again = net.eval_action(obs, deterministic=False, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(sampled, again)
+    probs = net.distribution(net.trunk(obs[:1])).probs[0]
+    freq = torch.bincount(sampled, minlength=3).float() / len(sampled)
+    assert torch.allclose(freq, probs, atol=0.015), (freq, probs)
+    cont = ActorCritic(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-1, 1, (2,)), hidden_sizes=[8])
+    with torch.no_grad():
+        cont.log_std.fill_(math.log(0.5))
+    mean = cont.eval_action(obs)
+    draws = cont.eval_action(obs, deterministic=False, generator=torch.Generator().manual_seed(1))
+    assert torch.allclose((draws - mean).std(0), torch.full((2,), 0.5), atol=0.01)
+
+
 def test_running_mean_std_matches_numpy_over_several_updates():
     rng = np.random.default_rng(0)
     chunks = [rng.normal(3.0, 2.0, size=(n, 2)) for n in (5, 17, 100)]

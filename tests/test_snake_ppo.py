@@ -38,6 +38,8 @@ def test_snake_ppo_two_ranks_then_play_and_eval(tmp_path):
     assert len(re.findall(r"^return=-?[0-9.]+ length=\d+ score=\d+$", text.stdout, re.M)) == 2
     ev = run_cli(["eval", f"checkpoint={ckpt}", "episodes=3"], cwd=tmp_path)
     assert ev.returncode == 0 and re.search(r"score_mean=", ev.stdout), ev.stderr[-2000:]
+    sampled = run_cli(["eval", f"checkpoint={ckpt}", "episodes=3", "deterministic=false"], cwd=tmp_path)
+    assert sampled.returncode == 0 and "episodes=3" in sampled.stdout, sampled.stderr[-2000:]
 
 
 def test_snake_state_dict_resumes_the_same_games():

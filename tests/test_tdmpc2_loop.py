@@ -302,6 +302,8 @@ def test_two_rank_checkpoint_evaluates_in_one_process(trained_run):
                    timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "episodes=3" in proc.stdout and "return_mean=" in proc.stdout
+    refused = run_cli(["eval", f"checkpoint={run_dir / 'checkpoints' / 'latest.pt'}", "deterministic=false"])
+    assert refused.returncode == 2 and "applies to ppo checkpoints" in refused.stderr
     ckpt = load_checkpoint(run_dir / "checkpoints" / "latest.pt")
     cfg = load_config(["world_size=1", "num_envs=1"], resumed={k: v for k, v in ckpt["config"].items()
                                                                 if k not in ("run_dir", "resume", "master_port")})

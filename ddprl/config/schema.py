@@ -119,6 +119,7 @@ class PPOConfig(CommonConfig):
     policy_width: int = key("CNN channels")
     policy_depth: int = key("CNN conv layers")
     env_kwargs: dict[str, Any] = key("extra keyword arguments for the environment constructor")
+    eval_deterministic: bool = key("evaluate (and play) with the most likely action; false: sample from the policy")
 
     def __post_init__(self) -> None:
         super().__post_init__()

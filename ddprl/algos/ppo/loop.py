@@ -21,7 +21,7 @@ from ddprl.algos.ppo.rollout import RolloutBuffer, compute_gae
 from ddprl.checkpoint import load_checkpoint, rng_state, set_rng_state, strip_prefixes
 from ddprl.config import to_dict
 from ddprl.envs import env_seed, make_env
-from ddprl.evaluate import Actor, evaluate
+from ddprl.evaluate import EVAL_SEED_OFFSET, Actor, evaluate
 from ddprl.metrics import MetricsLogger
 from ddprl.normalize import RunningMeanStd
 from ddprl.run import Checkpointer, open_run_dir
@@ -147,8 +147,6 @@ def train(rt: Any, cfg: Any) -> None:
     def normalize(x: torch.Tensor) -> torch.Tensor:
         return obs_rms.normalize(x) if cfg.norm_obs else x
 
-    def act_deterministic(x: torch.Tensor) -> torch.Tensor:
-        return policy(normalize(x), deterministic=True).action
 
     def save(step: int, iteration: int) -> None:
         rt.check_in_sync(model, "parameters at checkpoint")
@@ -160,8 +158,15 @@ def train(rt: Any, cfg: Any) -> None:
         checkpointer.save(rt, step, payload, {"rng": rng_state(), "env": env.state_dict()})
 
     def run_eval(step: int) -> dict[str, float]:
+        # Sampled eval actions come from a generator of their own: the training RNG is untouched.
+        generator = torch.Generator(device=rt.device).manual_seed(cfg.seed + EVAL_SEED_OFFSET + 7919 * rt.rank + step)
+
+        @torch.no_grad()
+        def act(x: torch.Tensor) -> torch.Tensor:
+            return policy.eval_action(normalize(x), cfg.eval_deterministic, generator)
+
         result = evaluate(rt, lambda n, s: make_env(cfg.task, n, seed=s, device=rt.device, **cfg.env_kwargs),
-                          act_deterministic, cfg.eval_episodes, cfg.seed, extra_keys=getattr(env, "extra_info_keys", ()))
+                          act, cfg.eval_episodes, cfg.seed, extra_keys=getattr(env, "extra_info_keys", ()))
         return {f"eval/{k}": v for k, v in result.items()}
 
     effective_batch = cfg.effective_batch_size(rt.world_size)
@@ -263,7 +268,7 @@ def _crossed(step: int, stride: int, every: int) -> bool:
 
 
 def load_actor(cfg: Any, state: dict[str, Any], device: torch.device) -> Actor:
-    """A deterministic PPO policy from a checkpoint's ``state``, for eval and play."""
+    """The PPO policy of a checkpoint's ``state``, for eval and play (``cfg.eval_deterministic``)."""
     def make(num_envs: int, seed: int):
         return make_env(cfg.task, num_envs, seed=seed, device=device, **cfg.env_kwargs)
 
@@ -276,8 +281,10 @@ def load_actor(cfg: Any, state: dict[str, Any], device: torch.device) -> Actor:
     obs_rms = RunningMeanStd(obs_shape).to(device)
     obs_rms.load_state_dict(state["obs_rms"])
 
+    generator = torch.Generator(device=device).manual_seed(cfg.seed + EVAL_SEED_OFFSET)
+
     @torch.no_grad()
     def act(obs: torch.Tensor) -> torch.Tensor:
-        return agent(obs_rms.normalize(obs) if cfg.norm_obs else obs, deterministic=True).action
+        return agent.eval_action(obs_rms.normalize(obs) if cfg.norm_obs else obs, cfg.eval_deterministic, generator)
 
     return Actor(make, act, extra_keys)

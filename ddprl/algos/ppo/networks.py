@@ -123,15 +123,27 @@ class ActorCritic(nn.Module):
             log_prob = log_prob.sum(-1)
         return action, log_prob, self.critic(features).squeeze(-1).float()
 
-    def forward(self, obs: torch.Tensor, action: torch.Tensor | None = None, deterministic: bool = False) -> PolicyOutput:
+    def eval_action(self, obs: torch.Tensor, deterministic: bool = True,
+                    generator: torch.Generator | None = None) -> torch.Tensor:
+        """Action for evaluation: the most likely one, or one sampled with ``generator``.
+
+        Sampling takes its own generator so that evaluating during training never draws from
+        the training RNG (a resumed run must see the same random numbers as the original).
+        """
+        dist = self.distribution(self.trunk(obs))
+        if deterministic:
+            return dist.probs.argmax(-1) if self.discrete else dist.mean
+        if self.discrete:
+            return torch.multinomial(dist.probs, 1, generator=generator).squeeze(-1)
+        noise = torch.randn(dist.mean.shape, generator=generator, device=dist.mean.device)
+        return dist.mean + dist.stddev * noise
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor | None = None) -> PolicyOutput:
         """Sample (or score a given ``action``) and evaluate the value, in one pass."""
         features = self.trunk(obs)
         dist = self.distribution(features)
         if action is None:
-            if deterministic:
-                action = dist.probs.argmax(-1) if self.discrete else dist.mean
-            else:
-                action = dist.sample()
+            action = dist.sample()
         log_prob = dist.log_prob(action)
         entropy = dist.entropy()
         if not self.discrete:  # independent action dims: sum over the last axis
