@@ -87,6 +87,11 @@ def save_checkpoint(rt: Any, path: Path, payload: dict[str, Any], rank_state: di
     if not rt.is_main:
         return
     data = {"format_version": FORMAT_VERSION, "world_size": rt.world_size, **_to_cpu(payload), "ranks": ranks}
+    save_atomically(data, path)
+
+
+def save_atomically(data: dict[str, Any], path: str | Path) -> None:
+    """``torch.save`` to ``<path>.tmp``, then rename: a crash never leaves half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")

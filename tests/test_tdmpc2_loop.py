@@ -272,7 +272,7 @@ E2E = ["algo=tdmpc2", "task=cartpole-balance", *TINY, "world_size=2", "num_envs=
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("e2e") / "run"
-    proc = run_cli(["train", *E2E, "steps=300", f"run_dir={run_dir}"], timeout=300)
+    proc = run_cli(["train", *E2E, "steps=300", "checkpoint_buffer=true", f"run_dir={run_dir}"], timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run_dir, proc
 
@@ -281,7 +281,8 @@ def test_end_to_end_two_ranks_writes_the_run_directory(trained_run):
     run_dir, proc = trained_run
     assert f"run directory: {run_dir}" in proc.stdout
     assert (run_dir / "config.yaml").is_file() and any((run_dir / "tb").iterdir())
-    assert {p.name for p in (run_dir / "checkpoints").iterdir()} == {"step_200.pt", "step_300.pt", "latest.pt"}
+    assert {p.name for p in (run_dir / "checkpoints").iterdir()} == {"step_200.pt", "step_300.pt", "latest.pt", "buffers"}
+    assert {p.name for p in (run_dir / "checkpoints" / "buffers").iterdir()} == {"rank0.pt", "rank1.pt"}
     records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [100, 200, 300]
     last = records[-1]
@@ -322,13 +323,14 @@ def test_resume_continues_the_run(trained_run, tmp_path):
 
     resumed_dir = tmp_path / "resumed"
     shutil.copytree(run_dir, resumed_dir)
+    shutil.rmtree(resumed_dir / "checkpoints" / "buffers")  # as if checkpoint_buffer had been false
     proc = run_cli(["train", *E2E, "steps=600", "resume=auto", f"run_dir={resumed_dir}"], timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "resumed at step 300 after 150 updates" in proc.stderr
+    assert "resumed at step 300 after 150 updates; refilling" in proc.stderr
     records = read_metrics(resumed_dir)
     assert [r["step"] for r in records] == [100, 200, 300, 400, 500, 600]  # one file, continued
     by_step = {r["step"]: r for r in records}
-    # buffers are not checkpointed: refilled for seed_steps (200 global) steps, then 1 update per agent step
+    # no buffers saved: refilled for seed_steps (200 global) steps, then 1 update per agent step
     assert by_step[400]["train/updates"] == by_step[500]["train/updates"] == 150
     assert by_step[600]["train/updates"] == 150 + 50
     ckpt = load_checkpoint(resumed_dir / "checkpoints" / "latest.pt")
@@ -336,6 +338,48 @@ def test_resume_continues_the_run(trained_run, tmp_path):
     # an architecture change is refused before any process starts
     bad = run_cli(["train", *E2E, "steps=700", "resume=auto", f"run_dir={resumed_dir}", "mlp_dim=64"], timeout=120)
     assert bad.returncode == 2 and "mlp_dim" in bad.stderr
+
+
+def test_resume_with_checkpointed_buffers_goes_on_updating(trained_run, tmp_path):
+    run_dir, _ = trained_run
+    import shutil
+
+    saved = torch.load(run_dir / "checkpoints" / "buffers" / "rank1.pt", weights_only=True)
+    assert saved["step"] == 300 and len(saved["buffer"]["episodes"]) == 3  # 150 agent steps = 3 episodes of 50
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(run_dir, resumed_dir)
+    proc = run_cli(["train", *E2E, "steps=400", "resume=auto", f"run_dir={resumed_dir}"], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resumed at step 300 after 150 updates with the replay buffers (150 transitions on rank 0)" in proc.stderr
+    by_step = {r["step"]: r for r in read_metrics(resumed_dir)}
+    assert by_step[400]["train/updates"] == 150 + 50  # no refill: one update per agent step at once
+    assert torch.load(resumed_dir / "checkpoints" / "buffers" / "rank0.pt", weights_only=True)["step"] == 400
+    # a buffer saved at another step than the checkpoint's is not used
+    stale = tmp_path / "stale"
+    shutil.copytree(run_dir, stale)
+    shutil.copyfile(stale / "checkpoints" / "step_200.pt", stale / "checkpoints" / "latest.pt")
+    proc = run_cli(["train", *E2E, "steps=300", "resume=auto", f"run_dir={stale}"], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "is from step 300, the checkpoint from step 200: not restored" in proc.stderr
+    assert "refilling the replay buffers" in proc.stderr
+
+
+def test_buffer_state_dict_round_trip():
+    from ddprl.algos.tdmpc2.buffer import EpisodeBuffer
+
+    buf = EpisodeBuffer(capacity=30, obs_dim=2, action_dim=1)
+    g = torch.Generator().manual_seed(0)
+    for T in (8, 9, 7, 10):  # the fourth episode wraps to row 0 and evicts the two it overlaps
+        buf.add_episode(torch.randn(T + 1, 2, generator=g), torch.rand(T, 1, generator=g),
+                        torch.randn(T, generator=g), torch.zeros(T))
+    other = EpisodeBuffer(capacity=30, obs_dim=2, action_dim=1)
+    other.load_state_dict(buf.state_dict())
+    assert len(other) == len(buf) == 17 and other.num_episodes == buf.num_episodes == 2
+    a = buf.sample(64, 3, generator=torch.Generator().manual_seed(1))
+    b = other.sample(64, 3, generator=torch.Generator().manual_seed(1))
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    with pytest.raises(ValueError, match="does not fit"):
+        EpisodeBuffer(capacity=30, obs_dim=3, action_dim=1).load_state_dict(buf.state_dict())
 
 
 def test_discrete_task_is_refused_before_a_run_directory_exists(tmp_path):

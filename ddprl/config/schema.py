@@ -177,6 +177,8 @@ class TDMPC2Config(CommonConfig):
     seed_steps: Optional[int] = key("global agent steps of random actions before learning "
                                     "(null: world_size x max(1000, 5 x episode_length))")
     buffer_size: int = key("replay capacity per rank, in transitions")
+    checkpoint_buffer: bool = key("save each rank's replay buffer with every checkpoint "
+                                  "(checkpoints/buffers/rank<r>.pt); resume then skips the refill")
     episode_length: Optional[int] = key("agent steps per episode (null: the task's; DMC 500)")
     env_kwargs: dict[str, Any] = key("extra keyword arguments for the environment constructor")
     log_freq: int = key("log training metrics every this many global steps")

@@ -19,7 +19,7 @@ T - H + 1 starts for horizon H), i.e. uniform over stored sub-trajectories.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 import torch
 
@@ -103,6 +103,34 @@ class EpisodeBuffer:
         self._next_row = end % self.capacity
         self.num_added_episodes += 1
         self.num_added_transitions += T
+
+    def state_dict(self) -> dict[str, Any]:
+        """Stored rows and counters, for a checkpoint (rows past the last episode are left out)."""
+        high = max((s + T + 1 for s, T in self._episodes), default=0)
+
+        def rows(t: torch.Tensor) -> torch.Tensor:  # a copy: saving a view would save the whole storage
+            return t[:high].clone() if high < self.capacity else t
+        return {"capacity": self.capacity, "obs": rows(self._obs), "action": rows(self._action),
+                "reward": rows(self._reward), "terminated": rows(self._terminated),
+                "episodes": torch.tensor(self._episodes, dtype=torch.long).reshape(-1, 2),
+                "next_row": self._next_row, "num_added_episodes": self.num_added_episodes,
+                "num_added_transitions": self.num_added_transitions}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved into a buffer of the same capacity and shapes."""
+        if state["capacity"] != self.capacity or state["obs"].shape[1:] != self._obs.shape[1:] \
+                or state["action"].shape[1:] != self._action.shape[1:]:
+            raise ValueError(f"buffer of capacity {state['capacity']}, obs {tuple(state['obs'].shape[1:])}, "
+                             f"action {tuple(state['action'].shape[1:])} does not fit this one "
+                             f"(capacity {self.capacity}, obs ({self.obs_dim},), action ({self.action_dim},))")
+        high = state["obs"].shape[0]
+        for mine, saved in ((self._obs, state["obs"]), (self._action, state["action"]),
+                            (self._reward, state["reward"]), (self._terminated, state["terminated"])):
+            mine[:high] = saved.to(self.device, mine.dtype)
+        self._episodes = [(int(s), int(T)) for s, T in state["episodes"].tolist()]
+        self._next_row = int(state["next_row"])
+        self.num_added_episodes = int(state["num_added_episodes"])
+        self.num_added_transitions = int(state["num_added_transitions"])
 
     def num_starts(self, horizon: int) -> int:
         """Valid sub-trajectory start positions for this horizon (0 means cannot sample)."""

@@ -25,6 +25,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
 import torch
@@ -35,7 +36,7 @@ from ddprl.algos.tdmpc2.buffer import EpisodeBuffer, TrajectoryBatch
 from ddprl.algos.tdmpc2.loss import policy_loss, world_model_loss
 from ddprl.algos.tdmpc2.math import RunningScale, discount_for_episode_length
 from ddprl.algos.tdmpc2.networks import ModelDims, WorldModel, dims_for_model_size
-from ddprl.checkpoint import load_checkpoint, rng_state, set_rng_state, strip_prefixes
+from ddprl.checkpoint import load_checkpoint, rng_state, save_atomically, set_rng_state, strip_prefixes
 from ddprl.config import to_dict
 from ddprl.envs import env_seed
 from ddprl.errors import UsageError
@@ -196,6 +197,32 @@ def check_state_in_sync(rt: Any, learner: Learner) -> None:
         raise RuntimeError(f"target Qs / Q scale differ across ranks: checksums {sums}")
 
 
+def buffer_path(checkpoint_dir: Path, rank: int) -> Path:
+    """Where rank ``rank`` keeps its replay buffer next to the checkpoints (``checkpoint_buffer``)."""
+    return Path(checkpoint_dir) / "buffers" / f"rank{rank}.pt"
+
+
+def restore_buffer(buffer: EpisodeBuffer, path: Path, ckpt: dict[str, Any], world_size: int) -> bool:
+    """Fill ``buffer`` from ``path`` if that file was saved with ``ckpt`` (same step and world size).
+
+    A missing, stale (another step: buffers are kept for the latest checkpoint only) or
+    unreadable file gives False, and the caller refills the buffers instead.
+    """
+    if ckpt["world_size"] != world_size or not path.is_file():
+        return False
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        if saved["step"] != ckpt["step"]:
+            log.warning("replay buffer %s is from step %d, the checkpoint from step %d: not restored",
+                        path, saved["step"], ckpt["step"])
+            return False
+        buffer.load_state_dict(saved["buffer"])
+    except (OSError, RuntimeError, ValueError, KeyError, EOFError) as e:
+        log.warning("replay buffer %s not restored: %s", path, str(e).splitlines()[0][:200])
+        return False
+    return True
+
+
 def _crossed(step: int, stride: int, every: int) -> bool:
     """True when ``step`` just passed a multiple of ``every`` (steps advance by ``stride``)."""
     return every > 0 and (step // every) > ((step - stride) // every)
@@ -236,17 +263,28 @@ def train(rt: Any, cfg: Any) -> None:
             shared.manual_seed(cfg.seed + SHARED_SEED_OFFSET + global_step)
         if ckpt["world_size"] == rt.world_size:
             set_rng_state(ckpt["ranks"][rt.rank]["rng"])
-        # Replay buffers are not checkpointed (up to 1M transitions per rank). They are refilled
-        # for seed_steps steps before updates resume: with the restored agent's own actions when
-        # it had started learning, else the interrupted seeding phase starts over.
-        learn_from = global_step + seed_steps
-        random_until = global_step if pretrained else learn_from
-        log.info("resumed at step %d after %d updates; refilling the replay buffers until step %d",
-                 global_step, num_updates, learn_from)
     checksum = rt.check_in_sync(learner.wm)
     log.info("parameters synchronised across %d rank(s) (checksum %.6f)", rt.world_size, checksum)
 
     buffer = EpisodeBuffer(cfg.buffer_size, obs_dim, action_dim)
+    steps_since_restart = 0  # local agent steps this process's buffer holds
+    buffers_restored = False
+    if ckpt is not None:
+        # Replay buffers come back only when every rank finds its own, saved at this very step;
+        # otherwise all refill for seed_steps before updates resume: with the restored agent's
+        # own actions when it had started learning, else the interrupted seeding starts over.
+        restored = restore_buffer(buffer, buffer_path(Path(cfg.resume).parent, rt.rank), ckpt, rt.world_size)
+        buffers_restored = rt.all_reduce_sum(int(restored)) == rt.world_size
+        if buffers_restored:
+            steps_since_restart = len(buffer)
+            log.info("resumed at step %d after %d updates with the replay buffers (%d transitions on rank 0)",
+                     global_step, num_updates, len(buffer))
+        else:
+            buffer = EpisodeBuffer(cfg.buffer_size, obs_dim, action_dim)
+            learn_from = global_step + seed_steps
+            log.info("resumed at step %d after %d updates; refilling the replay buffers until step %d",
+                     global_step, num_updates, learn_from)
+        random_until = global_step if pretrained else learn_from
     recorder = EpisodeRecorder(local_num_envs)
     acting = Acting(model, cfg, discount, compile=cfg.compile)
     effective_batch = cfg.effective_batch_size(rt.world_size)
@@ -263,6 +301,8 @@ def train(rt: Any, cfg: Any) -> None:
         payload = {"algo": "tdmpc2", "task": cfg.task, "step": step, "updates": num_updates,
                    "pretrained": pretrained, "shared_rng": shared.get_state(),
                    "config": to_dict(cfg), "state": learner.state_dict()}
+        if cfg.checkpoint_buffer:  # each rank its own file, written before rank 0 writes latest.pt
+            save_atomically({"step": step, "buffer": buffer.state_dict()}, buffer_path(checkpointer.dir, rt.rank))
         checkpointer.save(rt, step, payload, {"rng": rng_state(), "env": env.state_dict()})
 
     def run_eval() -> dict[str, float]:
@@ -276,9 +316,9 @@ def train(rt: Any, cfg: Any) -> None:
 
     obs = env.reset()
     recorder.start(obs)
-    updating = False  # this process's buffers are filled: updates run (the same on every rank)
+    # updating: the buffers are filled and updates run (decided alike on every rank)
+    updating = buffers_restored and pretrained
     micro_due = 0  # micro-batch updates owed by this rank (identical on every rank)
-    steps_since_restart = 0  # local agent steps collected by this process (what the buffer holds)
     sums: dict[str, torch.Tensor] = {}
     num_sums = 0
     ep_stats = torch.zeros(2, device=rt.device)  # (sum of returns, episodes) since the last log
