@@ -19,6 +19,7 @@ Launch modes, decided by :func:`detect_launcher`:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import datetime
@@ -442,10 +443,12 @@ def exit_process(code: int) -> None:
     process aborts ("terminate called without an active exception", SIGABRT) although all its
     work is done and written. Seen in ~5% of 2-rank runs here (gdb: ``pt_gloo_runloop`` in
     ``~AsyncAllgatherWork`` -> ``take_gil`` during ``Py_FinalizeEx``). A rank whose files are
-    closed has nothing left for finalisation to do, so it flushes and leaves with ``os._exit``.
+    closed has nothing left for finalisation to do, so it runs the ``atexit`` handlers (W&B,
+    multiprocessing's resource clean-up, logging), flushes and leaves with ``os._exit``.
     """
     if not _ddp_used:
         sys.exit(code)
+    atexit._run_exitfuncs()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
