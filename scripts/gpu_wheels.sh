@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Wheels that ddprl needs on a GPU machine which has PyTorch (and tensorboard, tqdm, imageio,
+# nvidia-ml-py) but no package index: Python 3.12, manylinux x86-64. Writes them to .whl/
+# (git-ignored), small enough to travel with the working tree (< 64 MiB): dm_control's
+# locomotion and test assets (meshes, textures; ~40 MB) are left out of its wheel — the
+# Control Suite does not use them.
+#
+#   bash scripts/gpu_wheels.sh            # then, on the GPU machine: bash benchmarks/gpu_session.sh ...
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+rm -rf .whl && mkdir -p .whl
+PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
+           --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any)
+for req in gymnasium==1.4.0 farama-notifications==0.0.6 hydra-core==1.3.8 omegaconf==2.3.1 mujoco==3.17.0 \
+           dm-control==1.0.50 dm-env==1.6 dm-tree==0.1.10 labmaze==1.0.6 glfw==2.11.0 pyopengl==3.1.10; do
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    "${PLATFORMS[@]}" -d .whl "$req"
+done
+# antlr4 (hydra's parser) is published as a source archive only; it is pure Python.
+"$PY" -m pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3
+
+"$PY" - <<'EOF'
+"""Repack dm_control's wheel without the assets the Control Suite never loads."""
+import base64, glob, hashlib, os, zipfile
+
+DROP = ("dm_control/locomotion/", "dm_control/mujoco/testing/", "dm_control/mjcf/test_assets/",
+        "dm_control/blender/")
+src = glob.glob(".whl/dm_control-*.whl")[0]
+tmp = src + ".tmp"
+with zipfile.ZipFile(src) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zout:
+    record_name = next(n for n in zin.namelist() if n.endswith(".dist-info/RECORD"))
+    kept = []
+    for info in zin.infolist():
+        name = info.filename
+        if name == record_name or (name.startswith(DROP) and not name.endswith(".py")):
+            continue
+        data = zin.read(name)
+        zout.writestr(info, data)
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        kept.append(f"{name},sha256={digest},{len(data)}")
+    zout.writestr(record_name, "\n".join(kept + [f"{record_name},,"]) + "\n")
+os.replace(tmp, src)
+EOF
+du -sh .whl
+ls .whl
