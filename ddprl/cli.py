@@ -225,7 +225,7 @@ def _deterministic_override(kv: dict[str, Any], ckpt: dict[str, Any], command: s
     if "deterministic" not in kv:
         return []
     if ckpt["algo"] != "ppo":
-        raise UsageError(f"{command}: deterministic= applies to ppo checkpoints; {ckpt['algo']} acts with its mean action")
+        raise UsageError(f"{command}: deterministic= applies to ppo checkpoints; {ckpt['algo']} evaluates without exploration noise")
     return [f"eval_deterministic={str(kv['deterministic']).lower()}"]
 
 

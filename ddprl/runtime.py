@@ -340,6 +340,15 @@ class Runtime:
         # gloo reduces CPU tensors; NCCL reduces CUDA tensors.
         return self.device if self.backend == "nccl" else torch.device("cpu")
 
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``tensor`` (the same shape on all) concatenated along dim 0, in rank order."""
+        if self.world_size == 1:
+            return tensor.detach()
+        comm = tensor.detach().to(self._comm_device()).contiguous()
+        parts = [torch.empty_like(comm) for _ in range(self.world_size)]
+        dist.all_gather(parts, comm)
+        return torch.cat(parts).to(tensor.device)
+
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """Rank ``src``'s (picklable) object, returned on every rank."""
         box = [obj]

@@ -18,6 +18,7 @@ def collectives(rt, cfg, out: str) -> None:
         "tensor_sum": rt.all_reduce_sum(torch.tensor([1.0, float(rt.rank)])),
         "broadcast": rt.broadcast_object({"from": rt.rank}),
         "gathered": rt.all_gather_object(rt.rank * 2),
+        "gathered_tensor": rt.all_gather(torch.tensor([[rt.rank, 10.0 * rt.rank]])),
     }
     torch.save(result, Path(out) / f"rank{rt.rank}.pt")
 

@@ -105,6 +105,7 @@ def test_collectives_two_ranks(tmp_path):
         assert torch.equal(r["tensor_sum"], torch.tensor([2.0, 1.0]))
         assert r["broadcast"] == {"from": 0}
         assert r["gathered"] == [0, 2]
+        assert torch.equal(r["gathered_tensor"], torch.tensor([[0.0, 0.0], [1.0, 10.0]]))
 
 
 def test_check_in_sync_catches_drift_and_wrap_broadcasts(tmp_path):

@@ -147,7 +147,6 @@ def train(rt: Any, cfg: Any) -> None:
     def normalize(x: torch.Tensor) -> torch.Tensor:
         return obs_rms.normalize(x) if cfg.norm_obs else x
 
-
     def save(step: int, iteration: int) -> None:
         rt.check_in_sync(model, "parameters at checkpoint")
         payload = {

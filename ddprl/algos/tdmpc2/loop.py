@@ -169,13 +169,22 @@ def update(rt: Any, learner: Learner, batches: list[TrajectoryBatch], noises: li
     learner.wm_optim.step()
     learner.wm_optim.zero_grad(set_to_none=True)
 
-    for i, (z, noise) in enumerate(zip(latents, noises)):
+    # The Q scale first: one EMA step per optimizer step on the first-latent Qs of every
+    # micro-batch of every rank (gathered): the step one process takes on the whole batch
+    # (REFERENCE.md: the scale is updated before the loss uses it). Each micro-batch's policy
+    # noise is fixed here so that the statistic sees the actions the loss below scores.
+    eps_pi = [noise.eps_pi if noise.eps_pi is not None
+              else torch.randn(z.shape[:-1] + (model.action_dim,), device=z.device)
+              for z, noise in zip(latents, noises)]
+    with torch.no_grad(), autocast:
+        q_first = torch.cat([model.Q(z[0], model.policy(z[0], eps[0])[0], "avg", members=noise.members_pi).flatten()
+                             for z, eps, noise in zip(latents, eps_pi, noises)])
+    learner.scale.update(rt.all_gather(q_first.float()))
+    for i, (z, eps, noise) in enumerate(zip(latents, eps_pi, noises)):
         with rt.no_sync(learner.pi, enabled=i < k - 1):
             with autocast:
-                action, info = learner.pi(z, noise.eps_pi)
+                action, info = learner.pi(z, eps)
                 q = model.Q(z, action, "avg", detach=True, members=noise.members_pi)  # (H+1, B, 1)
-            # the scale statistic of the first step's Q, averaged over ranks before the EMA step
-            learner.scale.update(q[0], reduce_fn=rt.all_reduce_mean)
             terms = policy_loss(q, info["scaled_entropy"], learner.scale.value, cfg.rho, cfg.entropy_coef)
             (terms["loss"] / k).backward()
         add("train/pi_", terms)
@@ -217,7 +226,7 @@ def restore_buffer(buffer: EpisodeBuffer, path: Path, ckpt: dict[str, Any], worl
                         path, saved["step"], ckpt["step"])
             return False
         buffer.load_state_dict(saved["buffer"])
-    except (OSError, RuntimeError, ValueError, KeyError, EOFError) as e:
+    except Exception as e:  # truncated, corrupt, other shapes: whatever it is, the remedy is to refill
         log.warning("replay buffer %s not restored: %s", path, str(e).splitlines()[0][:200])
         return False
     return True

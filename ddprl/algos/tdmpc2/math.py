@@ -15,7 +15,7 @@ caller (the training loop, through the runtime) can average its statistic across
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -178,11 +178,10 @@ class RunningScale(nn.Module):
     entropy bonus) independent of the task's return scale.
 
     The statistic lives in the buffer ``value`` (shape (1,), starts at 1), so it is saved in
-    state dicts. Distributed training: pass ``reduce_fn`` (a map tensor -> cross-rank mean,
-    e.g. the runtime's all-reduce-mean) to :meth:`update`; the percentile range computed on
-    this rank's batch is averaged across ranks *before* the EMA step, so every rank applies
-    the identical update and the buffers never drift apart (DESIGN.md, invariant 2). The
-    range is clamped to >= 1 after the reduction. ``update`` never syncs with the host.
+    state dicts. Distributed training: give :meth:`update` the Q values of *all* ranks
+    (gathered): every rank then takes the identical EMA step, the one a single process would
+    take on the whole batch, and the buffers never drift apart (DESIGN.md, invariant 2).
+    Nothing here is distributed. ``update`` never syncs with the host.
 
     Example:
         >>> scale = RunningScale()
@@ -208,18 +207,9 @@ class RunningScale(nn.Module):
         return (hi - lo).reshape(1).to(self.value.dtype)
 
     @torch.no_grad()
-    def update(
-        self, x: torch.Tensor, reduce_fn: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
-    ) -> None:
-        """EMA-update ``value`` towards the percentile range of ``x`` (any shape).
-
-        ``reduce_fn``: optional map from a (1,) tensor to its mean over ranks; every rank must
-        call ``update`` the same number of times when it is given (it is a collective).
-        """
-        r = self.percentile_range(x)
-        if reduce_fn is not None:
-            r = reduce_fn(r)
-        self.value.lerp_(r.clamp(min=1.0), self.tau)
+    def update(self, x: torch.Tensor) -> None:
+        """EMA-update ``value`` towards the percentile range of ``x`` (any shape), clamped >= 1."""
+        self.value.lerp_(self.percentile_range(x).clamp(min=1.0), self.tau)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x / value (broadcast)."""
