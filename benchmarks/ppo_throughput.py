@@ -36,6 +36,9 @@ def run_ddprl(world_size: int, steps: int, seed: int) -> dict[str, float]:
                      "anneal_lr=false", "clip_vloss=false", "ent_coef=0.0", "progress=false", "eval_freq=0",
                      "eval_episodes=10", "checkpoint_freq=0", f"run_dir={tmp}/run"]
         overrides += [f"{k}={v}" for k, v in SHARED.items()]
+        # batch_size is per rank: N ranks take 256/N each, so every optimizer step averages
+        # 256 samples like SB3's (DDP averages the ranks' gradients) and there are as many steps.
+        overrides.append(f"batch_size={SHARED['batch_size'] // world_size}")
         cfg = load_config(overrides)
         launch(train, cfg)
         records = read_metrics(f"{tmp}/run")
