@@ -371,6 +371,21 @@ def test_resume_with_checkpointed_buffers_goes_on_updating(trained_run, tmp_path
     assert "refilling the replay buffers" in proc.stderr
 
 
+def test_two_rank_run_resumes_on_one_rank(trained_run, tmp_path):
+    run_dir, _ = trained_run
+    import shutil
+
+    resumed_dir = tmp_path / "one"
+    shutil.copytree(run_dir, resumed_dir)
+    proc = run_cli(["train", *E2E, "world_size=1", "num_envs=1", "steps=400", "resume=auto",
+                    f"run_dir={resumed_dir}"], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # two ranks' buffers cannot fill one: refilled (seed_steps=200 global steps, none left to update)
+    assert "resumed at step 300 after 150 updates; refilling the replay buffers until step 500" in proc.stderr
+    ckpt = load_checkpoint(resumed_dir / "checkpoints" / "latest.pt")
+    assert ckpt["world_size"] == 1 and ckpt["step"] == 400 and ckpt["updates"] == 150
+
+
 def test_buffer_state_dict_round_trip():
     from ddprl.algos.tdmpc2.buffer import EpisodeBuffer
 
