@@ -29,6 +29,15 @@ def split_episodes(episodes: int, world_size: int, rank: int) -> int:
     return episodes // world_size + (1 if rank < episodes % world_size else 0)
 
 
+def episode_record(info: dict[str, torch.Tensor], i: int, extra_keys: tuple[str, ...] = ()) -> dict[str, float]:
+    """The finished episode of env ``i`` from a step's ``info``: return, length and ``extra_keys``
+    (``episode_score`` is reported as ``score``)."""
+    rec = {"return": float(info["episode_return"][i]), "length": float(info["episode_length"][i])}
+    for key in extra_keys:
+        rec[key.removeprefix("episode_")] = float(info[key][i])
+    return rec
+
+
 @torch.no_grad()
 def run_episodes(env: VecEnv, act: Callable[[torch.Tensor], torch.Tensor], episodes: int, seed: int,
                  extra_keys: tuple[str, ...] = ()) -> list[dict[str, float]]:
@@ -47,10 +56,7 @@ def run_episodes(env: VecEnv, act: Callable[[torch.Tensor], torch.Tensor], episo
         finished = (terminated | truncated).cpu()
         for i in torch.nonzero(finished).flatten().tolist():
             if done_count[i] < quota[i]:
-                rec = {"return": float(info["episode_return"][i]), "length": float(info["episode_length"][i])}
-                for key in extra_keys:
-                    rec[key.removeprefix("episode_")] = float(info[key][i])
-                records.append(rec)
+                records.append(episode_record(info, i, extra_keys))
                 done_count[i] += 1
     return records
 

@@ -9,11 +9,12 @@ from typing import Any, TextIO
 import torch
 
 from ddprl.errors import UsageError
+from ddprl.evaluate import episode_record
 
 
 @torch.no_grad()
 def play_terminal(actor: Any, episodes: int, fps: float, seed: int, out: TextIO = sys.stdout) -> list[dict[str, float]]:
-    """Show ``episodes`` episodes frame by frame (one env, deterministic actions); returns their stats.
+    """Show ``episodes`` episodes frame by frame (one env, the actor's eval actions); returns their stats.
 
     Needs an environment with ``render_ascii`` (Snake). On a terminal each frame replaces the
     last; piped output gets the frames one after the other.
@@ -36,9 +37,7 @@ def play_terminal(actor: Any, episodes: int, fps: float, seed: int, out: TextIO 
             obs, _, terminated, truncated, info = env.step(actor.act(obs))
             step += 1
             if bool((terminated | truncated)[0]):
-                stats = {"return": float(info["episode_return"][0]), "length": float(info["episode_length"][0])}
-                for key in getattr(env, "extra_info_keys", ()):
-                    stats[key.removeprefix("episode_")] = float(info[key][0])
+                stats = episode_record(info, 0, tuple(getattr(env, "extra_info_keys", ())))
                 results.append(stats)
                 out.write(" ".join(f"{k}={v:g}" for k, v in stats.items()) + "\n")
                 break

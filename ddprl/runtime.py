@@ -447,7 +447,8 @@ def exit_process(code: int) -> None:
 
     Why: in torch 2.13 a DDP wrapper keeps its gloo process group alive after
     ``destroy_process_group`` (constructing DDP leaves references to the group that are never
-    released; without DDP the threads end), so the group's worker threads outlive ``close``. When one of them frees a finished collective's tensors it takes the GIL; if the
+    released; without DDP the threads end), so the group's worker threads outlive ``close``.
+    When one of them frees a finished collective's tensors it takes the GIL; if the
     interpreter is finalising at that moment the thread is unwound through C++ code and the
     process aborts ("terminate called without an active exception", SIGABRT) although all its
     work is done and written. Seen in ~5% of 2-rank runs here (gdb: ``pt_gloo_runloop`` in

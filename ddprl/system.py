@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+
 def gpu_stats(device: torch.device) -> dict[str, float]:
     """This rank's GPU: utilisation % (needs nvidia-ml-py) and memory allocated by torch (GB).
 

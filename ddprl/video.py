@@ -47,11 +47,11 @@ def record_video(actor: Any, path: str | Path, seed: int, max_steps: int = 1000)
             raise UsageError(f"video: this task's environment cannot render frames ({type(env).__name__} "
                              "has no render_rgb); videos work for DeepMind Control tasks and task=snake")
         obs = env.reset(seed=seed)
-        frames = [env.render_rgb()]  # raises a UsageError naming MUJOCO_GL when nothing can render
+        first = env.render_rgb()  # raises a UsageError naming MUJOCO_GL when nothing can render
         path.parent.mkdir(parents=True, exist_ok=True)
         writer = _writer_for(path)
         try:
-            writer.append_data(frames[0])
+            writer.append_data(first)
             for _ in range(max_steps):
                 obs, _, terminated, truncated, _ = env.step(actor.act(obs))
                 writer.append_data(env.render_rgb())

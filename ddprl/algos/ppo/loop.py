@@ -161,11 +161,11 @@ def train(rt: Any, cfg: Any) -> None:
         generator = torch.Generator(device=rt.device).manual_seed(cfg.seed + EVAL_SEED_OFFSET + 7919 * rt.rank + step)
 
         @torch.no_grad()
-        def act(x: torch.Tensor) -> torch.Tensor:
+        def eval_act(x: torch.Tensor) -> torch.Tensor:
             return policy.eval_action(normalize(x), cfg.eval_deterministic, generator)
 
         result = evaluate(rt, lambda n, s: make_env(cfg.task, n, seed=s, device=rt.device, **cfg.env_kwargs),
-                          act, cfg.eval_episodes, cfg.seed, extra_keys=getattr(env, "extra_info_keys", ()))
+                          eval_act, cfg.eval_episodes, cfg.seed, extra_keys=getattr(env, "extra_info_keys", ()))
         return {f"eval/{k}": v for k, v in result.items()}
 
     effective_batch = cfg.effective_batch_size(rt.world_size)
