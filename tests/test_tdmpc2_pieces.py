@@ -16,7 +16,7 @@ from ddprl.algos.tdmpc2.math import (
     squash_log_std, squashed_gaussian_sample, symexp, symlog, two_hot, two_hot_inv,
 )
 from ddprl.algos.tdmpc2.networks import (
-    MODEL_SIZES, ModelDims, QEnsemble, SimNorm, WorldModel, dims_for_model_size,
+    MODEL_SIZES, ModelDims, PolicyPrior, QEnsemble, SimNorm, WorldModel, dims_for_model_size,
 )
 from ddprl.algos.tdmpc2.planner import MPPI, MPPIConfig, mppi_iterations
 
@@ -259,8 +259,47 @@ def test_policy_prior_outputs():
     a, info = model.pi(torch.randn(7, 24))
     assert a.shape == (7, 3) and (a.abs() < 1).all()
     assert ((info["log_std"] >= -10) & (info["log_std"] <= 2)).all()
-    torch.testing.assert_close(info["scaled_entropy"], 3 * info["entropy"])  # scaled by A = 3
-    torch.testing.assert_close(info["scaled_entropy"], -info["log_prob"])
+    torch.testing.assert_close(info["entropy"], -info["log_prob"])
+
+
+def test_scaled_entropy_counts_the_gaussian_part_action_dim_times():
+    # The official release's bonus: -(A * log N(u) - log-det of tanh), log N summed over the
+    # A dims. Written out here for A = 3, known noise and log-std.
+    A, eps = 3, torch.tensor([[0.5, -1.0, 2.0]])
+    pi = PolicyPrior(latent_dim=4, mlp_dim=8, action_dim=A)
+    with torch.no_grad():
+        pi.net[-1].weight.zero_()
+        pi.net[-1].bias.copy_(torch.tensor([0.3, -0.2, 0.1, 0.0, 0.0, 0.0]))  # mean; raw log-std 0
+    _, info = pi(torch.zeros(1, 4), eps)
+    log_std = info["log_std"]  # squashed from 0: -4 (the middle of [-10, 2])
+    assert torch.allclose(log_std, torch.full((1, A), -4.0))
+    u = torch.tensor([[0.3, -0.2, 0.1]]) + eps * log_std.exp()
+    gauss = (-0.5 * eps ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum()
+    log_det = torch.log(1 - torch.tanh(u) ** 2).sum()
+    assert info["scaled_entropy"].item() == pytest.approx(-(A * gauss - log_det).item(), rel=1e-5)
+    assert info["entropy"].item() == pytest.approx(-(gauss - log_det).item(), rel=1e-5)
+    # one action dim: nothing to scale
+    pi1 = PolicyPrior(latent_dim=4, mlp_dim=8, action_dim=1)
+    _, info1 = pi1(torch.randn(5, 4))
+    torch.testing.assert_close(info1["scaled_entropy"], info1["entropy"])
+
+
+def test_target_qs_never_use_dropout():
+    torch.manual_seed(0)
+    model = WorldModel(10, 3, dims=TINY, dropout=0.5).train()
+    assert model.qs.training and not model.target_qs.training
+    with torch.no_grad():  # the last layer starts at zero: give the Qs something to say
+        for t in model.qs.tensors():
+            t.normal_(0.0, 0.5)
+        model.make_target()
+    z, a = torch.randn(64, TINY.latent_dim), torch.rand(64, 3) * 2 - 1
+    members = torch.tensor([0, 1])
+    first, second = (model.Q(z, a, "min", target=True, members=members) for _ in range(2))
+    torch.testing.assert_close(first, second)  # no dropout masks in the target
+    online = [model.Q(z, a, "min", members=members) for _ in range(2)]
+    assert not torch.equal(*online)  # the online Qs do use dropout in training
+    model.eval().train()
+    assert not model.target_qs.training
 
 
 # --------------------------------------------------------------------------- planner

@@ -46,7 +46,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .math import NUM_BINS, squash_log_std, squashed_gaussian_sample, two_hot_inv
+from .math import NUM_BINS, gaussian_log_prob, squash_log_std, squashed_gaussian_sample, two_hot_inv
 
 
 # --------------------------------------------------------------------------- sizes
@@ -189,10 +189,13 @@ class PolicyPrior(nn.Module):
     ``forward(z)`` is the DDP entry point of the policy update. Returns ``(action, info)``:
     action (..., A) in (-1, 1), and info with ``mean`` (tanh of the mean, the deterministic
     action), ``log_std`` (..., A), ``log_prob`` (..., 1) log density of the squashed action
-    summed over dims, ``entropy`` = -log_prob / A (per-dimension estimate) and
-    ``scaled_entropy`` = -log_prob = A * entropy: the entropy bonus is scaled by the action
-    dim (REFERENCE.md: "entropy 1e-4 * scaled entropy"), so its weight relative to the
-    per-dimension Gaussian terms does not shrink in high-dimensional action spaces.
+    summed over dims, ``entropy`` = -log_prob (a one-sample estimate) and ``scaled_entropy``,
+    the bonus of the policy loss (REFERENCE.md: "entropy 1e-4 * scaled entropy"): the
+    Gaussian part of -log_prob, itself a sum over the A dims, multiplied by A once more,
+    minus the squash's log-det: -(A * log N(u) - log|det d tanh(u)/du|). That is the official
+    release's form (its ``gaussian_logprob(..., size)``; today's official code drops the
+    log-det term, a difference weighted by 1e-4). Scaling by A keeps the bonus from fading
+    against Q in many-dimensional action spaces (38 for dog).
     Noise comes from the global RNG unless ``eps`` is given.
 
     Example:
@@ -212,10 +215,13 @@ class PolicyPrior(nn.Module):
     def forward(self, z: torch.Tensor, eps: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, dict]:
         mean, raw_log_std = self.net(z).chunk(2, dim=-1)  # (..., A) each
         log_std = squash_log_std(raw_log_std, self.log_std_min, self.log_std_max)
+        if eps is None:
+            eps = torch.randn_like(mean)
         action, mean, log_prob = squashed_gaussian_sample(mean, log_std, eps)
-        entropy = -log_prob / self.action_dim
+        # log_prob = log N(u) - log-det; the scaled form counts the Gaussian part A times
+        scaled_log_prob = log_prob + (self.action_dim - 1) * gaussian_log_prob(eps, log_std)
         info = {"mean": mean, "log_std": log_std, "log_prob": log_prob,
-                "entropy": entropy, "scaled_entropy": -log_prob}
+                "entropy": -log_prob, "scaled_entropy": -scaled_log_prob}
         return action, info
 
 
@@ -259,6 +265,13 @@ class WorldModel(nn.Module):
         self._ddp_params_and_buffers_to_ignore = [f"policy.{n}" for n, _ in self.policy.named_parameters()] + [
             f"target_qs.{n}" for n, _ in self.target_qs.named_buffers()
         ]
+
+    def train(self, mode: bool = True) -> "WorldModel":
+        """As ``nn.Module.train``, but the target Qs stay in eval mode: TD targets are made
+        without dropout (as in the official code), so they do not depend on dropout masks."""
+        super().train(mode)
+        self.target_qs.train(False)
+        return self
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
