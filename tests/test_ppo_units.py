@@ -76,6 +76,26 @@ def test_actor_critic_shapes_and_scoring():
         ActorCritic(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2), policy="cnn")
 
 
+@pytest.mark.parametrize("policy", ["mlp", "cnn"])
+def test_output_heads_stay_fp32_under_bf16_autocast(policy):
+    # A value of ~100.3 would be rounded to 100.5 by a bf16 head (8 significant bits).
+    torch.manual_seed(0)
+    obs_space = gym.spaces.Box(0, 1, (3, 5, 5)) if policy == "cnn" else gym.spaces.Box(-1, 1, (6,))
+    net = ActorCritic(obs_space, gym.spaces.Discrete(4), policy=policy, hidden_sizes=[16], policy_width=4,
+                      policy_depth=1)
+    value_head = net.critic if policy == "cnn" else net.critic[-1]
+    with torch.no_grad():
+        value_head.bias.fill_(100.3)
+    obs = torch.rand(8, *obs_space.shape)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = net(obs)
+        features = net.trunk(obs) if policy == "cnn" else net.critic[:-1](obs)
+    assert out.value.dtype == torch.float32
+    expected = features.float() @ value_head.weight.t().float() + value_head.bias
+    torch.testing.assert_close(out.value, expected.squeeze(-1), rtol=0, atol=1e-4)
+    assert (out.value - 100.5).abs().min() > 1e-3  # not on the bf16 grid around 100
+
+
 def test_eval_action_argmax_or_sampled_from_its_own_generator():
     torch.manual_seed(0)
     net = ActorCritic(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(3), hidden_sizes=[8])

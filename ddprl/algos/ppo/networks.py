@@ -30,12 +30,24 @@ def _layer(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -> nn
     return layer
 
 
+class OutputLinear(nn.Linear):
+    """The last layer of a head, computed in fp32 even under bf16 autocast.
+
+    bf16 keeps 8 significant bits: a value of 100 would come out in steps of 0.5, and that
+    rounding would enter every GAE delta and the value loss. The hidden layers keep bf16.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            return super().forward(x.float())
+
+
 def mlp(in_dim: int, hidden: list[int], out_dim: int, out_std: float) -> nn.Sequential:
     layers: list[nn.Module] = []
     for width in hidden:
         layers += [_layer(nn.Linear(in_dim, width)), nn.Tanh()]
         in_dim = width
-    layers.append(_layer(nn.Linear(in_dim, out_dim), std=out_std))
+    layers.append(_layer(OutputLinear(in_dim, out_dim), std=out_std))
     return nn.Sequential(*layers)
 
 
@@ -91,8 +103,8 @@ class ActorCritic(nn.Module):
             # A shared conv trunk: the expensive part is computed once for actor and critic.
             self.trunk: nn.Module = ConvTrunk(obs_shape, policy_width, policy_depth, list(hidden_sizes))
             feat = self.trunk.out_dim
-            self.actor = _layer(nn.Linear(feat, n_out), std=0.01)
-            self.critic = _layer(nn.Linear(feat, 1), std=1.0)
+            self.actor = _layer(OutputLinear(feat, n_out), std=0.01)
+            self.critic = _layer(OutputLinear(feat, 1), std=1.0)
         else:
             in_dim = int(np.prod(obs_shape))
             self.trunk = nn.Flatten()

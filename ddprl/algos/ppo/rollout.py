@@ -14,7 +14,7 @@ import torch
 class Rollout(NamedTuple):
     """T steps of N local envs. Shapes: (T, N, ...)."""
 
-    obs: torch.Tensor  # (T, N, *obs_shape) — what the policy saw (normalised if norm_obs)
+    obs: torch.Tensor  # (T, N, *obs_shape) — raw: normalised at update time with the rollout's statistics
     actions: torch.Tensor  # (T, N) or (T, N, A)
     log_probs: torch.Tensor  # (T, N)
     values: torch.Tensor  # (T, N)  V(obs_t)
