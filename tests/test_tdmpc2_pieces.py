@@ -284,6 +284,26 @@ def test_scaled_entropy_counts_the_gaussian_part_action_dim_times():
     torch.testing.assert_close(info1["scaled_entropy"], info1["entropy"])
 
 
+def test_logits_stay_fp32_under_bf16_autocast():
+    torch.manual_seed(0)
+    model = WorldModel(10, 3, dims=TINY, dropout=0.0)
+    with torch.no_grad():  # last layers start at zero: give them something to round
+        for t in model.qs.tensors():
+            t.normal_(0.0, 0.5)
+        model.reward_head[-1].weight.normal_(0.0, 0.5)
+    z, a = torch.randn(16, TINY.latent_dim), torch.rand(16, 3) * 2 - 1
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        q_logits = model.Q(z, a, "all")
+        r_logits = model.reward(z, a)
+        _, info = model.pi(z)
+    assert q_logits.dtype == r_logits.dtype == info["log_std"].dtype == torch.float32
+    # the fp32 last layer on the (bf16) features: what an fp32 logit layer gives
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hidden = model.reward_head[:-1](torch.cat([z, a], -1))
+    head = model.reward_head[-1]
+    torch.testing.assert_close(r_logits, hidden.float() @ head.weight.t() + head.bias)
+
+
 def test_target_qs_never_use_dropout():
     torch.manual_seed(0)
     model = WorldModel(10, 3, dims=TINY, dropout=0.5).train()

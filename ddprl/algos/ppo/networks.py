@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Normal
 
+from ddprl.algos.layers import OutputLinear
+
 
 class PolicyOutput(NamedTuple):
     action: torch.Tensor  # (B,) discrete or (B, A) continuous
@@ -28,18 +30,6 @@ def _layer(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -> nn
     nn.init.orthogonal_(layer.weight, std)
     nn.init.constant_(layer.bias, bias)
     return layer
-
-
-class OutputLinear(nn.Linear):
-    """The last layer of a head, computed in fp32 even under bf16 autocast.
-
-    bf16 keeps 8 significant bits: a value of 100 would come out in steps of 0.5, and that
-    rounding would enter every GAE delta and the value loss. The hidden layers keep bf16.
-    """
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            return super().forward(x.float())
 
 
 def mlp(in_dim: int, hidden: list[int], out_dim: int, out_std: float) -> nn.Sequential:

@@ -46,6 +46,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ddprl.algos.layers import OutputLinear
+
 from .math import NUM_BINS, gaussian_log_prob, squash_log_std, squashed_gaussian_sample, two_hot_inv
 
 
@@ -120,7 +122,7 @@ class NormedLinear(nn.Module):
 def mlp(in_dim: int, hidden: int, out_dim: int, last: str = "linear") -> nn.Sequential:
     """in -> h -> h -> out with NormedLinear hidden layers; last is a plain Linear ("linear")
     or NormedLinear + SimNorm ("simnorm", used by encoder and dynamics)."""
-    head = nn.Linear(hidden, out_dim) if last == "linear" else NormedLinear(hidden, out_dim, act=SimNorm())
+    head = OutputLinear(hidden, out_dim) if last == "linear" else NormedLinear(hidden, out_dim, act=SimNorm())
     return nn.Sequential(NormedLinear(in_dim, hidden), NormedLinear(hidden, hidden), head)
 
 
@@ -173,8 +175,11 @@ class QEnsemble(nn.Module):
         for i in range(self.num_layers):
             if i == 0:  # one GEMM for all members: the input is shared
                 h = torch.einsum("ni,mio->mno", h, t["weight0"]) + t["bias0"].unsqueeze(1)
-            else:  # (M, N, in_i) @ (M, in_i, out_i), batched over members
+            elif i < self.num_layers - 1:  # (M, N, in_i) @ (M, in_i, out_i), batched over members
                 h = torch.baddbmm(t[f"bias{i}"].unsqueeze(1), h, t[f"weight{i}"])
+            else:  # the logits in fp32 even under bf16 autocast (see OutputLinear)
+                with torch.autocast(device_type=h.device.type, enabled=False):
+                    h = torch.baddbmm(t[f"bias{i}"].unsqueeze(1).float(), h.float(), t[f"weight{i}"].float())
             if i < self.num_layers - 1:
                 if i == 0 and self.dropout > 0:
                     h = F.dropout(h, self.dropout, self.training)
