@@ -49,3 +49,47 @@ class RunningMeanStd(nn.Module):
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         out = (x - self.mean.to(x.dtype)) / torch.sqrt(self.var.to(x.dtype) + self.eps)
         return out.clamp(-self.clip, self.clip)
+
+
+class ReturnScaler(nn.Module):
+    """Reward scaling by the standard deviation of the discounted return, over all ranks.
+
+    What Gymnasium's ``NormalizeReward`` and SB3's ``VecNormalize(norm_reward=True)`` do, for
+    PPO on tasks with large rewards (MuJoCo): each env's running discounted return
+    G_t = r_t + gamma * G_{t-1} (reset after an episode ends) feeds a :class:`RunningMeanStd`
+    whose statistics are reduced over ranks (identical everywhere); rewards are divided by its
+    std (not centred: the sign of a reward keeps its meaning) and clipped to +-``clip``.
+    ``carry`` (num_envs,) is this rank's G_{t-1}, zeroed where the last episode ended.
+
+    >>> scaler = ReturnScaler(num_envs=2, gamma=0.5)
+    >>> scaler.track(torch.ones(3, 2), torch.zeros(3, 2, dtype=torch.bool))[:, 0]
+    tensor([1.0000, 1.5000, 1.7500])
+    """
+
+    def __init__(self, num_envs: int, gamma: float, clip: float = 10.0, eps: float = 1e-8):
+        super().__init__()
+        self.stats = RunningMeanStd((), clip=clip, eps=eps)
+        self.register_buffer("carry", torch.zeros(num_envs))
+        self.gamma, self.clip, self.eps = gamma, clip, eps
+
+    @torch.no_grad()
+    def track(self, rewards: torch.Tensor, dones: torch.Tensor) -> torch.Tensor:
+        """Discounted returns (T, N) of a rollout's rewards; advances ``carry`` past it."""
+        returns = torch.empty_like(rewards, dtype=torch.float32)
+        g = self.carry
+        for t in range(rewards.shape[0]):
+            g = self.gamma * g + rewards[t].float()
+            returns[t] = g
+            g = g * (~dones[t]).float()
+        self.carry.copy_(g)
+        return returns
+
+    @torch.no_grad()
+    def update(self, rewards: torch.Tensor, dones: torch.Tensor,
+               reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        """Track a rollout's returns and merge them (all ranks) into the statistics."""
+        self.stats.update(self.track(rewards, dones), reduce_sum=reduce_sum)
+
+    def scale(self, rewards: torch.Tensor) -> torch.Tensor:
+        std = torch.sqrt(self.stats.var.to(torch.float32) + self.eps)
+        return (rewards / std).clamp(-self.clip, self.clip)

@@ -12,7 +12,7 @@ import torch
 from ddprl.algos.ppo.loss import ppo_loss
 from ddprl.algos.ppo.networks import ActorCritic, PolicyOutput
 from ddprl.algos.ppo.rollout import Rollout, compute_gae
-from ddprl.normalize import RunningMeanStd
+from ddprl.normalize import ReturnScaler, RunningMeanStd
 
 
 def rollout_of(rewards, values, terminated, truncated, final_values):
@@ -129,3 +129,35 @@ def test_running_mean_std_matches_numpy_over_several_updates():
     assert np.allclose(rms.mean.numpy(), allx.mean(0)) and np.allclose(rms.var.numpy(), allx.var(0))
     x = torch.tensor([[3.0, 3.0]])
     assert torch.allclose(rms.normalize(x), (x - rms.mean.float()) / torch.sqrt(rms.var.float() + 1e-8))
+
+
+def test_return_scaler_tracks_discounted_returns_across_rollouts():
+    gamma = 0.9
+    rewards = torch.tensor([[1.0, 2.0], [1.0, 0.0], [1.0, -1.0], [1.0, 3.0], [1.0, 1.0]])
+    dones = torch.zeros(5, 2, dtype=torch.bool)
+    dones[1, 1] = True  # env 1's episode ends after step 1: its return starts over at step 2
+    whole = ReturnScaler(2, gamma).track(rewards, dones)
+    expected = torch.zeros(5, 2)
+    for n in range(2):
+        g = 0.0
+        for t in range(5):
+            g = gamma * g + rewards[t, n].item()
+            expected[t, n] = g
+            g = 0.0 if dones[t, n] else g
+    torch.testing.assert_close(whole, expected)
+    split = ReturnScaler(2, gamma)  # two rollouts in a row continue each env's return
+    torch.testing.assert_close(torch.cat([split.track(rewards[:3], dones[:3]), split.track(rewards[3:], dones[3:])]),
+                               expected)
+
+
+def test_return_scaler_divides_by_the_return_std_and_clips():
+    scaler = ReturnScaler(3, gamma=0.99, clip=5.0)
+    rewards = torch.randn(64, 3) * 50.0
+    dones = torch.rand(64, 3) < 0.05
+    returns = ReturnScaler(3, gamma=0.99).track(rewards, dones)
+    scaler.update(rewards, dones)
+    std = returns.double().flatten().numpy().std()  # population std, like the running statistics
+    assert scaler.stats.var.sqrt().item() == pytest.approx(std, rel=1e-6)
+    scaled = scaler.scale(rewards)
+    torch.testing.assert_close(scaled, (rewards / std).float().clamp(-5, 5), rtol=1e-5, atol=1e-6)
+    assert scaled.abs().max() <= 5.0

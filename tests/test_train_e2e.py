@@ -56,7 +56,7 @@ def test_checkpoint_is_plain_and_loads_in_one_process(two_rank_run):
     path = only_dir(cwd / "runs") / "checkpoints" / "latest.pt"
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     assert ckpt["format_version"] == 1 and ckpt["world_size"] == 2 and ckpt["step"] == 2048
-    assert len(ckpt["ranks"]) == 2 and set(ckpt["ranks"][1]) == {"rng", "env"}
+    assert len(ckpt["ranks"]) == 2 and set(ckpt["ranks"][1]) == {"rng", "env", "reward_carry"}
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in ckpt["state"]["model"])
     assert ckpt["config"]["task"] == "CartPole-v1"
     res = run_cli(["eval", f"checkpoint={path}", "episodes=3", "device=cpu"], cwd=cwd)
@@ -70,8 +70,10 @@ def test_strip_prefixes_never_substrings():
 
 
 def test_resume_continues_to_the_same_parameters(tmp_path):
-    """Interrupted at step 1024 and resumed == never interrupted (same world_size)."""
-    common = ["world_size=2", "steps=2048", "checkpoint_freq=1024", "eval_episodes=0", *FAST[:-2]]
+    """Interrupted at step 1024 and resumed == never interrupted (same world_size), reward
+    scaling included (its statistics and each env's running return come back)."""
+    common = ["world_size=2", "steps=2048", "checkpoint_freq=1024", "eval_episodes=0", "norm_reward=true",
+              *FAST[:-2]]
     a = run_cli(["train", f"run_dir={tmp_path / 'a'}", *common], cwd=tmp_path)
     assert a.returncode == 0, a.stderr[-3000:]
     mid = tmp_path / "a" / "checkpoints" / "step_1024.pt"

@@ -114,6 +114,7 @@ class PPOConfig(CommonConfig):
     target_kl: Optional[float] = key("stop the epoch loop when the globally reduced KL exceeds this (null: off)")
     norm_adv: bool = key("normalise advantages with the mean/std of all ranks' rollouts")
     norm_obs: bool = key("normalise observations with running statistics reduced over ranks")
+    norm_reward: bool = key("divide rewards by the std of the discounted return (all ranks), clip to +-10")
     policy: str = key("mlp | cnn (cnn for image-like C x H x W observations)")
     hidden_sizes: list[int] = key("dense layer widths (of the MLPs; after the convs for cnn)")
     policy_width: int = key("CNN channels")

@@ -23,7 +23,7 @@ from ddprl.config import to_dict
 from ddprl.envs import env_seed, make_env
 from ddprl.evaluate import EVAL_SEED_OFFSET, Actor, evaluate
 from ddprl.metrics import MetricsLogger
-from ddprl.normalize import RunningMeanStd
+from ddprl.normalize import ReturnScaler, RunningMeanStd
 from ddprl.run import Checkpointer, open_run_dir
 from ddprl.system import system_metrics
 
@@ -118,10 +118,13 @@ def train(rt: Any, cfg: Any) -> None:
 
     agent = build_agent(cfg, env)
     obs_rms = RunningMeanStd(tuple(env.single_observation_space.shape)).to(rt.device)
+    return_scaler = ReturnScaler(local_num_envs, cfg.gamma).to(rt.device)
     global_step, start_iteration = 0, 0
     if ckpt is not None:
         agent.load_state_dict(ckpt["state"]["model"])
         obs_rms.load_state_dict(ckpt["state"]["obs_rms"])
+        if "reward_stats" in ckpt["state"]:  # written since norm_reward exists
+            return_scaler.stats.load_state_dict(ckpt["state"]["reward_stats"])
         global_step, start_iteration = ckpt["step"], ckpt["iteration"]
     model = rt.wrap(agent, compile=cfg.compile)
     policy = rt.unwrap(model)  # acting needs no gradient sync: skip the DDP forward
@@ -139,6 +142,8 @@ def train(rt: Any, cfg: Any) -> None:
             set_rng_state(rank_state["rng"])
             if rank_state["env"] is not None:
                 obs = env.load_state_dict(rank_state["env"])
+            if "reward_carry" in rank_state:
+                return_scaler.carry.copy_(rank_state["reward_carry"])
         else:
             log.warning("resuming %d-rank checkpoint on %d ranks: environments restart with new seeds",
                         ckpt["world_size"], rt.world_size)
@@ -152,9 +157,11 @@ def train(rt: Any, cfg: Any) -> None:
         payload = {
             "algo": "ppo", "task": cfg.task, "step": step, "iteration": iteration, "config": to_dict(cfg),
             "state": {"model": strip_prefixes(policy.state_dict()), "optimizer": optimizer.state_dict(),
-                      "scaler": scaler.state_dict(), "obs_rms": obs_rms.state_dict()},
+                      "scaler": scaler.state_dict(), "obs_rms": obs_rms.state_dict(),
+                      "reward_stats": return_scaler.stats.state_dict()},
         }
-        checkpointer.save(rt, step, payload, {"rng": rng_state(), "env": env.state_dict()})
+        checkpointer.save(rt, step, payload, {"rng": rng_state(), "env": env.state_dict(),
+                                              "reward_carry": return_scaler.carry.cpu()})
 
     def run_eval(step: int) -> dict[str, float]:
         # Sampled eval actions come from a generator of their own: the training RNG is untouched.
@@ -210,6 +217,11 @@ def train(rt: Any, cfg: Any) -> None:
             with autocast:
                 next_values = policy.value(normalize(obs)).float()
         rollout = buffer.data
+        if cfg.norm_reward:
+            # Statistics first (this rollout's returns from all ranks), then the scaling: GAE and
+            # the value function work in units of the return's std, the same on every rank.
+            return_scaler.update(rollout.rewards, rollout.terminated | rollout.truncated, reduce_sum=rt.all_reduce_sum)
+            rollout = rollout._replace(rewards=return_scaler.scale(rollout.rewards))
         advantages, returns = compute_gae(rollout, next_values, cfg.gamma, cfg.gae_lambda)
         if cfg.norm_adv:
             # Normalised with the global mean/std (over all ranks' rollouts), so DDP on N half
