@@ -68,7 +68,7 @@ class ReturnScaler(nn.Module):
 
     def __init__(self, num_envs: int, gamma: float, clip: float = 10.0, eps: float = 1e-8):
         super().__init__()
-        self.stats = RunningMeanStd((), clip=clip, eps=eps)
+        self.stats = RunningMeanStd(())  # only its variance is used: scale() divides and clips
         self.register_buffer("carry", torch.zeros(num_envs))
         self.gamma, self.clip, self.eps = gamma, clip, eps
 
