@@ -29,7 +29,7 @@ SHARED = dict(n_steps=256, batch_size=256, epochs=10, lr=3e-4, gamma=0.99, gae_l
 
 
 def run_ddprl(world_size: int, steps: int, seed: int) -> dict[str, float]:
-    from ddprl.algos.ppo import train
+    from ddprl.algos.ppo.loop import train
 
     with tempfile.TemporaryDirectory() as tmp:
         overrides = [f"world_size={world_size}", "num_envs=8", f"steps={steps}", f"seed={seed}",

@@ -67,7 +67,7 @@ def end_to_end(task: str, num_envs: int, device: str, precision: str, compile_: 
                            f"precision={precision}", f"compile={str(compile_).lower()}", "progress=false",
                            f"steps={num_envs * n_steps * (iterations + 1)}", "eval_episodes=0", "checkpoint_freq=0",
                            "eval_freq=0", f"run_dir={tmp}/run", "policy=cnn", *policy])
-        from ddprl.algos.ppo import train
+        from ddprl.algos.ppo.loop import train
 
         launch(train, cfg)
         records = read_metrics(f"{tmp}/run")[1:]  # the first iteration pays for warm-up/compilation

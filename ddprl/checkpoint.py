@@ -1,13 +1,16 @@
 """Checkpoints: plain state dicts, written atomically by rank 0, loaded with ``weights_only=True``.
 
-Layout of a checkpoint file (DESIGN.md invariant 8)::
+Layout of a checkpoint file (DESIGN.md invariant 8), the same for every algorithm::
 
-    {"format_version": 1, "algo": str, "task": str, "step": int, "config": {...},
-     "world_size": int, "state": {"model": state_dict, "optimizer": state_dict, ...},
-     "ranks": [ {rank 0's RNG and env state}, {rank 1's}, ... ]}
+    {"format_version": 2, "algo": str, "step": int, "world_size": int, "config": {...},
+     "counters": {"iteration": ..., ...},                 # the loop's own counters
+     "state": {"model": state_dict, "optimizer": state_dict, ...},   # shared by all ranks
+     "ranks": [{"rng": ..., "env": ..., ...}, ...],      # each rank's own state, in rank order
+     "best": {"score": float, "step": int} | None}        # the best eval so far (best.pt)
 
-Saving is collective (every rank calls it: each hands in its own RNG/env state); the runtime
-decides who writes. A checkpoint from N ranks loads in one CPU process.
+Saving is collective (every rank calls it: each hands in its own state); rank 0 writes. A
+checkpoint from N ranks loads in one CPU process. Another format version is refused with a
+message naming both versions.
 """
 
 from __future__ import annotations
@@ -22,7 +25,11 @@ import torch
 
 from ddprl.errors import UsageError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+
+# The last checkpoint read in this process: the launcher's checks, the config and the training
+# loop all ask for the same file, and a checkpoint can be GBs: it is read once per process.
+_cached: tuple[tuple[str, int, int], dict[str, Any]] | None = None
 
 
 def strip_prefixes(state_dict: dict[str, Any]) -> dict[str, Any]:
@@ -80,7 +87,7 @@ def _to_cpu(obj: Any) -> Any:
 def save_checkpoint(rt: Any, path: Path, payload: dict[str, Any], rank_state: dict[str, Any]) -> None:
     """Collective: gather every rank's ``rank_state``; rank 0 writes ``payload`` + them atomically.
 
-    ``payload`` holds the global state (identical on every rank): plain state dicts, counters,
+    ``payload`` holds the shared state (identical on every rank): plain state dicts, counters,
     the config. Written to ``<path>.tmp`` then renamed, so a crash never leaves half a file.
     """
     ranks = rt.all_gather_object(_to_cpu(rank_state))
@@ -100,18 +107,37 @@ def save_atomically(data: dict[str, Any], path: str | Path) -> None:
 
 
 def load_checkpoint(path: str | Path, expect_algo: str | None = None) -> dict[str, Any]:
-    """Load and check a checkpoint; bad files raise a UsageError that says what is wrong."""
+    """Load and check a checkpoint; bad files raise a UsageError that says what is wrong.
+
+    The file is read once per process (until :func:`forget_checkpoint`): asking again for an
+    unchanged file returns the same dict, so treat it as read-only.
+    """
+    global _cached
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"checkpoint {path} does not exist")
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # truncated, corrupt, or not a torch file at all
-        raise UsageError(f"checkpoint {path} cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
-    if not isinstance(data, dict) or "format_version" not in data:
-        raise UsageError(f"{path} is not a ddprl checkpoint (no format_version)")
-    if data["format_version"] > FORMAT_VERSION:
-        raise UsageError(f"{path} has format_version {data['format_version']}; this ddprl reads up to {FORMAT_VERSION}")
+    stat = path.stat()
+    cache_key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    if _cached is not None and _cached[0] == cache_key:
+        data = _cached[1]
+    else:
+        try:
+            data = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # truncated, corrupt, or not a torch file at all
+            raise UsageError(f"checkpoint {path} cannot be read "
+                             f"({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+        if not isinstance(data, dict) or "format_version" not in data:
+            raise UsageError(f"{path} is not a ddprl checkpoint (no format_version)")
+        _cached = (cache_key, data)
+    if data["format_version"] != FORMAT_VERSION:
+        raise UsageError(f"{path} has checkpoint format_version {data['format_version']}; this ddprl reads "
+                         f"format_version {FORMAT_VERSION} (use the ddprl version that wrote it)")
     if expect_algo is not None and data.get("algo") != expect_algo:
         raise UsageError(f"checkpoint {path} was written by algo={data.get('algo')}, not algo={expect_algo}")
     return data
+
+
+def forget_checkpoint() -> None:
+    """Drop the checkpoint kept in memory by :func:`load_checkpoint` (once its state is in use)."""
+    global _cached
+    _cached = None

@@ -3,8 +3,11 @@
     ddprl train [--config-name NAME] [key=value ...]
     ddprl eval checkpoint=PATH [episodes=10] [device=cpu] [seed=N]
     ddprl play checkpoint=PATH [fps=10] [episodes=1] [video=out.gif] [device=cpu] [seed=N]
-    ddprl doctor [world_size=2] [device=auto] [backend=auto]
-    ddprl keys [algo=ppo]
+    ddprl doctor [world_size=auto] [device=auto] [backend=auto]
+    ddprl plot RUN_DIR [RUN_DIR ...] [out=curves.png] [keys=a,b] [x=step|wall_time]
+    ddprl keys [algo=NAME]
+
+Algorithms come from ``ddprl.registry``: nothing here knows one by name.
 
 Exit codes: 0 done; 2 bad input (one line ``ddprl: error: ...``); 1 failure at run time.
 """
@@ -14,22 +17,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import importlib
 import os
 import sys
 from typing import Any, Callable
 
+from ddprl import registry
 from ddprl.errors import UsageError
-
-ALGOS = {"ppo": "ddprl.algos.ppo", "tdmpc2": "ddprl.algos.tdmpc2"}
 
 # Settings of the interrupted job that must not carry over into a resumed one.
 NOT_RESUMED = ("master_port", "master_addr", "node_rank", "resume", "run_dir")
-
-
-def algo_module(name: str):
-    """The module of an algorithm: ``train(rt, cfg)`` and ``load_actor(cfg, state, device)``."""
-    return importlib.import_module(ALGOS[name])
 
 
 def _key_values(args: list[str], allowed: dict[str, Callable[[str], Any]], command: str) -> dict[str, Any]:
@@ -68,32 +64,33 @@ def _launcher_overrides(overrides: list[str]) -> list[str]:
 
 def prepare_train(overrides: list[str], config_name: str | None):
     """Resolve and check everything a training job needs before any process starts."""
+    from ddprl.checkpoint import load_checkpoint
     from ddprl.config import load_config
-    from ddprl.envs import check_task
     from ddprl.run import resolve_resume, run_dir_of_checkpoint
+    from ddprl.runtime import resolve_world_size
 
     overrides = _launcher_overrides(overrides)
     cfg = load_config(overrides, config_name)
+    algorithm = registry.get(cfg.algo)
     ckpt_path = resolve_resume(cfg.resume, cfg.run_dir, cfg.algo)
     if ckpt_path is not None:
-        from ddprl.checkpoint import load_checkpoint
-
         saved = load_checkpoint(ckpt_path, expect_algo=cfg.algo)["config"]
         resumed = {k: v for k, v in saved.items() if k not in NOT_RESUMED}
         cfg = load_config(overrides, config_name, resumed=resumed)
-        if cfg.task != saved["task"]:
+        if getattr(cfg, "task", None) != saved.get("task"):
             raise UsageError(f"resume: checkpoint {ckpt_path} is for task={saved['task']}, not task={cfg.task}")
-        for key in getattr(algo_module(cfg.algo), "ARCHITECTURE_KEYS", ()):
+        for key in algorithm.architecture_keys:
             if getattr(cfg, key) != saved.get(key):
                 raise UsageError(f"resume: {key}={getattr(cfg, key)!r} differs from the checkpoint's {saved.get(key)!r}")
         run_dir = cfg.run_dir or str(run_dir_of_checkpoint(ckpt_path))
         cfg = dataclasses.replace(cfg, resume=str(ckpt_path), run_dir=run_dir)
     elif cfg.resume:  # resume=auto with nothing to resume yet
         cfg = dataclasses.replace(cfg, resume="")
-    check_task(cfg.task)
-    if cfg.autoscale and ckpt_path is None:
-        cfg = _autoscale(cfg, overrides, config_name)
-    cfg.check_sizes()
+    cfg = cfg.resolved(resolve_world_size(cfg.world_size, cfg.device, cfg.nnodes))
+    prepare = algorithm.prepare_fn()
+    if prepare is not None:
+        cfg = prepare(cfg, overrides, config_name, ckpt_path is not None)
+    cfg.check()
     if cfg.enable_wandb:
         try:
             import wandb  # noqa: F401
@@ -102,36 +99,14 @@ def prepare_train(overrides: list[str], config_name: str | None):
     return cfg
 
 
-def _autoscale(cfg: Any, overrides: list[str], config_name: str | None):
-    """Re-resolve the config with autoscaled sizes beneath the user's own ``key=value``s."""
-    from ddprl.config import load_config
-    from ddprl.envs import make_env
-    from ddprl.runtime import detect_launcher
-    from ddprl.system import autoscale_ppo
-
-    if cfg.algo != "ppo":
-        raise UsageError(f"autoscale=true is implemented for algo=ppo, not algo={cfg.algo}")
-    probe = make_env(cfg.task, 1, seed=0, device="cpu", **cfg.env_kwargs)
-    obs_shape = tuple(probe.single_observation_space.shape)
-    probe.close()
-    if detect_launcher() == "spawn":
-        local_world_size = cfg.world_size // cfg.nnodes
-    else:
-        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
-    user_keys = {o.split("=", 1)[0].lstrip("+") for o in overrides}
-    fixed = {k: getattr(cfg, k) for k in ("num_envs", "n_steps", "batch_size") if k in user_keys}
-    chosen = autoscale_ppo(cfg, obs_shape, cfg.world_size, local_world_size, fixed=fixed)
-    auto = {k: v for k, v in chosen.items() if k not in user_keys}  # what the user set wins
-    if os.environ.get("RANK", "0") == "0":
-        print("ddprl: autoscale set " + " ".join(f"{k}={v}" for k, v in auto.items()), file=sys.stderr, flush=True)
-    return load_config([f"{k}={v}" for k, v in auto.items()] + overrides, config_name)
-
-
 def cmd_train(args: argparse.Namespace) -> int:
-    from ddprl.runtime import launch
+    from ddprl.checkpoint import forget_checkpoint
+    from ddprl.runtime import launch, runs_in_this_process
 
     cfg = prepare_train(args.overrides, args.config_name)
-    launch(algo_module(cfg.algo).train, cfg)
+    if not runs_in_this_process(cfg):
+        forget_checkpoint()  # the ranks read it themselves; don't hold it here meanwhile
+    launch(registry.get(cfg.algo).train_fn(), cfg)
     return 0
 
 
@@ -147,12 +122,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if kv.get("episodes", 10) < 1:
         raise UsageError("eval: episodes must be >= 1")
     ckpt = load_checkpoint(kv["checkpoint"])
-    if ckpt.get("algo") not in ALGOS:
-        raise UsageError(f"eval: checkpoint algo {ckpt.get('algo')!r} is unknown to this ddprl")
+    registry.get(ckpt.get("algo"))  # a UsageError naming the known algorithms
     saved = {k: v for k, v in ckpt["config"].items() if k not in NOT_RESUMED}
     # One process: a checkpoint from any number of ranks evaluates here.
     extra = ["world_size=1", "progress=false",
              f"device={kv.get('device', 'auto')}", f"eval_episodes={kv.get('episodes', 10)}"]
+    if "eval_episodes" not in {f.name for f in dataclasses.fields(registry.get(ckpt["algo"]).config)}:
+        raise UsageError(f"eval: algo={ckpt['algo']} has no evaluation episodes")
     if "seed" in kv:
         extra.append(f"seed={kv['seed']}")
     extra += _deterministic_override(kv, ckpt, "eval")
@@ -164,7 +140,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _eval_rank(rt: Any, cfg: Any, ckpt: dict[str, Any], video: str | None) -> None:
     from ddprl.evaluate import evaluate
 
-    actor = algo_module(cfg.algo).load_actor(cfg, ckpt["state"], rt.device)
+    actor = registry.get(cfg.algo).actor_loader()(cfg, ckpt["state"], rt.device)
     result = evaluate(rt, actor.make_env, actor.act, cfg.eval_episodes, cfg.seed, actor.extra_keys)
     if video:
         from ddprl.video import record_video
@@ -198,7 +174,7 @@ def cmd_play(args: argparse.Namespace) -> int:
                       + _deterministic_override(kv, ckpt, "play"), resumed=saved)
     seed = kv.get("seed", cfg.seed)
     # One process, one device: a checkpoint from N ranks plays here.
-    actor = algo_module(cfg.algo).load_actor(cfg, ckpt["state"], torch.device(device))
+    actor = registry.get(cfg.algo).actor_loader()(cfg, ckpt["state"], torch.device(device))
     if "video" in kv:
         from ddprl.video import record_video
 
@@ -224,8 +200,10 @@ def _deterministic_override(kv: dict[str, Any], ckpt: dict[str, Any], command: s
     """``deterministic=BOOL`` on eval/play: most likely vs sampled actions (algorithms that have both)."""
     if "deterministic" not in kv:
         return []
-    if ckpt["algo"] != "ppo":
-        raise UsageError(f"{command}: deterministic= applies to ppo checkpoints; {ckpt['algo']} evaluates without exploration noise")
+    algorithm = registry.get(ckpt["algo"])
+    if "eval_deterministic" not in {f.name for f in dataclasses.fields(algorithm.config)}:
+        raise UsageError(f"{command}: deterministic= applies to algorithms with sampled and most likely actions; "
+                         f"{ckpt['algo']} evaluates without exploration noise")
     return [f"eval_deterministic={str(kv['deterministic']).lower()}"]
 
 
@@ -241,12 +219,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from ddprl.doctor import doctor, describe_machine
     from ddprl.runtime import launch
 
-    kv = _key_values(args.overrides, {"world_size": int, "device": str, "backend": str, "master_port": str,
+    kv = _key_values(args.overrides, {"world_size": str, "device": str, "backend": str, "master_port": str,
                                       "size_mb": float, "dist_timeout": float}, "doctor")
-    world_size = kv.pop("world_size", 2)
+    from ddprl.runtime import resolve_world_size
+
     size_mb = kv.pop("size_mb", 64.0)
-    overrides = [f"world_size={world_size}", f"num_envs={world_size}"] + [f"{k}={v}" for k, v in kv.items()]
-    cfg = load_config(_launcher_overrides(overrides))
+    cfg = load_config(_launcher_overrides([f"{k}={v}" for k, v in kv.items()]))
+    cfg = cfg.resolved(resolve_world_size(cfg.world_size, cfg.device, cfg.nnodes))
     print(describe_machine(cfg), flush=True)
     launch(functools.partial(doctor, size_mb=size_mb), cfg)
     return 0
@@ -254,14 +233,26 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def cmd_keys(args: argparse.Namespace) -> int:
     from ddprl.config import describe
-    from ddprl.config.schema import SCHEMAS
 
     kv = _key_values(args.overrides, {"algo": str}, "keys")
-    algo = kv.get("algo", "ppo")
-    if algo not in SCHEMAS:
-        raise UsageError(f"keys: unknown algo {algo!r}; choose from {', '.join(SCHEMAS)}")
-    for name, typ, help_ in describe(SCHEMAS[algo]):
+    if "algo" not in kv:
+        print("algorithms (ddprl keys algo=NAME lists the keys of one):")
+        for name in registry.names():
+            algorithm = registry.get(name)
+            print(f"  {name:12s} {algorithm.engine:6s} {algorithm.description}")
+        kv["algo"] = registry.DEFAULT_ALGO
+        print(f"\nkeys of algo={kv['algo']}:")
+    algorithm = registry.get(kv["algo"])
+    for name, typ, help_ in describe(algorithm.config):
         print(f"{name:18s} {typ:22s} {help_}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from ddprl.plot import parse_plot_args, plot_runs
+
+    run_dirs, options = parse_plot_args(args.overrides)
+    print(f"wrote {plot_runs(run_dirs, **options)}", flush=True)
     return 0
 
 
@@ -282,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, fn, help_ in [("eval", cmd_eval, "evaluate a checkpoint in one process"),
                             ("play", cmd_play, "watch an agent in the terminal or write a video (one process)"),
                             ("doctor", cmd_doctor, "check devices, backend, all_reduce and bandwidth"),
+                            ("plot", cmd_plot, "learning curves of run directories to a PNG"),
                             ("keys", cmd_keys, "list config keys with their help")]:
         p = sub.add_parser(name, help=help_)
         p.add_argument("overrides", nargs="*")

@@ -13,8 +13,6 @@ import torch
 
 from ddprl.envs.base import VecEnv
 
-EVAL_SEED_OFFSET = 1_000_000  # eval envs never replay a training env's seed
-
 
 class Actor(NamedTuple):
     """What ``ddprl eval``/``play`` need from a trained agent, whatever its algorithm."""
@@ -83,7 +81,7 @@ def evaluate(rt: Any, make_eval_env: Callable[[int, int], VecEnv], act: Callable
     local = split_episodes(episodes, rt.world_size, rt.rank)
     records: list[dict[str, float]] = []
     if local > 0:
-        rank_seed = seed + EVAL_SEED_OFFSET + rt.rank * 10_000
+        rank_seed = rt.seeds(seed).eval_env()  # never a training env's seed
         env = make_eval_env(min(local, 8), rank_seed)
         try:
             records = run_episodes(env, act, local, rank_seed, extra_keys)

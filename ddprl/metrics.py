@@ -25,7 +25,8 @@ class MetricsLogger:
     >>> logger.log(step=4096, metrics={"train/loss": 0.3, "time/global_fps": 9000.0})      # doctest: +SKIP
     """
 
-    def __init__(self, run_dir: Path, cfg: Any, is_main: bool, total_steps: int, start_step: int = 0):
+    def __init__(self, run_dir: Path, cfg: Any, is_main: bool, total_steps: int, start_step: int = 0,
+                 resumed: bool = False):
         self.is_main = is_main
         self.run_dir = Path(run_dir)
         self.start_time = time.time()
@@ -35,17 +36,20 @@ class MetricsLogger:
         self._last_eval: float | None = None
         if not is_main:
             return
+        if resumed:
+            _drop_rows_after(self.run_dir / "metrics.jsonl", start_step)
         self._jsonl = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
         from torch.utils.tensorboard import SummaryWriter
 
-        self._tb = SummaryWriter(log_dir=str(self.run_dir / "tb"))
+        # purge_step: TensorBoard hides the earlier events at steps >= it (the abandoned future).
+        self._tb = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=start_step + 1 if resumed else None)
         if cfg.enable_wandb:
             self._wandb = _start_wandb(cfg, self.run_dir)
         if cfg.progress:
             from tqdm import tqdm
 
             self._bar = tqdm(total=total_steps, initial=start_step, unit="step", unit_scale=True,
-                             dynamic_ncols=True, desc=f"{cfg.algo} {cfg.task}")
+                             dynamic_ncols=True, desc=cfg.run_name())
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         """Record ``metrics`` at global step ``step`` (every rank calls; rank 0 writes)."""
@@ -105,6 +109,22 @@ def _start_wandb(cfg: Any, run_dir: Path):
         # the same name elsewhere never collide.
         id=f"{run_dir.name}-{hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:8]}",
     )
+
+
+def _drop_rows_after(path: Path, step: int) -> None:
+    """Keep the rows of ``path`` up to global ``step`` (atomically rewritten; no file: nothing to do)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line + "\n")
+        except (ValueError, KeyError, TypeError):  # a line cut short by a killed job
+            continue
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -1,6 +1,17 @@
-"""The run directory (DESIGN.md "Run directory") and the checkpoints inside it.
+"""One training job on every rank: resume state, seeds, run directory, metrics and checkpoints.
 
-    <run_dir>/config.yaml  metrics.jsonl  tb/  checkpoints/step_<N>.pt  checkpoints/latest.pt
+    <run_dir>/config.yaml  metrics.jsonl  tb/  checkpoints/step_<N>.pt  latest.pt  best.pt
+
+Every algorithm's loop uses :class:`Run` the same way, so saving and resuming are written once:
+
+    run = Run(rt, cfg)                         # reads the checkpoint being resumed (once), seeds torch
+    env = make_env(..., seed=run.env_seed)     # resumed: seeds derived from the resume step
+    if run.resumed: model.load_state_dict(run.state["model"])
+    own = run.restore_rank_state()             # this rank's saved state (RNG restored), or None
+    run.open(total_steps)                      # collective: directory, config.yaml, metrics, TensorBoard
+    run.log(step, metrics)                     # every rank calls; rank 0 writes
+    run.save(step, state={...}, counters={...}, own={"env": ...}, score=eval_return)   # collective
+    run.close()
 
 Rank 0 names and creates the directory and broadcasts its path: one directory per job.
 """
@@ -10,24 +21,31 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
-from ddprl.checkpoint import load_checkpoint, save_checkpoint
-from ddprl.config import save_yaml
+import numpy as np
+import torch
+
+from ddprl.checkpoint import forget_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from ddprl.config import save_yaml, to_dict
 from ddprl.errors import UsageError
+from ddprl.metrics import MetricsLogger
 
 log = logging.getLogger("ddprl")
+
+STEP_FILE = re.compile(r"step_(\d+)\.pt")
 
 
 def default_run_dir(cfg: Any) -> Path:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    task = cfg.task.replace("/", "_")
-    path = Path("runs") / f"{cfg.algo}-{task}-{stamp}"
+    path = Path("runs") / f"{cfg.run_name()}-{stamp}"
     suffix = 1
     while path.exists():  # two jobs started in the same second
-        path = Path("runs") / f"{cfg.algo}-{task}-{stamp}-{suffix}"
+        path = Path("runs") / f"{cfg.run_name()}-{stamp}-{suffix}"
         suffix += 1
     return path
 
@@ -70,21 +88,154 @@ def run_dir_of_checkpoint(path: Path) -> Path:
     return path.parent.parent if path.parent.name == "checkpoints" else path.parent
 
 
+def seed_generators(seed: int) -> None:
+    """Seed this process's global generators (torch, numpy, random) with one seed."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+def _link(src: Path, dst: Path) -> None:
+    """Atomically make ``dst`` a hard link to ``src`` (a copy where links are impossible)."""
+    tmp = dst.with_name(dst.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)  # same bytes, no second write; survives src being pruned
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
 class Checkpointer:
-    """Writes ``checkpoints/step_<N>.pt`` and points ``latest.pt`` at it (collective ``save``)."""
+    """Writes ``checkpoints/step_<N>.pt``, points ``latest.pt`` (and ``best.pt``) at it, prunes old ones."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, keep_last: int = 0):
         self.dir = Path(run_dir) / "checkpoints"
+        self.keep_last = keep_last
 
-    def save(self, rt: Any, step: int, payload: dict[str, Any], rank_state: dict[str, Any]) -> Path:
+    def step_files(self) -> list[tuple[int, Path]]:
+        """``(N, step_<N>.pt)`` of the directory, oldest first."""
+        found = [(int(m.group(1)), p) for p in self.dir.glob("step_*.pt") if (m := STEP_FILE.fullmatch(p.name))]
+        return sorted(found)
+
+    def save(self, rt: Any, step: int, payload: dict[str, Any], rank_state: dict[str, Any],
+             is_best: bool = False) -> Path:
+        """Collective: every rank hands in its own state; rank 0 writes, links and prunes."""
         path = self.dir / f"step_{step}.pt"
         save_checkpoint(rt, path, payload, rank_state)
         if rt.is_main:
-            tmp = self.dir / "latest.pt.tmp"
-            tmp.unlink(missing_ok=True)
-            try:
-                os.link(path, tmp)  # same bytes, no second write
-            except OSError:
-                shutil.copyfile(path, tmp)
-            os.replace(tmp, self.dir / "latest.pt")
+            _link(path, self.dir / "latest.pt")
+            if is_best:
+                _link(path, self.dir / "best.pt")
+            if self.keep_last > 0:
+                for _, old in self.step_files()[:-self.keep_last]:
+                    old.unlink(missing_ok=True)  # latest.pt and best.pt are links of their own
         return path
+
+    def drop_after(self, step: int) -> list[Path]:
+        """Remove step checkpoints past ``step`` (a resumed run abandons that future)."""
+        dropped = [p for n, p in self.step_files() if n > step]
+        for p in dropped:
+            p.unlink()
+        return dropped
+
+
+class Run:
+    """The job-level state every algorithm shares; see the module docstring for the calls.
+
+    ``score_mode``: "max" (eval return) or "min" (a loss) decides which ``score`` is best.
+    """
+
+    def __init__(self, rt: Any, cfg: Any, score_mode: str = "max"):
+        self.rt, self.cfg, self.score_mode = rt, cfg, score_mode
+        self.checkpoint = load_checkpoint(cfg.resume, expect_algo=cfg.algo) if cfg.resume else None
+        forget_checkpoint()  # this Run holds it now; nothing else in the process needs the file again
+        self.step = int(self.checkpoint["step"]) if self.checkpoint else 0
+        self.seeds = rt.seeds(cfg.seed)
+        self.best: dict[str, Any] | None = self.checkpoint.get("best") if self.checkpoint else None
+        self.dir: Path | None = None
+        # Per-rank randomness (action sampling, minibatch order, init on rank 0 before the
+        # broadcast). A resumed run starts from a stream of its resume step, never step 0's.
+        seed_generators(self.seeds.torch(self.step))
+
+    @property
+    def resumed(self) -> bool:
+        return self.checkpoint is not None
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The shared state saved by the interrupted run (weights, optimizers, statistics)."""
+        return self.checkpoint["state"]
+
+    @property
+    def counters(self) -> dict[str, Any]:
+        """The loop's own counters saved with the checkpoint."""
+        return self.checkpoint["counters"]
+
+    @property
+    def same_world(self) -> bool:
+        return self.resumed and self.checkpoint["world_size"] == self.rt.world_size
+
+    @property
+    def env_seed(self) -> int:
+        """First seed of this rank's training envs: the classic one fresh, a derived one when resumed."""
+        return self.seeds.env(self.step)
+
+    def restore_rank_state(self) -> dict[str, Any] | None:
+        """This rank's own saved state (its RNG restored), or None.
+
+        Call it where the interrupted run saved (after building the model: building draws from
+        the generators). With another world size no rank has a state of its own to continue:
+        the generators are reseeded from (seed, resume step, rank) and one line says so.
+        """
+        if not self.resumed:
+            return None
+        if self.same_world:
+            own = self.checkpoint["ranks"][self.rt.rank]
+            set_rng_state(own["rng"])
+            return own
+        reset = sorted(self.checkpoint["ranks"][0]) if self.checkpoint["ranks"] else []
+        log.warning("resuming a %d-rank checkpoint on %d rank(s): kept the shared state (%s); reset each "
+                    "rank's own state (%s), reseeded from (seed, step %d, rank)",
+                    self.checkpoint["world_size"], self.rt.world_size, ", ".join(sorted(self.state)),
+                    ", ".join(reset), self.step)
+        seed_generators(self.seeds.torch(self.step))
+        return None
+
+    def open(self, total_steps: int) -> Path:
+        """Collective: create the run directory, its config.yaml and the metrics sinks.
+
+        A resumed run drops what the interrupted one wrote past the checkpoint (metrics rows,
+        TensorBoard events, step checkpoints): its curves go on from the checkpoint, monotone.
+        """
+        self.dir = open_run_dir(self.rt, self.cfg)
+        self.checkpointer = Checkpointer(self.dir, self.cfg.keep_last)
+        if self.resumed and self.rt.is_main:
+            for p in self.checkpointer.drop_after(self.step):
+                log.info("dropped %s: past the resumed checkpoint's step %d", p.name, self.step)
+        self.logger = MetricsLogger(self.dir, self.cfg, self.rt.is_main, total_steps=total_steps,
+                                    start_step=self.step, resumed=self.resumed)
+        return self.dir
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Record global metrics at ``step`` and move the progress bar (every rank calls)."""
+        self.logger.log(step, metrics)
+        self.logger.progress(step, metrics.get("time/global_fps"))
+
+    def save(self, step: int, state: dict[str, Any], counters: dict[str, Any] | None = None,
+             own: dict[str, Any] | None = None, score: float | None = None) -> Path:
+        """Collective checkpoint: ``state`` shared (identical on all ranks), ``own`` this rank's.
+
+        ``score`` (a global eval metric, or None when there was no evaluation) makes this
+        checkpoint ``best.pt`` when it beats every earlier one.
+        """
+        is_best = score is not None and (self.best is None or (
+            score > self.best["score"] if self.score_mode == "max" else score < self.best["score"]))
+        if is_best:
+            self.best = {"score": float(score), "step": int(step)}
+        payload = {"algo": self.cfg.algo, "step": int(step), "config": to_dict(self.cfg),
+                   "counters": dict(counters or {}), "state": state, "best": self.best}
+        return self.checkpointer.save(self.rt, step, payload, {"rng": rng_state(), **(own or {})}, is_best)
+
+    def close(self) -> None:
+        self.logger.close()

@@ -70,23 +70,100 @@ def rms_update(rt, cfg, out: str) -> None:
     torch.save(rms.state_dict(), Path(out) / f"rank{rt.rank}.pt")
 
 
-def ppo_learn(rt, cfg, out: str, batch_path: str, steps: int = 1) -> None:
-    """Run PPO's update phase on this rank's share of a fixed batch; save the parameters."""
-    from ddprl.algos.ppo.loop import learn
+def make_agent():
+    """The ActorCritic every PPO test starts from (seeded: the same weights in every process)."""
     from ddprl.algos.ppo.networks import ActorCritic
     import gymnasium as gym
 
-    data = torch.load(batch_path)
-    n = data["obs"].shape[0] // rt.world_size
-    local = {k: v[rt.rank * n:(rt.rank + 1) * n] for k, v in data.items()}
     torch.manual_seed(0)
-    agent = ActorCritic(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), hidden_sizes=[16, 16])
+    return ActorCritic(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), hidden_sizes=[16, 16])
+
+
+class RecordingRuntime:
+    """``rt`` as ``learn`` sees it, recording every scalar ``all_reduce_mean`` as (local, global).
+
+    In ``learn`` the only scalar mean is the KL early-stop decision (one per epoch when
+    ``target_kl`` is set; its metrics are reduced as a dict), so this is the per-epoch KL of
+    this rank next to the KL averaged over ranks that decided.
+    """
+
+    def __init__(self, rt):
+        self._rt = rt
+        self.scalar_means: list[tuple[float, float]] = []
+
+    def __getattr__(self, name):
+        return getattr(self._rt, name)
+
+    def all_reduce_mean(self, value):
+        result = self._rt.all_reduce_mean(value)
+        if isinstance(value, (int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1):
+            self.scalar_means.append((float(value), float(result)))
+        return result
+
+
+def ppo_learn(rt, cfg, out: str, batch_path: str, steps: int = 1, per_rank: bool = False) -> None:
+    """Run PPO's update phase on this rank's share of a fixed batch; save the parameters.
+
+    ``per_rank``: the file holds a list of batches, one per rank, instead of one batch that is
+    split. Besides parameters and checksums the file records what ``learn`` returned, how many
+    optimizer steps this rank took, the pre-clip gradient norms ``clip_grad_norm_`` returned
+    and the (local, global) KLs of the early-stop decisions.
+    """
+    from ddprl.algos.ppo.loop import learn
+
+    data = torch.load(batch_path)
+    if per_rank:
+        local = data[rt.rank]
+    else:
+        n = data["obs"].shape[0] // rt.world_size
+        local = {k: v[rt.rank * n:(rt.rank + 1) * n] for k, v in data.items()}
+    agent = make_agent()
     model = rt.wrap(agent)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2, eps=1e-5, fused=True)
+    optimizer_steps = [0]
+    opt.register_step_post_hook(lambda *_: optimizer_steps.__setitem__(0, optimizer_steps[0] + 1))
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    torch.manual_seed(100 + rt.rank)
-    for _ in range(steps):
-        learn(rt, model, opt, scaler, local, cfg)
+    recorder = RecordingRuntime(rt)
+    grad_norms: list[float] = []
+    clip = torch.nn.utils.clip_grad_norm_
+
+    def recording_clip(*args, **kwargs):
+        norm = clip(*args, **kwargs)
+        grad_norms.append(float(norm))
+        return norm
+
+    # learn looks clip_grad_norm_ up at call time. With world_size=1 this runs in the test
+    # process itself: restore the original afterwards.
+    torch.nn.utils.clip_grad_norm_ = recording_clip
+    try:
+        torch.manual_seed(100 + rt.rank)
+        metrics = [learn(recorder, model, opt, scaler, local, cfg) for _ in range(steps)]
+    finally:
+        torch.nn.utils.clip_grad_norm_ = clip
     checksums = rt.all_gather_object(float(sum(p.detach().double().sum() for p in model.parameters())))
     torch.save({"params": {k: v.clone() for k, v in rt.unwrap(model).state_dict().items()},
-                "checksums": checksums}, Path(out) / f"rank{rt.rank}.pt")
+                "checksums": checksums, "metrics": metrics, "optimizer_steps": optimizer_steps[0],
+                "grad_norms": grad_norms, "kl_decisions": recorder.scalar_means}, Path(out) / f"rank{rt.rank}.pt")
+
+
+def wrap_with_old_ddp(rt, cfg, out: str) -> None:
+    """``rt.wrap`` against a DDP whose signature is torch 2.11's (no ``forward_sync_buffers``)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from ddprl.runtime import collectives, compat
+
+    seen = {}
+
+    class OldDDP(DistributedDataParallel):
+        def __init__(self, module, device_ids=None, broadcast_buffers=True, find_unused_parameters=False):
+            seen["kwargs"] = {"broadcast_buffers": broadcast_buffers}
+            super().__init__(module, device_ids=device_ids, broadcast_buffers=broadcast_buffers,
+                             find_unused_parameters=find_unused_parameters)
+
+    collectives.DDP, compat.DistributedDataParallel = OldDDP, OldDDP
+    compat.ddp_accepts.cache_clear()
+    net = torch.nn.BatchNorm1d(3)
+    net.running_mean.fill_(float(rt.rank))  # a different buffer on each rank: wrap must make them agree
+    wrapped = rt.wrap(net)
+    torch.save({"kwargs": seen["kwargs"], "buffer": rt.unwrap(wrapped).running_mean.clone()},
+               Path(out) / f"rank{rt.rank}.pt")

@@ -30,13 +30,21 @@ def batch_path(tmp_path_factory):
     return str(path)
 
 
-def run_learn(tmp_path, batch_path, world_size, batch_size, sync_freq=1, epochs=1, steps=1):
+def run_learn(tmp_path, batch_path, world_size, batch_size, sync_freq=1, epochs=1, steps=1,
+              max_grad_norm=0.0, target_kl=None, per_rank=False):
+    """``learn`` on ``world_size`` ranks; each rank's record of ``dist_fns.ppo_learn``.
+
+    ``per_rank``: ``batch_path`` holds one batch per rank instead of one batch to split.
+    """
     cfg = load_config([f"world_size={world_size}", f"num_envs={world_size * 2}", f"batch_size={batch_size}",
                        f"sync_freq={sync_freq}", f"epochs={epochs}", "n_steps=64", "dist_timeout=60",
-                       "max_grad_norm=0", "target_kl=null"])
-    out = tmp_path / f"w{world_size}-b{batch_size}-s{sync_freq}-e{epochs}-n{steps}"
+                       f"max_grad_norm={max_grad_norm}", f"target_kl={'null' if target_kl is None else target_kl}"])
+    name = f"w{world_size}-b{batch_size}-s{sync_freq}-e{epochs}-n{steps}"
+    name += (f"-g{max_grad_norm}" if max_grad_norm else "") + (f"-k{target_kl}" if target_kl is not None else "")
+    out = tmp_path / (name + ("-p" if per_rank else ""))
     out.mkdir()
-    launch(functools.partial(dist_fns.ppo_learn, out=str(out), batch_path=batch_path, steps=steps), cfg)
+    launch(functools.partial(dist_fns.ppo_learn, out=str(out), batch_path=batch_path, steps=steps,
+                             per_rank=per_rank), cfg)
     return [torch.load(out / f"rank{r}.pt") for r in range(world_size)]
 
 
@@ -69,3 +77,112 @@ def test_ranks_identical_after_many_updates(tmp_path, batch_path):
     ranks = run_learn(tmp_path, batch_path, world_size=2, batch_size=8, epochs=3, steps=3)
     assert ranks[0]["checksums"][0] == ranks[0]["checksums"][1]
     assert_same_params(ranks[0]["params"], ranks[1]["params"], atol=0)
+
+
+# -- KL early stop: decided on the KL averaged over ranks ------------------------------------------
+
+@pytest.fixture(scope="module")
+def split_kl_batches(tmp_path_factory):
+    """One batch per rank whose local approx KLs are far apart.
+
+    Rank 0's old log-probs are -5.0 where the fresh policy (2 actions, logits ~0) gives about
+    -0.69: ratio ~ e^4.3, approx KL ~ 68. Rank 1's are the fresh policy's own log-probs (same
+    init seed as in the ranks), so its KL starts at 0 and stays ~1e-3 in the first epoch. The
+    KL averaged over ranks is then ~34: between the two local values.
+    """
+    g = torch.Generator().manual_seed(11)
+    n = N // 2
+    with torch.random.fork_rng():
+        agent = dist_fns.make_agent()
+    batches = []
+    for rank in range(2):
+        obs, actions = torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g)
+        with torch.no_grad():
+            current = agent(obs, actions).log_prob
+        batches.append({
+            "obs": obs, "actions": actions,
+            "log_probs": torch.full((n,), -5.0) if rank == 0 else current.clone(),
+            "values": torch.randn(n, generator=g), "advantages": torch.randn(n, generator=g),
+            "returns": torch.randn(n, generator=g),
+        })
+    path = tmp_path_factory.mktemp("kl") / "batches.pt"
+    torch.save(batches, path)
+    return str(path)
+
+
+@pytest.mark.parametrize("target_kl, expected_epochs", [
+    (10.0, 1),  # global ~34 > 10: stop after epoch 1; rank 1's local ~1e-3 alone would go on
+    (50.0, 4),  # global ~34 < 50: all 4 epochs; rank 0's local ~68 alone would stop after 1
+], ids=["global-stops", "global-continues"])
+def test_target_kl_global_decision_no_deadlock(tmp_path, split_kl_batches, target_kl, expected_epochs):
+    """Ranks whose local KLs disagree about ``target_kl`` still run the same epochs, in step.
+
+    Were the decision taken on each rank's own KL (``if local_kl > target_kl: break``), one
+    rank would leave the epoch loop after epoch 1 and enter learn's final metrics all-reduce
+    while the other runs epoch 2, whose backward waits in DDP's gradient all-reduce: the
+    collectives no longer match, so the job fails (a gloo error, or a hang ended by
+    dist_timeout=60 -> RankFailed), or at best the ranks report different ``train/epochs``,
+    optimizer step counts and parameters. Checked against a copy of loop.py deciding on the
+    local KL (with and without still all-reducing it): both cases fail in ~4 s with RankFailed
+    "rank 0 exited with code -6" (gloo EnforceNotMet: "Received data size doesn't match
+    expected size. Is there a distributed collective mismatch in your code?").
+    """
+    epochs, batch_size = 4, 8
+    ranks = run_learn(tmp_path, split_kl_batches, world_size=2, batch_size=batch_size, epochs=epochs,
+                      target_kl=target_kl, per_rank=True)
+    (local0, global_kl), (local1, global_kl1) = ranks[0]["kl_decisions"][0], ranks[1]["kl_decisions"][0]
+    # the set-up really splits the ranks: their own KLs of epoch 1 lie on both sides of target_kl
+    assert local0 > target_kl > local1, (local0, local1, target_kl)
+    assert global_kl == global_kl1 == pytest.approx((local0 + local1) / 2)
+    # the epochs the global KL decides: stop at the first epoch whose global KL exceeds target_kl
+    globals_seen = [g for _, g in ranks[0]["kl_decisions"]]
+    predicted = next((e + 1 for e, g in enumerate(globals_seen) if g > target_kl), epochs)
+    assert predicted == expected_epochs
+    assert len(ranks[0]["kl_decisions"]) == len(ranks[1]["kl_decisions"]) == predicted
+    for r in ranks:
+        assert r["metrics"][0]["train/epochs"] == predicted
+        assert r["optimizer_steps"] == predicted * (N // 2 // batch_size)
+    assert ranks[0]["checksums"][0] == ranks[0]["checksums"][1]
+    assert_same_params(ranks[0]["params"], ranks[1]["params"], atol=0)
+
+
+# -- gradient clipping: the norm of the all-reduced gradient -----------------------------------------
+
+def test_grad_clipping_under_ddp_equals_one_process(tmp_path, batch_path):
+    """``max_grad_norm`` clips the global (all-reduced) gradient, as one process on the full batch does.
+
+    Three epochs of one full-batch step each (pre-clip norms ~0.37, 0.32, 0.29: every step
+    clipped, by a factor that differs from step to step, so Adam, nearly invariant to one
+    constant gradient scale, ends ~1e-2 away from the unclipped run; 1 epoch gives ~5e-3).
+    Without the clip in learn: no norms recorded and the parameters equal the unclipped run's.
+    """
+    from ddprl.algos.ppo.loss import ppo_loss
+
+    max_grad_norm, epochs = 0.05, 3
+    # independent of learn: the gradient norm of the first step, one process, full batch
+    cfg = load_config(["max_grad_norm=0", "target_kl=null"])
+    data = torch.load(batch_path)
+    with torch.random.fork_rng():
+        agent = dist_fns.make_agent()
+    terms = ppo_loss(agent(data["obs"], data["actions"]), data["log_probs"], data["values"], data["advantages"],
+                     data["returns"], cfg.clip_coef, cfg.clip_vloss, cfg.vf_coef, cfg.ent_coef)
+    terms["loss"].backward()
+    first_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in agent.parameters()])))
+    assert first_norm > 2 * max_grad_norm
+
+    single = run_learn(tmp_path, batch_path, world_size=1, batch_size=N, epochs=epochs, max_grad_norm=max_grad_norm)
+    ddp = run_learn(tmp_path, batch_path, world_size=2, batch_size=N // 2, epochs=epochs, max_grad_norm=max_grad_norm)
+    # every step was clipped, on the same (global) norm in both runs and on both ranks
+    assert len(single[0]["grad_norms"]) == epochs, "learn did not call torch.nn.utils.clip_grad_norm_ each step"
+    assert single[0]["grad_norms"][0] == pytest.approx(first_norm, rel=1e-5)
+    for r in ddp:
+        assert len(r["grad_norms"]) == epochs
+        assert r["grad_norms"] == pytest.approx(single[0]["grad_norms"], rel=1e-5)
+        assert min(r["grad_norms"]) > max_grad_norm
+    assert_same_params(single[0]["params"], ddp[0]["params"], atol=1e-6)
+    assert_same_params(ddp[0]["params"], ddp[1]["params"], atol=0)
+    # and the clip acted: without it the same run ends elsewhere
+    unclipped = run_learn(tmp_path, batch_path, world_size=1, batch_size=N, epochs=epochs)
+    assert unclipped[0]["grad_norms"] == []
+    diff = max((single[0]["params"][k] - unclipped[0]["params"][k]).abs().max() for k in single[0]["params"])
+    assert diff > 1e-3, diff

@@ -152,9 +152,10 @@ def test_exit_process_after_ddp_flushes_and_keeps_the_code(tmp_path):
     code = (
         "import logging, sys\n"
         "from ddprl import runtime\n"
+        "from ddprl.runtime import collectives\n"
         f"logging.basicConfig(filename={str(tmp_path / 'log.txt')!r}, level=logging.INFO)\n"
         "logging.getLogger('ddprl').info('logged line')\n"
-        "runtime._ddp_used = True\n"
+        "collectives._ddp_used = True\n"
         "print('unflushed text', end='')\n"
         "runtime.exit_process(3)\n"
         "print('never reached')\n"

@@ -22,7 +22,7 @@ from conftest import run_cli  # noqa: E402
 from ddprl.algos.tdmpc2.acting import (Acting, EpisodeRecorder, UnitBoxActions, episode_length_of,  # noqa: E402
                                        make_tdmpc2_env)
 from ddprl.algos.tdmpc2.buffer import TrajectoryBatch  # noqa: E402
-from ddprl.algos.tdmpc2.loop import (SHARED_SEED_OFFSET, UpdateNoise, build_learner, draw_noise,  # noqa: E402
+from ddprl.algos.tdmpc2.loop import (UpdateNoise, build_learner, draw_noise,  # noqa: E402
                                      load_actor, model_dims, update)
 from ddprl.algos.tdmpc2.loss import policy_loss, rho_weights, world_model_loss  # noqa: E402
 from ddprl.algos.tdmpc2.math import NUM_BINS, RunningScale, two_hot  # noqa: E402
@@ -244,7 +244,7 @@ def sync_after_updates(rt, cfg, out: str, updates: int) -> None:
     with torch.no_grad():  # Q heads that spread Q values (identical on every rank), so the scale leaves 1
         model.qs.weight2.normal_(generator=torch.Generator().manual_seed(0))
     model.make_target()
-    shared = torch.Generator().manual_seed(cfg.seed + SHARED_SEED_OFFSET)
+    shared = torch.Generator().manual_seed(rt.seeds(cfg.seed).shared())
     data = _batch_and_noise(seed=10 + rt.rank)  # each rank its own experience
     batch = TrajectoryBatch(data["obs"], data["action"], data["reward"] * 50, data["terminated"])
     local_ranges = []
@@ -288,7 +288,7 @@ def test_end_to_end_two_ranks_writes_the_run_directory(trained_run):
     run_dir, proc = trained_run
     assert f"run directory: {run_dir}" in proc.stdout
     assert (run_dir / "config.yaml").is_file() and any((run_dir / "tb").iterdir())
-    assert {p.name for p in (run_dir / "checkpoints").iterdir()} == {"step_200.pt", "step_300.pt", "latest.pt", "buffers"}
+    assert {p.name for p in (run_dir / "checkpoints").iterdir()} == {"step_200.pt", "step_300.pt", "latest.pt", "best.pt", "buffers"}
     assert {p.name for p in (run_dir / "checkpoints" / "buffers").iterdir()} == {"rank0.pt", "rank1.pt"}
     records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [100, 200, 300]
@@ -299,7 +299,7 @@ def test_end_to_end_two_ranks_writes_the_run_directory(trained_run):
     assert last["eval/episodes"] == 2 and last["eval/length_mean"] == 50
     assert all(math.isfinite(last[k]) for k in ("train/loss", "train/pi_loss", "train/value", "time/global_fps"))
     ckpt = load_checkpoint(run_dir / "checkpoints" / "latest.pt")
-    assert ckpt["world_size"] == 2 and ckpt["step"] == 300 and ckpt["updates"] == 150 and len(ckpt["ranks"]) == 2
+    assert ckpt["world_size"] == 2 and ckpt["step"] == 300 and ckpt["counters"]["updates"] == 150 and len(ckpt["ranks"]) == 2
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in ckpt["state"]["model"])
     assert any(k.startswith("target_qs.") for k in ckpt["state"]["model"])
 
@@ -311,7 +311,7 @@ def test_two_rank_checkpoint_evaluates_in_one_process(trained_run):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "episodes=3" in proc.stdout and "return_mean=" in proc.stdout
     refused = run_cli(["eval", f"checkpoint={run_dir / 'checkpoints' / 'latest.pt'}", "deterministic=false"])
-    assert refused.returncode == 2 and "applies to ppo checkpoints" in refused.stderr
+    assert refused.returncode == 2 and "evaluates without exploration noise" in refused.stderr
     ckpt = load_checkpoint(run_dir / "checkpoints" / "latest.pt")
     cfg = load_config(["world_size=1", "num_envs=1"], resumed={k: v for k, v in ckpt["config"].items()
                                                                 if k not in ("run_dir", "resume", "master_port")})
@@ -341,7 +341,7 @@ def test_resume_continues_the_run(trained_run, tmp_path):
     assert by_step[400]["train/updates"] == by_step[500]["train/updates"] == 150
     assert by_step[600]["train/updates"] == 150 + 50
     ckpt = load_checkpoint(resumed_dir / "checkpoints" / "latest.pt")
-    assert ckpt["step"] == 600 and ckpt["updates"] == 200
+    assert ckpt["step"] == 600 and ckpt["counters"]["updates"] == 200
     # an architecture change is refused before any process starts
     bad = run_cli(["train", *E2E, "steps=700", "resume=auto", f"run_dir={resumed_dir}", "mlp_dim=64"], timeout=120)
     assert bad.returncode == 2 and "mlp_dim" in bad.stderr
@@ -383,7 +383,7 @@ def test_two_rank_run_resumes_on_one_rank(trained_run, tmp_path):
     # two ranks' buffers cannot fill one: refilled (seed_steps=200 global steps, none left to update)
     assert "resumed at step 300 after 150 updates; refilling the replay buffers until step 500" in proc.stderr
     ckpt = load_checkpoint(resumed_dir / "checkpoints" / "latest.pt")
-    assert ckpt["world_size"] == 1 and ckpt["step"] == 400 and ckpt["updates"] == 150
+    assert ckpt["world_size"] == 1 and ckpt["step"] == 400 and ckpt["counters"]["updates"] == 150
 
 
 def test_buffer_state_dict_round_trip():

@@ -41,7 +41,8 @@ def test_one_run_directory_one_log_each(two_rank_run):
     assert res.stdout.strip().splitlines()[-1] == f"run directory: {run_dir}"
     assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints", "config.yaml", "metrics.jsonl", "tb"]
     assert len(list((run_dir / "tb").iterdir())) == 1  # one TensorBoard log, from rank 0 only
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["latest.pt", "step_1024.pt", "step_2048.pt"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == \
+        ["best.pt", "latest.pt", "step_1024.pt", "step_2048.pt"]
     records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [512, 1024, 1536, 2048]  # one line per iteration, not per rank
     assert all("time/global_fps" in r and r["train/effective_batch_size"] == 128 for r in records)
@@ -55,7 +56,7 @@ def test_checkpoint_is_plain_and_loads_in_one_process(two_rank_run):
     cwd, _ = two_rank_run
     path = only_dir(cwd / "runs") / "checkpoints" / "latest.pt"
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    assert ckpt["format_version"] == 1 and ckpt["world_size"] == 2 and ckpt["step"] == 2048
+    assert ckpt["format_version"] == 2 and ckpt["world_size"] == 2 and ckpt["step"] == 2048
     assert len(ckpt["ranks"]) == 2 and set(ckpt["ranks"][1]) == {"rng", "env", "reward_carry"}
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in ckpt["state"]["model"])
     assert ckpt["config"]["task"] == "CartPole-v1"
@@ -140,7 +141,7 @@ def test_doctor_and_keys():
     assert res.returncode == 0, res.stderr[-2000:]
     assert "all_reduce correctness: OK" in res.stdout and "backend chosen: gloo" in res.stdout
     keys = run_cli(["keys"])
-    assert keys.returncode == 0 and re.search(r"^num_envs\s+int\s+environments in the whole job", keys.stdout, re.M)
+    assert keys.returncode == 0 and re.search(r"^num_envs\s+Optional\[int\]\s+environments in the whole job", keys.stdout, re.M)
 
 
 def _bad(tmp_path, args, message):

@@ -2,10 +2,11 @@
 
 Resolution order (later wins)::
 
-    schema types  <-  base.yaml  <-  algo/<algo>.yaml  <-  task/<task>.yaml  <-  <config-name>.yaml  <-  CLI
+    schema defaults  <-  the algorithm's defaults  <-  task/<task>.yaml  <-  <config-name>.yaml  <-  CLI
 
-``algo=`` and ``task=`` select the group files; every other ``key=value`` sets a key of the
-schema. A task file may hold a section per algorithm (``ppo: {...}``) applied only to it.
+The schema is the algorithm's config class (``ddprl.registry``): the job keys every run has,
+the RL keys on top for RL algorithms, and the algorithm's own. ``algo=`` picks the algorithm
+and ``task=`` the task file; every other ``key=value`` sets a key of the schema. A task file may hold a section per algorithm (``ppo: {...}``) applied only to it.
 Unknown keys, bad types and out-of-range values raise :class:`~ddprl.errors.UsageError` with
 the key named and near matches suggested. The result is a frozen dataclass instance.
 
@@ -26,7 +27,9 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ddprl.config.schema import SCHEMAS, CommonConfig
+from ddprl.config.schema import JobConfig, RLConfig
+
+__all__ = ["load_config", "save_yaml", "to_dict", "describe", "JobConfig", "RLConfig"]
 from ddprl.errors import UsageError
 
 CONFIG_DIR = Path(str(resources.files("ddprl.config")))
@@ -67,7 +70,7 @@ def known_tasks() -> list[str]:
 
 
 def named_configs() -> list[str]:
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem != "base")
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 
 
 def _suggest(word: str, choices: Iterable[str]) -> str:
@@ -76,37 +79,37 @@ def _suggest(word: str, choices: Iterable[str]) -> str:
 
 
 def load_config(overrides: Iterable[str] = (), config_name: str | None = None,
-                resumed: dict[str, Any] | None = None) -> CommonConfig:
+                resumed: dict[str, Any] | None = None) -> JobConfig:
     """Resolve the configuration of a job; see the module docstring for the order.
 
     ``resumed`` is the config stored in a checkpoint being resumed: it comes after the YAML
     files and before the command line, so a resumed run keeps its settings unless overridden.
     """
+    from ddprl import registry
+
     cli = _parse_overrides(overrides)
     resumed = dict(resumed or {})
-    base = _read_yaml(CONFIG_DIR / "base.yaml")
     named: dict[str, Any] = {}
     if config_name:
         path = CONFIG_DIR / f"{config_name}.yaml"
-        if not path.exists() or config_name == "base":
+        if not path.exists():
             raise UsageError(f"unknown --config-name {config_name!r}{_suggest(config_name, named_configs())}; "
                              f"choose from {', '.join(named_configs()) or 'none'}")
         named = _read_yaml(path)
 
-    algo = str(cli.get("algo", resumed.get("algo", named.get("algo", base["algo"]))))
-    if algo not in SCHEMAS:
-        raise UsageError(f"unknown algo {algo!r}{_suggest(algo, SCHEMAS)}; choose from {', '.join(sorted(SCHEMAS))}")
-    task = str(cli.get("task", resumed.get("task", named.get("task", base["task"]))))
+    algorithm = registry.get(str(cli.get("algo", resumed.get("algo", named.get("algo", registry.DEFAULT_ALGO)))))
+    algo = algorithm.name
+    defaults = algorithm.default_values()
+    schema = algorithm.config
+    fields = [f.name for f in dataclasses.fields(schema)]
 
-    layers: list[tuple[str, dict[str, Any]]] = [("base.yaml", base)]
-    algo_file = CONFIG_DIR / "algo" / f"{algo}.yaml"
-    if algo_file.exists():
-        layers.append((f"algo/{algo}.yaml", _read_yaml(algo_file)))
+    layers: list[tuple[str, dict[str, Any]]] = [(f"algo={algo}'s defaults", defaults)]
+    task = cli.get("task", resumed.get("task", named.get("task", defaults.get("task"))))
     task_file = CONFIG_DIR / "task" / f"{task}.yaml"
-    if task_file.exists():
+    if "task" in fields and task is not None and task_file.exists():
         task_values = _read_yaml(task_file)
         per_algo = task_values.pop(algo, {}) or {}
-        task_values = {k: v for k, v in task_values.items() if k not in SCHEMAS}
+        task_values = {k: v for k, v in task_values.items() if k not in registry.names()}
         layers.append((f"task/{task}.yaml", {**task_values, **per_algo}))
     if named:
         layers.append((f"{config_name}.yaml", named))
@@ -114,9 +117,7 @@ def load_config(overrides: Iterable[str] = (), config_name: str | None = None,
         layers.append(("the checkpoint's config", resumed))
     layers.append(("command line", cli))
 
-    schema = SCHEMAS[algo]
     cfg = OmegaConf.structured(schema)
-    fields = [f.name for f in dataclasses.fields(schema)]
     for source, values in layers:
         for key, value in values.items():
             if key not in fields:
@@ -128,6 +129,7 @@ def load_config(overrides: Iterable[str] = (), config_name: str | None = None,
                 raise UsageError(f"{key}={value!r} ({source}): expected {expected}") from None
             except ValueError as e:
                 raise UsageError(f"{key}={value!r} ({source}): {e}") from None
+    OmegaConf.update(cfg, "algo", algo, merge=False)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise UsageError(f"no value for {', '.join(missing)} (algo={algo})")
@@ -158,6 +160,6 @@ def save_yaml(cfg: Any, path: Path) -> None:
         yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
 
 
-def describe(schema: type = CommonConfig) -> list[tuple[str, str, str]]:
+def describe(schema: type = JobConfig) -> list[tuple[str, str, str]]:
     """(key, type, help) for each field: the CLI's ``ddprl keys`` and the docs' tables."""
     return [(f.name, str(f.type), f.metadata.get("help", "")) for f in dataclasses.fields(schema)]

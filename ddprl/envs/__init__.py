@@ -8,7 +8,8 @@ from typing import Any
 import gymnasium as gym
 import torch
 
-from ddprl.envs.base import VecEnv, env_seed
+from ddprl.envs.base import VecEnv
+from ddprl.runtime.seeding import env_seed
 from ddprl.errors import UsageError
 
 __all__ = ["make_env", "check_task", "VecEnv", "env_seed"]

@@ -49,15 +49,3 @@ class VecEnv(Protocol):
 
     def close(self) -> None:
         ...
-
-
-def env_seed(seed: int, global_rank: int) -> int:
-    """First env seed of a rank (DESIGN.md invariant 3).
-
-    Env ``i`` of rank ``r`` gets ``seed + r * 10_000 + i``. The *global* rank, never
-    LOCAL_RANK, so two nodes never duplicate experience.
-
-    >>> env_seed(1, 0), env_seed(1, 3)
-    (1, 30001)
-    """
-    return seed + global_rank * 10_000

@@ -1,5 +1,17 @@
-"""PPO (Schulman et al. 2017) on N ranks: ``train`` is the loop, ``load_actor`` serves eval/play."""
+"""PPO (Schulman et al. 2017) on N ranks: ``loop.train`` is the loop, ``loop.load_actor`` serves eval/play."""
 
-from ddprl.algos.ppo.loop import ARCHITECTURE_KEYS, load_actor, train
+from pathlib import Path
 
-__all__ = ["train", "load_actor", "ARCHITECTURE_KEYS"]
+from ddprl.algos.ppo.config import PPOConfig
+from ddprl.registry import Algorithm
+
+ALGORITHM = Algorithm(
+    name="ppo",
+    config=PPOConfig,
+    train="ddprl.algos.ppo.loop:train",
+    load_actor="ddprl.algos.ppo.loop:load_actor",
+    defaults=Path(__file__).with_name("defaults.yaml"),
+    architecture_keys=("policy", "hidden_sizes", "policy_width", "policy_depth"),
+    prepare="ddprl.algos.ppo.autoscale:prepare",
+    description="PPO with vectorised environments (Gymnasium, DMC, Snake on device)",
+)

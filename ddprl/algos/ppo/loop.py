@@ -18,20 +18,15 @@ import torch
 from ddprl.algos.ppo.loss import ppo_loss
 from ddprl.algos.ppo.networks import ActorCritic
 from ddprl.algos.ppo.rollout import RolloutBuffer, compute_gae
-from ddprl.checkpoint import load_checkpoint, rng_state, set_rng_state, strip_prefixes
-from ddprl.config import to_dict
-from ddprl.envs import env_seed, make_env
-from ddprl.evaluate import EVAL_SEED_OFFSET, Actor, evaluate
-from ddprl.metrics import MetricsLogger
+from ddprl.checkpoint import strip_prefixes
+from ddprl.envs import make_env
+from ddprl.evaluate import Actor, evaluate
 from ddprl.normalize import ReturnScaler, RunningMeanStd
-from ddprl.run import Checkpointer, open_run_dir
+from ddprl.run import Run
+from ddprl.runtime.seeding import Seeds
 from ddprl.system import system_metrics
 
 log = logging.getLogger("ddprl")
-
-
-# Keys that shape the network: a resumed run may not change them.
-ARCHITECTURE_KEYS = ("policy", "hidden_sizes", "policy_width", "policy_depth")
 
 
 def autocast_context(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
@@ -107,25 +102,19 @@ def train(rt: Any, cfg: Any) -> None:
     steps_per_iteration = cfg.n_steps * local_num_envs * rt.world_size  # global
     num_iterations = math.ceil(cfg.steps / steps_per_iteration)
 
-    ckpt = load_checkpoint(cfg.resume, expect_algo="ppo") if cfg.resume else None
-    same_world = ckpt is not None and ckpt["world_size"] == rt.world_size
-    run_dir = open_run_dir(rt, cfg)
-    # Per-rank randomness (action sampling, minibatch order). Weights don't depend on it:
-    # DDP broadcasts rank 0's weights at wrap time.
-    torch.manual_seed(cfg.seed + rt.rank)
-    env = make_env(cfg.task, local_num_envs, seed=env_seed(cfg.seed, rt.rank), device=rt.device, **cfg.env_kwargs)
+    run = Run(rt, cfg)  # the checkpoint being resumed (if any), seeds, later the run directory
+    env = make_env(cfg.task, local_num_envs, seed=run.env_seed, device=rt.device, **cfg.env_kwargs)
     obs = env.reset()
 
     agent = build_agent(cfg, env)
     obs_rms = RunningMeanStd(tuple(env.single_observation_space.shape)).to(rt.device)
     return_scaler = ReturnScaler(local_num_envs, cfg.gamma).to(rt.device)
-    global_step, start_iteration = 0, 0
-    if ckpt is not None:
-        agent.load_state_dict(ckpt["state"]["model"])
-        obs_rms.load_state_dict(ckpt["state"]["obs_rms"])
-        if "reward_stats" in ckpt["state"]:  # written since norm_reward exists
-            return_scaler.stats.load_state_dict(ckpt["state"]["reward_stats"])
-        global_step, start_iteration = ckpt["step"], ckpt["iteration"]
+    global_step, start_iteration = run.step, 0
+    if run.resumed:
+        agent.load_state_dict(run.state["model"])
+        obs_rms.load_state_dict(run.state["obs_rms"])
+        return_scaler.stats.load_state_dict(run.state["reward_stats"])
+        start_iteration = run.counters["iteration"]
     model = rt.wrap(agent, compile=cfg.compile)
     policy = rt.unwrap(model)  # acting needs no gradient sync: skip the DDP forward
     act = torch.compile(policy.act) if cfg.compile else policy.act
@@ -133,39 +122,31 @@ def train(rt: Any, cfg: Any) -> None:
     log.info("parameters synchronised across %d rank(s) (checksum %.6f)", rt.world_size, checksum)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=1e-5, fused=True)  # one kernel for all params
     scaler = torch.amp.GradScaler(rt.device.type, enabled=cfg.precision == "fp16")
-    if ckpt is not None:
-        optimizer.load_state_dict(ckpt["state"]["optimizer"])
-        scaler.load_state_dict(ckpt["state"]["scaler"])
-        if same_world:
-            # Continue exactly where the interrupted run was: same RNG streams, same episodes.
-            rank_state = ckpt["ranks"][rt.rank]
-            set_rng_state(rank_state["rng"])
-            if rank_state["env"] is not None:
-                obs = env.load_state_dict(rank_state["env"])
-            if "reward_carry" in rank_state:
-                return_scaler.carry.copy_(rank_state["reward_carry"])
-        else:
-            log.warning("resuming %d-rank checkpoint on %d ranks: environments restart with new seeds",
-                        ckpt["world_size"], rt.world_size)
-            obs = env.reset(seed=env_seed(cfg.seed + global_step, rt.rank))
+    if run.resumed:
+        optimizer.load_state_dict(run.state["optimizer"])
+        scaler.load_state_dict(run.state["scaler"])
+    # Continue exactly where the interrupted run was (same RNG streams, same episodes) when this
+    # rank has a saved state; otherwise the envs were built with seeds of the resume step.
+    own = run.restore_rank_state()
+    if own is not None:
+        if own["env"] is not None:
+            obs = env.load_state_dict(own["env"])
+        return_scaler.carry.copy_(own["reward_carry"])
 
     def normalize(x: torch.Tensor) -> torch.Tensor:
         return obs_rms.normalize(x) if cfg.norm_obs else x
 
-    def save(step: int, iteration: int) -> None:
+    def save(step: int, iteration: int, score: float | None) -> None:
         rt.check_in_sync(model, "parameters at checkpoint")
-        payload = {
-            "algo": "ppo", "task": cfg.task, "step": step, "iteration": iteration, "config": to_dict(cfg),
-            "state": {"model": strip_prefixes(policy.state_dict()), "optimizer": optimizer.state_dict(),
-                      "scaler": scaler.state_dict(), "obs_rms": obs_rms.state_dict(),
-                      "reward_stats": return_scaler.stats.state_dict()},
-        }
-        checkpointer.save(rt, step, payload, {"rng": rng_state(), "env": env.state_dict(),
-                                              "reward_carry": return_scaler.carry.cpu()})
+        state = {"model": strip_prefixes(policy.state_dict()), "optimizer": optimizer.state_dict(),
+                 "scaler": scaler.state_dict(), "obs_rms": obs_rms.state_dict(),
+                 "reward_stats": return_scaler.stats.state_dict()}
+        run.save(step, state, counters={"iteration": iteration}, score=score,
+                 own={"env": env.state_dict(), "reward_carry": return_scaler.carry.cpu()})
 
     def run_eval(step: int) -> dict[str, float]:
         # Sampled eval actions come from a generator of their own: the training RNG is untouched.
-        generator = torch.Generator(device=rt.device).manual_seed(cfg.seed + EVAL_SEED_OFFSET + 7919 * rt.rank + step)
+        generator = torch.Generator(device=rt.device).manual_seed(run.seeds.eval_actions(step))
 
         @torch.no_grad()
         def eval_act(x: torch.Tensor) -> torch.Tensor:
@@ -176,11 +157,9 @@ def train(rt: Any, cfg: Any) -> None:
         return {f"eval/{k}": v for k, v in result.items()}
 
     effective_batch = cfg.effective_batch_size(rt.world_size)
+    run_dir = run.open(total_steps=num_iterations * steps_per_iteration)
     log.info("run directory %s | %d ranks x %d envs | effective batch %d | %d iterations of %d steps",
              run_dir, rt.world_size, local_num_envs, effective_batch, num_iterations, steps_per_iteration)
-    logger = MetricsLogger(run_dir, cfg, rt.is_main, total_steps=num_iterations * steps_per_iteration,
-                           start_step=global_step)
-    checkpointer = Checkpointer(run_dir)
     action_shape = tuple(env.single_action_space.shape)
     buffer = RolloutBuffer(cfg.n_steps, local_num_envs, tuple(env.single_observation_space.shape), action_shape,
                            torch.long if agent.discrete else torch.float32, rt.device)
@@ -262,12 +241,11 @@ def train(rt: Any, cfg: Any) -> None:
         last = iteration == num_iterations - 1
         if _crossed(global_step, steps_per_iteration, cfg.eval_freq) or (last and cfg.eval_episodes > 0):
             metrics.update(run_eval(global_step))
-        logger.log(global_step, metrics)
-        logger.progress(global_step, metrics["time/global_fps"])
+        run.log(global_step, metrics)
         if _crossed(global_step, steps_per_iteration, cfg.checkpoint_freq) or last:
-            save(global_step, iteration + 1)
+            save(global_step, iteration + 1, score=metrics.get("eval/return_mean"))
 
-    logger.close()
+    run.close()
     env.close()
     if rt.is_main:
         print(f"run directory: {run_dir}", flush=True)
@@ -292,7 +270,7 @@ def load_actor(cfg: Any, state: dict[str, Any], device: torch.device) -> Actor:
     obs_rms = RunningMeanStd(obs_shape).to(device)
     obs_rms.load_state_dict(state["obs_rms"])
 
-    generator = torch.Generator(device=device).manual_seed(cfg.seed + EVAL_SEED_OFFSET)
+    generator = torch.Generator(device=device).manual_seed(Seeds(cfg.seed, rank=0).eval_actions())
 
     @torch.no_grad()
     def act(obs: torch.Tensor) -> torch.Tensor:

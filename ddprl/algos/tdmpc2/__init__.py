@@ -1,5 +1,16 @@
-"""TD-MPC2 (Hansen, Wang, Su, ICLR 2024) on N ranks: ``train`` is the loop, ``load_actor`` serves eval/play."""
+"""TD-MPC2 (Hansen, Wang, Su, ICLR 2024) on N ranks: ``loop.train`` is the loop, ``loop.load_actor`` serves eval/play."""
 
-from ddprl.algos.tdmpc2.loop import ARCHITECTURE_KEYS, load_actor, train
+from pathlib import Path
 
-__all__ = ["train", "load_actor", "ARCHITECTURE_KEYS"]
+from ddprl.algos.tdmpc2.config import TDMPC2Config
+from ddprl.registry import Algorithm
+
+ALGORITHM = Algorithm(
+    name="tdmpc2",
+    config=TDMPC2Config,
+    train="ddprl.algos.tdmpc2.loop:train",
+    load_actor="ddprl.algos.tdmpc2.loop:load_actor",
+    defaults=Path(__file__).with_name("defaults.yaml"),
+    architecture_keys=("model_size", "enc_dim", "mlp_dim", "latent_dim", "num_enc_layers", "num_q"),
+    description="TD-MPC2: model-based RL with MPPI planning (DeepMind Control, Gymnasium)",
+)

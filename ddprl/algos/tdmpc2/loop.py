@@ -36,21 +36,12 @@ from ddprl.algos.tdmpc2.buffer import EpisodeBuffer, TrajectoryBatch
 from ddprl.algos.tdmpc2.loss import policy_loss, world_model_loss
 from ddprl.algos.tdmpc2.math import RunningScale, discount_for_episode_length
 from ddprl.algos.tdmpc2.networks import ModelDims, WorldModel, dims_for_model_size
-from ddprl.checkpoint import load_checkpoint, rng_state, save_atomically, set_rng_state, strip_prefixes
-from ddprl.config import to_dict
-from ddprl.envs import env_seed
+from ddprl.checkpoint import save_atomically, strip_prefixes
 from ddprl.errors import UsageError
 from ddprl.evaluate import Actor, evaluate
-from ddprl.metrics import MetricsLogger
-from ddprl.run import Checkpointer, open_run_dir
+from ddprl.run import Run
 
 log = logging.getLogger("ddprl")
-
-# Keys that shape the network: a resumed run may not change them.
-ARCHITECTURE_KEYS = ("model_size", "enc_dim", "mlp_dim", "latent_dim", "num_enc_layers", "num_q")
-
-SHARED_SEED_OFFSET = 777  # the generator every rank shares (Q-member draws): seed + this, same on all ranks
-
 
 # ---------------------------------------------------------------------------------------------
 # pieces of the loop
@@ -245,44 +236,44 @@ def train(rt: Any, cfg: Any) -> None:
     """Train TD-MPC2 on ``cfg.task`` for ``cfg.steps`` global agent steps (runs on every rank)."""
     # -- sizes: global in, local derived (DESIGN.md invariant 4) -------------------------------
     local_num_envs = cfg.local_num_envs(rt.world_size)
-    ckpt = load_checkpoint(cfg.resume, expect_algo="tdmpc2") if cfg.resume else None
+    run = Run(rt, cfg)  # the checkpoint being resumed (if any), seeds, later the run directory
     # The env first: a task TD-MPC2 cannot learn fails here, before a run directory exists.
-    env = make_tdmpc2_env(cfg, local_num_envs, seed=env_seed(cfg.seed, rt.rank), device=rt.device)
+    env = make_tdmpc2_env(cfg, local_num_envs, seed=run.env_seed, device=rt.device)
     obs_dim, action_dim = env.single_observation_space.shape[0], env.single_action_space.shape[0]
     episode_length = episode_length_of(cfg, env)
     discount = cfg.discount if cfg.discount is not None else discount_for_episode_length(episode_length)
     seed_steps = cfg.seed_steps if cfg.seed_steps is not None else rt.world_size * max(1000, 5 * episode_length)
     if cfg.buffer_size <= episode_length:
         raise UsageError(f"buffer_size={cfg.buffer_size} must exceed the episode length {episode_length}")
-    run_dir = open_run_dir(rt, cfg)
-    # Per-rank randomness: seed-step actions, exploration noise, policy noise, buffer sampling.
-    torch.manual_seed(cfg.seed + rt.rank)
     # Shared randomness: the Q-member pairs of each update, identical on every rank.
-    shared = torch.Generator(device=rt.device).manual_seed(cfg.seed + SHARED_SEED_OFFSET)
+    shared = torch.Generator(device=rt.device).manual_seed(run.seeds.shared())
 
-    learner = build_learner(rt, cfg, obs_dim, action_dim, ckpt["state"] if ckpt else None)
+    learner = build_learner(rt, cfg, obs_dim, action_dim, run.state if run.resumed else None)
     model = learner.model
-    global_step, num_updates, pretrained = 0, 0, False  # pretrained: the burst after seeding is done
+    global_step, num_updates, pretrained = run.step, 0, False  # pretrained: the burst after seeding is done
     random_until, learn_from = seed_steps, seed_steps  # global steps: random actions / no updates before
-    if ckpt is not None:
-        global_step, num_updates, pretrained = ckpt["step"], ckpt["updates"], ckpt["pretrained"]
-        if ckpt["shared_rng"].numel() == shared.get_state().numel():
-            shared.set_state(ckpt["shared_rng"])
+    if run.resumed:
+        num_updates, pretrained = run.counters["updates"], run.counters["pretrained"]
+        if run.state["shared_rng"].numel() == shared.get_state().numel():
+            shared.set_state(run.state["shared_rng"])
         else:  # a checkpoint from another device type: any common seed keeps the ranks agreeing
-            shared.manual_seed(cfg.seed + SHARED_SEED_OFFSET + global_step)
-        if ckpt["world_size"] == rt.world_size:
-            set_rng_state(ckpt["ranks"][rt.rank]["rng"])
+            shared.manual_seed(run.seeds.shared(global_step))
+    # This rank's RNG where the interrupted run left it. Episodes start afresh (the replay
+    # buffer holds whole episodes only), in envs seeded from the resume step: none of the
+    # interrupted run's episodes is replayed.
+    run.restore_rank_state()
     checksum = rt.check_in_sync(learner.wm)
     log.info("parameters synchronised across %d rank(s) (checksum %.6f)", rt.world_size, checksum)
 
     buffer = EpisodeBuffer(cfg.buffer_size, obs_dim, action_dim)
     steps_since_restart = 0  # local agent steps this process's buffer holds
     buffers_restored = False
-    if ckpt is not None:
+    if run.resumed:
         # Replay buffers come back only when every rank finds its own, saved at this very step;
         # otherwise all refill for seed_steps before updates resume: with the restored agent's
         # own actions when it had started learning, else the interrupted seeding starts over.
-        restored = restore_buffer(buffer, buffer_path(Path(cfg.resume).parent, rt.rank), ckpt, rt.world_size)
+        restored = restore_buffer(buffer, buffer_path(Path(cfg.resume).parent, rt.rank), run.checkpoint,
+                                  rt.world_size)
         buffers_restored = rt.all_reduce_sum(int(restored)) == rt.world_size
         if buffers_restored:
             steps_since_restart = len(buffer)
@@ -298,21 +289,18 @@ def train(rt: Any, cfg: Any) -> None:
     acting = Acting(model, cfg, discount, compile=cfg.compile)
     effective_batch = cfg.effective_batch_size(rt.world_size)
     micro_per_iteration = local_num_envs * cfg.updates_per_step  # updates this rank owes per env step
-    checkpointer = Checkpointer(run_dir)
-    logger = MetricsLogger(run_dir, cfg, rt.is_main, total_steps=cfg.steps, start_step=global_step)
+    run_dir = run.open(total_steps=cfg.steps)
     log.info("run directory %s | %d ranks x %d envs | effective batch %d | discount %.4g | seed steps %d | "
              "episode length %d", run_dir, rt.world_size, local_num_envs, effective_batch, discount, seed_steps,
              episode_length)
 
-    def save(step: int) -> None:
+    def save(step: int, score: float | None) -> None:
         rt.check_in_sync(learner.wm, "parameters at checkpoint")
         check_state_in_sync(rt, learner)
-        payload = {"algo": "tdmpc2", "task": cfg.task, "step": step, "updates": num_updates,
-                   "pretrained": pretrained, "shared_rng": shared.get_state(),
-                   "config": to_dict(cfg), "state": learner.state_dict()}
         if cfg.checkpoint_buffer:  # each rank its own file, written before rank 0 writes latest.pt
-            save_atomically({"step": step, "buffer": buffer.state_dict()}, buffer_path(checkpointer.dir, rt.rank))
-        checkpointer.save(rt, step, payload, {"rng": rng_state(), "env": env.state_dict()})
+            save_atomically({"step": step, "buffer": buffer.state_dict()}, buffer_path(run_dir / "checkpoints", rt.rank))
+        run.save(step, {**learner.state_dict(), "shared_rng": shared.get_state()},
+                 counters={"updates": num_updates, "pretrained": pretrained}, score=score)
 
     def run_eval() -> dict[str, float]:
         eval_acting = Acting(model, cfg, discount)  # its own warm-start state, eval batch size
@@ -392,14 +380,13 @@ def train(rt: Any, cfg: Any) -> None:
                 metrics["train/episode_return"] = float(episodes[0] / episodes[1])
             if evaluating:
                 metrics.update(run_eval())
-            logger.log(global_step, metrics)
-            logger.progress(global_step, metrics["time/global_fps"])
+            run.log(global_step, metrics)
             sums, num_sums, ep_stats = {}, 0, torch.zeros_like(ep_stats)
             t_log, steps_at_log = time.perf_counter(), global_step
         if _crossed(global_step, cfg.num_envs, cfg.checkpoint_freq) or last:
-            save(global_step)
+            save(global_step, score=metrics.get("eval/return_mean") if evaluating else None)
 
-    logger.close()
+    run.close()
     env.close()
     if rt.is_main:
         print(f"run directory: {run_dir}", flush=True)

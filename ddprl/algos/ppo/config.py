@@ -1,0 +1,56 @@
+"""PPO's keys (values: ``defaults.yaml`` beside this file). ``ddprl keys algo=ppo`` lists them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ddprl.config.schema import RLConfig, _check, key
+
+
+@dataclass(kw_only=True)
+class PPOConfig(RLConfig):
+    n_steps: int = key("rollout length per env between updates")
+    epochs: int = key("passes over each rollout")
+    lr: float = key("Adam learning rate")
+    anneal_lr: bool = key("anneal the learning rate linearly to 0 over the budget")
+    gamma: float = key("discount")
+    gae_lambda: float = key("GAE lambda")
+    clip_coef: float = key("PPO ratio clip")
+    clip_vloss: bool = key("clip the value loss like the policy ratio")
+    vf_coef: float = key("value-loss weight")
+    ent_coef: float = key("entropy-bonus weight")
+    max_grad_norm: float = key("gradient-norm clip (0: off)")
+    target_kl: Optional[float] = key("stop the epoch loop when the globally reduced KL exceeds this (null: off)")
+    norm_adv: bool = key("normalise advantages with the mean/std of all ranks' rollouts")
+    norm_obs: bool = key("normalise observations with running statistics reduced over ranks")
+    norm_reward: bool = key("divide rewards by the std of the discounted return (all ranks), clip to +-10")
+    policy: str = key("mlp | cnn (cnn for image-like C x H x W observations)")
+    hidden_sizes: list[int] = key("dense layer widths (of the MLPs; after the convs for cnn)")
+    policy_width: int = key("CNN channels")
+    policy_depth: int = key("CNN conv layers")
+    env_kwargs: dict[str, Any] = key("extra keyword arguments for the environment constructor")
+    eval_deterministic: bool = key("evaluate (and play) with the most likely action; false: sample from the policy")
+    autoscale: bool = key("choose num_envs, n_steps and batch_size from the device's memory (keys you set win)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.n_steps >= 1, f"n_steps={self.n_steps} must be >= 1")
+        _check(self.epochs >= 1, f"epochs={self.epochs} must be >= 1")
+        _check(self.lr > 0, f"lr={self.lr} must be > 0")
+        _check(0 <= self.gamma <= 1, f"gamma={self.gamma} must be in [0, 1]")
+        _check(0 <= self.gae_lambda <= 1, f"gae_lambda={self.gae_lambda} must be in [0, 1]")
+        _check(self.clip_coef > 0, f"clip_coef={self.clip_coef} must be > 0")
+        _check(self.max_grad_norm >= 0, f"max_grad_norm={self.max_grad_norm} must be >= 0")
+        _check(self.target_kl is None or self.target_kl > 0, f"target_kl={self.target_kl} must be > 0 or null")
+        _check(self.policy in ("mlp", "cnn"), f"policy={self.policy!r} is not mlp or cnn")
+
+    def check(self) -> None:
+        """Checks across keys that training needs (after autoscale; eval and play skip them)."""
+        super().check()
+        rollout = self.local_num_envs(self.world_size) * self.n_steps
+        _check(self.batch_size <= rollout,
+               f"batch_size={self.batch_size} is larger than the per-rank rollout "
+               f"(num_envs/world_size x n_steps = {rollout})")
+
+

@@ -1,0 +1,141 @@
+"""``ddprl plot``: learning curves of one or more runs, drawn from their ``metrics.jsonl``.
+
+One subplot per metric, one line per run (the same colour in every subplot), written without a
+display to PNG, PDF or SVG. matplotlib is imported inside ``plot_runs`` so that importing ddprl
+for training does not pay for it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from ddprl.errors import UsageError
+from ddprl.metrics import read_metrics
+
+# What a glance at a run asks first: does it learn (return), how fast (fps); losses follow.
+HEADLINE_KEYS = ("eval/return_mean", "train/episode_return", "time/global_fps")
+X_LABELS = {"step": "global steps", "wall_time": "wall time (s)"}
+SUFFIXES = (".png", ".pdf", ".svg")
+ARG_KEYS = ("out", "keys", "x")
+
+
+def parse_plot_args(args: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """``["runs/a", "runs/b", "keys=[train/loss]", "x=wall_time"]`` -> ``(run_dirs, options)``.
+
+    ``options`` holds only the keys given (``out``, ``keys`` as a list, ``x``), ready for
+    ``plot_runs(run_dirs, **options)``. An argument is ``key=value`` only when the part before
+    ``=`` is a plain identifier: a path that happens to contain ``=`` stays a run directory.
+    """
+    run_dirs: list[str] = []
+    options: dict[str, Any] = {}
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if not (sep and key.isidentifier()):
+            run_dirs.append(arg)
+            continue
+        if key not in ARG_KEYS:
+            raise UsageError(f"plot: unknown key {key!r}{_did_you_mean(key, ARG_KEYS)}; keys: {', '.join(ARG_KEYS)}")
+        if key == "keys":
+            value = [k.strip() for k in value.strip().removeprefix("[").removesuffix("]").split(",") if k.strip()]
+            if not value:
+                raise UsageError("plot: keys= names no metric; e.g. keys=eval/return_mean,train/loss")
+        options[key] = value
+    if not run_dirs:
+        raise UsageError("plot: give at least one RUN_DIR")
+    return run_dirs, options
+
+
+def plot_runs(run_dirs: list[str | Path], out: str | Path = "curves.png", keys: list[str] | None = None,
+              x: str = "step") -> Path:
+    """Draw ``keys`` (default: ``default_keys``) of every run against ``x`` into ``out``; return ``out``."""
+    if x not in X_LABELS:
+        raise UsageError(f"plot: x={x!r} is not one of {', '.join(X_LABELS)}")
+    out = Path(out)
+    if out.suffix.lower() not in SUFFIXES:
+        raise UsageError(f"plot: out={str(out)!r} must end in {', '.join(SUFFIXES)}")
+    runs = load_runs(run_dirs)
+    available = sorted({k for records in runs.values() for r in records for k in r} - set(X_LABELS))
+    if keys is None:
+        keys = default_keys(available)
+        if not keys:
+            raise UsageError(f"plot: none of the usual metrics in these runs; pick with keys=...; keys: {_brief(available)}")
+    for key in keys:
+        if key not in available:
+            raise UsageError(f"plot: no run has {key!r}{_did_you_mean(key, available)}; keys: {_brief(available)}")
+
+    from matplotlib.figure import Figure  # a bare Figure draws with Agg: no display, no global backend switch
+
+    cols = min(3, len(keys))
+    rows = math.ceil(len(keys) / cols)
+    fig = Figure(figsize=(4.8 * cols, 3.4 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).flatten()
+    for ax in axes[len(keys):]:
+        ax.set_visible(False)
+    handles = {}
+    for ax, key in zip(axes, keys):
+        for i, (label, records) in enumerate(runs.items()):
+            points = sorted(((r[x], r[key], r.get("eval/return_std")) for r in records if key in r and x in r),
+                            key=lambda p: p[0])
+            if not points:
+                continue
+            xs, ys, stds = zip(*points)
+            (handles[label],) = ax.plot(xs, ys, color=f"C{i}", label=label)
+            # The spread over eval episodes tells a real gain from a lucky evaluation.
+            if key == "eval/return_mean" and all(s is not None for s in stds):
+                ax.fill_between(xs, [y - s for y, s in zip(ys, stds)], [y + s for y, s in zip(ys, stds)],
+                                color=f"C{i}", alpha=0.2, linewidth=0)
+        ax.set_title(key, fontsize=10)
+        ax.set_xlabel(X_LABELS[x])
+        ax.grid(alpha=0.3)
+    fig.legend(list(handles.values()), list(handles), loc="outside upper center", ncol=min(4, len(handles)))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    return out
+
+
+def default_keys(available: list[str]) -> list[str]:
+    """The headline metrics present, then every ``train/*loss*`` key present (sorted)."""
+    losses = sorted(k for k in available if k.startswith("train/") and "loss" in k)
+    return [k for k in HEADLINE_KEYS if k in available] + losses
+
+
+def load_runs(run_dirs: list[str | Path]) -> dict[str, list[dict[str, Any]]]:
+    """``{label: records}`` in the given order; the label is the directory's name (its path when
+    two runs share a name, e.g. ``seed0`` of two sweeps). Wall time is made cumulative over the
+    segments of a resumed run, whose logger restarts its clock at 0 in the same file."""
+    paths = [Path(d) for d in run_dirs]
+    names = [p.resolve().name for p in paths]
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for path, name in zip(paths, names):
+        if not (path / "metrics.jsonl").is_file():
+            raise UsageError(f"{path} has no metrics.jsonl: is it a ddprl run directory?")
+        try:
+            records = read_metrics(path)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{path / 'metrics.jsonl'} holds a line that is not JSON ({e.msg})") from None
+        if not records:
+            raise UsageError(f"{path / 'metrics.jsonl'} is empty: the run has logged nothing yet")
+        offset, last = 0.0, None
+        for r in records:
+            if "wall_time" in r:
+                if last is not None and r["wall_time"] < last:
+                    offset += last
+                last = r["wall_time"]
+                r["wall_time"] += offset
+        runs[str(path) if names.count(name) > 1 else name] = records
+    return runs
+
+
+def _did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
+    near = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.6)
+    return f" (did you mean {', '.join(near)}?)" if near else ""
+
+
+def _brief(keys: list[str], limit: int = 12) -> str:
+    """A one-line list: runs log dozens of keys (``rank<r>/...`` among them)."""
+    more = f", ... ({len(keys) - limit} more)" if len(keys) > limit else ""
+    return ", ".join(keys[:limit]) + more

@@ -1,0 +1,235 @@
+"""``Runtime``: rank, world and device of this process, and the collective verbs algorithms use.
+
+Every collective has the timeout ``dist_timeout`` given at start (DESIGN.md invariant 9), and
+``world_size=1`` goes through the same code (a process group of one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddprl.runtime.compat import ddp_buffer_kwargs
+from ddprl.runtime.placement import Placement
+from ddprl.runtime.seeding import Seeds
+
+log = logging.getLogger("ddprl")
+
+# Set once DDP has wrapped a module in this process; see ``launch.exit_process``.
+_ddp_used = False
+
+
+class Runtime:
+    """Rank, world and device of this process, and the collective verbs algorithms may use.
+
+    Every collective has the timeout ``dist_timeout`` given at start (DESIGN.md invariant 9),
+    and ``world_size=1`` goes through the same code (a process group of one).
+    """
+
+    def __init__(self, placement: Placement, dist_timeout: float):
+        self.placement = placement
+        self.rank = placement.rank
+        self.local_rank = placement.local_rank
+        self.world_size = placement.world_size
+        self.device = placement.device
+        self.backend = placement.backend
+        self.is_main = self.rank == 0
+        self.timeout = datetime.timedelta(seconds=dist_timeout)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        # Under torchrun, env:// reuses the store its agent already serves on MASTER_PORT.
+        init_method = ("env://" if placement.launcher == "torchrun"
+                       else f"tcp://{_url_host(placement.master_addr)}:{placement.master_port}")
+        dist.init_process_group(
+            backend=self.backend,
+            init_method=init_method,
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=self.timeout,
+        )
+
+    # -- modules ---------------------------------------------------------------------------
+
+    def wrap(self, module: nn.Module, compile: bool = False, find_unused_parameters: bool = False) -> nn.Module:
+        """Move ``module`` to this rank's device and wrap it in DDP (then ``torch.compile``).
+
+        DDP broadcasts rank 0's parameters and buffers at construction, so every rank starts
+        from the same weights; derive targets/EMA copies *after* this call (invariant 2).
+        Buffers are broadcast then too, but not on every forward: running statistics are
+        reduced explicitly by the algorithm, never silently overwritten (the DDP keywords
+        for that differ between torch versions: ``compat.ddp_buffer_kwargs``).
+
+        >>> net = rt.wrap(nn.Linear(4, 2))      # doctest: +SKIP
+        """
+        module = module.to(self.device)
+        has_trainable = any(p.requires_grad for p in module.parameters())
+        # A world of one has nothing to average: DDP would only add its hooks and a gloo
+        # all-reduce per backward (measured: ~2x slower PPO updates on CartPole). The loop is
+        # the same either way; only the wrapper is skipped.
+        if has_trainable and self.world_size > 1:
+            global _ddp_used
+            _ddp_used = True
+            buffer_kwargs, broadcast_yourself = ddp_buffer_kwargs()
+            module = DDP(
+                module,
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                find_unused_parameters=find_unused_parameters,
+                **buffer_kwargs,
+            )
+            if broadcast_yourself:  # older torch: broadcast_buffers=False skipped them at construction
+                self.broadcast_buffers(module.module)
+        if compile:
+            module = torch.compile(module)
+        return module
+
+    @staticmethod
+    def unwrap(module: nn.Module) -> nn.Module:
+        """The plain module inside DDP and ``torch.compile`` wrappers, in any nesting order."""
+        return unwrap(module)
+
+    @staticmethod
+    def no_sync(module: nn.Module, enabled: bool = True) -> contextlib.AbstractContextManager:
+        """Skip DDP's gradient all-reduce inside the block when ``enabled`` (grad accumulation).
+
+        >>> with rt.no_sync(model, enabled=not last_micro_step):   # doctest: +SKIP
+        ...     loss.backward()
+        """
+        inner = module._orig_mod if hasattr(module, "_orig_mod") else module
+        if enabled and isinstance(inner, DDP):
+            return inner.no_sync()
+        return contextlib.nullcontext()
+
+    def broadcast_buffers(self, module: nn.Module, src: int = 0) -> None:
+        """Overwrite every buffer of ``module`` with rank ``src``'s (in place)."""
+        for buffer in module.buffers():
+            comm = buffer.detach() if buffer.device == self._comm_device() else buffer.detach().to(self._comm_device())
+            dist.broadcast(comm, src=src)
+            if comm is not buffer:
+                with torch.no_grad():
+                    buffer.copy_(comm)
+
+    def seeds(self, seed: int) -> Seeds:
+        """This rank's seeds for every purpose (``ddprl.runtime.seeding``)."""
+        return Seeds(seed, self.rank)
+
+    # -- collectives ------------------------------------------------------------------------
+
+    def all_reduce_sum(self, value: Any) -> Any:
+        """Sum over ranks of a tensor, a Python number or a dict of them (same type back)."""
+        return self._reduce(value, mean=False)
+
+    def all_reduce_mean(self, value: Any) -> Any:
+        """Mean over ranks of a tensor, a Python number or a dict of them (same type back).
+
+        >>> rt.all_reduce_mean({"loss": 0.5, "kl": 0.01})     # doctest: +SKIP
+        {'loss': 0.47, 'kl': 0.012}
+        """
+        return self._reduce(value, mean=True)
+
+    def _reduce(self, value: Any, mean: bool) -> Any:
+        if isinstance(value, dict):
+            if not value:
+                return {}
+            keys = sorted(value)  # same order on every rank, whatever the insertion order
+            # One collective for the whole dict: pack scalars into one float64 vector.
+            flat = torch.stack([torch.as_tensor(value[k], dtype=torch.float64).reshape(()).cpu() for k in keys])
+            reduced = self._reduce(flat, mean)
+            return {k: float(v) for k, v in zip(keys, reduced.tolist())}
+        if isinstance(value, torch.Tensor):
+            out = value.detach().clone()
+            comm = out.to(self._comm_device()) if out.device != self._comm_device() else out
+            if not comm.is_floating_point() and mean:
+                comm = comm.double()
+            dist.all_reduce(comm, op=dist.ReduceOp.SUM)
+            if mean:
+                comm = comm / self.world_size
+            return comm.to(value.device) if comm.device != value.device else comm
+        if isinstance(value, (int, float)):
+            t = torch.tensor(float(value), dtype=torch.float64)
+            out = float(self._reduce(t, mean))
+            return int(out) if isinstance(value, int) and not mean else out
+        raise TypeError(f"cannot all-reduce a {type(value).__name__}")
+
+    def _comm_device(self) -> torch.device:
+        # gloo reduces CPU tensors; NCCL reduces CUDA tensors.
+        return self.device if self.backend == "nccl" else torch.device("cpu")
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``tensor`` (the same shape on all) concatenated along dim 0, in rank order."""
+        if self.world_size == 1:
+            return tensor.detach()
+        comm = tensor.detach().to(self._comm_device()).contiguous()
+        parts = [torch.empty_like(comm) for _ in range(self.world_size)]
+        dist.all_gather(parts, comm)
+        return torch.cat(parts).to(tensor.device)
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s (picklable) object, returned on every rank."""
+        box = [obj]
+        dist.broadcast_object_list(box, src=src, device=self._comm_device() if self.backend == "nccl" else None)
+        return box[0]
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's object, in rank order, on every rank."""
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        """Wait until every rank arrives (bounded by ``dist_timeout``)."""
+        if self.backend == "nccl":
+            dist.barrier(device_ids=[self.device.index])
+        else:
+            dist.barrier()
+
+    def check_in_sync(self, module: nn.Module, what: str = "parameters") -> float:
+        """Gather a checksum of ``module``'s parameters from every rank; raise if they differ.
+
+        Returns the checksum. Used after wrapping (weights really were broadcast) and at every
+        checkpoint (ranks never drifted apart).
+        """
+        checksum = parameter_checksum(unwrap(module))
+        sums = self.all_gather_object(checksum)
+        spread = max(sums) - min(sums)
+        if spread > 1e-6 * (1.0 + abs(checksum)):
+            raise RuntimeError(f"{what} differ across ranks: checksums {sums}")
+        return checksum
+
+    def close(self) -> None:
+        """Leave the process group (safe to call twice)."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def parameter_checksum(module: nn.Module) -> float:
+    """A float that changes when any parameter changes (position-weighted sum in float64)."""
+    total = 0.0
+    for i, p in enumerate(module.parameters()):
+        flat = p.detach().double().flatten()
+        weights = torch.linspace(1.0, 2.0, flat.numel(), dtype=torch.float64, device=flat.device)
+        total += (i + 1) * float((flat * weights).sum())
+    return total
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    """Strip DDP (``.module``) and ``torch.compile`` (``._orig_mod``) wrappers, any nesting."""
+    while True:
+        if isinstance(module, DDP):
+            module = module.module
+        elif hasattr(module, "_orig_mod") and isinstance(module._orig_mod, nn.Module):
+            module = module._orig_mod
+        else:
+            return module
+
+
+def _url_host(addr: str) -> str:
+    return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
+
+

@@ -1,0 +1,191 @@
+"""Launch: spawn N processes, or attach to torchrun / SLURM; one rank's life cycle.
+
+Launch modes, decided by :func:`~ddprl.runtime.placement.detect_launcher`:
+- ``torchrun``: RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT are set by the launcher.
+- ``slurm``: one process per task started by ``srun`` (SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID).
+- ``spawn``: ``ddprl train world_size=N`` starts N local processes itself (``nnodes``/``node_rank``
+  with ``master_addr``/``master_port`` spread one job over several machines).
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import os
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+import torch
+import torch.multiprocessing as mp
+
+from ddprl.errors import UsageError
+from ddprl.runtime import collectives
+from ddprl.runtime.collectives import Runtime
+from ddprl.runtime.nccl import apply_nccl_preset
+from ddprl.runtime.placement import (Placement, check_port_free, choose_device_and_backend, detect_launcher,
+                                     free_port, placement_from_env, resolve_world_size)
+
+log = logging.getLogger("ddprl")
+
+
+class RankFilter(logging.Filter):
+    def __init__(self, rank: int):
+        super().__init__()
+        self.rank = rank
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.rank = self.rank
+        return True
+
+
+def setup_logging(rank: int) -> None:
+    """``[RANK r]`` prefix on every line; rank 0 speaks at INFO, the others only warn."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[RANK %(rank)s] %(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    handler.addFilter(RankFilter(rank))
+    log.handlers[:] = [handler]
+    log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    log.propagate = False
+
+
+def prepare_spawn(cfg: Any) -> Any:
+    """Check the spawn-mode settings in the parent and fix ``master_port`` (auto → a free port).
+
+    Done before any process starts, so bad input fails with one line and nothing half-made.
+    Returns the settings the children receive.
+    """
+    if cfg.world_size < 1:
+        raise UsageError(f"world_size={cfg.world_size} must be >= 1")
+    if cfg.nnodes < 1 or cfg.world_size % cfg.nnodes:
+        raise UsageError(f"world_size={cfg.world_size} must be a multiple of nnodes={cfg.nnodes}")
+    if not 0 <= cfg.node_rank < cfg.nnodes:
+        raise UsageError(f"node_rank={cfg.node_rank} must be in [0, nnodes={cfg.nnodes})")
+    local_world_size = cfg.world_size // cfg.nnodes
+    # Validate the device/backend choice once, here, rather than in N children.
+    choose_device_and_backend(cfg.device, cfg.backend, 0, local_world_size)
+    if cfg.master_port == "auto":
+        if cfg.nnodes > 1:
+            raise UsageError("master_port=auto cannot be agreed between nodes; give master_port=<int> on every node")
+        port = free_port()
+    else:
+        port = int(cfg.master_port)
+        if cfg.node_rank == 0:
+            check_port_free(cfg.master_addr if cfg.nnodes > 1 else "127.0.0.1", port)
+    return port
+
+
+def exit_process(code: int) -> None:
+    """End this process with ``code``; without interpreter finalisation once DDP was used here.
+
+    Why: in torch 2.13 a DDP wrapper keeps its gloo process group alive after
+    ``destroy_process_group`` (constructing DDP leaves references to the group that are never
+    released; without DDP the threads end), so the group's worker threads outlive ``close``.
+    When one of them frees a finished collective's tensors it takes the GIL; if the
+    interpreter is finalising at that moment the thread is unwound through C++ code and the
+    process aborts ("terminate called without an active exception", SIGABRT) although all its
+    work is done and written. Seen in ~5% of 2-rank runs here (gdb: ``pt_gloo_runloop`` in
+    ``~AsyncAllgatherWork`` -> ``take_gil`` during ``Py_FinalizeEx``). A rank whose files are
+    closed has nothing left for finalisation to do, so it runs the ``atexit`` handlers (W&B,
+    multiprocessing's resource clean-up, logging), flushes and leaves with ``os._exit``.
+    """
+    if not collectives._ddp_used:
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _child(local_rank: int, fn: Callable, cfg: Any, dist_timeout: float) -> None:
+    placement = placement_from_env(cfg, environ={}, local_rank=local_rank)
+    try:
+        _run_rank(placement, fn, cfg, dist_timeout)
+    except SystemExit as e:  # bad input (exit 2) found inside this rank
+        exit_process(e.code if isinstance(e.code, int) else 1)
+    # Any other exception propagates: torch.multiprocessing sends its traceback to the parent.
+    exit_process(0)
+
+
+def _run_rank(placement: Placement, fn: Callable, cfg: Any, dist_timeout: float) -> Any:
+    setup_logging(placement.rank)
+    nccl_set = apply_nccl_preset(getattr(cfg, "nccl_preset", "none"))
+    if nccl_set:
+        log.info("nccl_preset=%s set %s", cfg.nccl_preset, " ".join(f"{k}={v}" for k, v in nccl_set.items()))
+    # One intra-op thread per rank unless OMP_NUM_THREADS says otherwise: RL networks are small,
+    # and OpenMP's thread hand-off on tiny tensors costs more than the op (seen here: tanh on
+    # an 8x64 tensor took 5 us with 1 thread and 3.5 ms with 2), besides N ranks x all cores
+    # oversubscribing the machine.
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
+    rt = Runtime(placement, dist_timeout)
+    try:
+        return fn(rt, cfg)
+    except UsageError as e:
+        if rt.is_main:
+            print(f"ddprl: error: {e}", file=sys.stderr, flush=True)
+        else:  # bad input seen by this rank alone would otherwise go unsaid
+            log.error("rank %d: %s", rt.rank, e)
+        sys.exit(2)
+    except BaseException as e:
+        log.error("rank %d failed:\n%s", rt.rank, traceback.format_exc())
+        if _is_peer_failure(e):
+            # A collective broke because *another* rank died: leave the stage to that rank's
+            # error for a moment, so the launcher reports the root cause, not the echo.
+            time.sleep(3)
+        raise
+    finally:
+        rt.close()
+
+
+def _is_peer_failure(e: BaseException) -> bool:
+    text = str(e)
+    return isinstance(e, RuntimeError) and any(
+        s in text for s in ("Connection closed by peer", "Connection reset by peer", "NCCL communicator was aborted",
+                            "Broken pipe", "timed out", "Timed out"))
+
+
+def launch(fn: Callable[[Runtime, Any], Any], cfg: Any) -> Any:
+    """Run ``fn(runtime, cfg)`` on every rank of the job (use functools.partial for more arguments).
+
+    Under torchrun or srun this process *is* one rank. Otherwise ``cfg.world_size`` processes are
+    spawned here (``world_size / nnodes`` per node). When one rank fails, the others are killed
+    and ``launch`` raises ``RankFailed`` (``SystemExit(2)`` for bad input found inside a rank).
+    A script of your own run under torchrun should end with ``exit_process(0)`` (see there).
+    """
+    launcher = detect_launcher()
+    if launcher != "spawn":
+        return _run_rank(placement_from_env(cfg), fn, cfg, cfg.dist_timeout)
+    if cfg.world_size == "auto":
+        cfg = cfg.resolved(resolve_world_size(cfg.world_size, cfg.device, cfg.nnodes))
+    port = prepare_spawn(cfg)
+    cfg = dataclasses.replace(cfg, master_port=str(port))
+    nprocs = cfg.world_size // cfg.nnodes
+    if nprocs == 1 and cfg.nnodes == 1:
+        # One rank: run it in this process (same code path, a process group of one).
+        return _run_rank(placement_from_env(cfg, environ={}, local_rank=0), fn, cfg, cfg.dist_timeout)
+    try:
+        mp.start_processes(_child, args=(fn, cfg, cfg.dist_timeout), nprocs=nprocs, join=True, start_method="spawn")
+    except mp.ProcessExitedException as e:
+        if e.exit_code == 2:
+            raise SystemExit(2) from None
+        raise RankFailed(f"rank {e.error_index} exited with code {e.exit_code}") from None
+    except mp.ProcessRaisedException as e:
+        last = [line for line in str(e).strip().splitlines() if line.strip()]
+        raise RankFailed(f"rank {e.error_index} failed: {last[-1] if last else 'unknown error'}") from None
+    return None
+
+
+def runs_in_this_process(cfg: Any) -> bool:
+    """Whether ``launch`` runs the rank in this very process (torchrun/srun, or a world of one)."""
+    return detect_launcher() != "spawn" or (cfg.world_size == 1 and cfg.nnodes == 1)
+
+
+class RankFailed(RuntimeError):
+    """A rank of a spawned job failed; the others were stopped."""

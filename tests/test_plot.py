@@ -1,0 +1,178 @@
+"""``ddprl plot``: curves drawn from fake metrics.jsonl files, its errors and its arguments."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run_cli
+from ddprl.errors import UsageError
+from ddprl.plot import default_keys, load_runs, parse_plot_args, plot_runs
+
+
+def write_run(run_dir, records):
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "metrics.jsonl", "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    return run_dir
+
+
+def fake_records(n=20, rate=1.0, fps=9000.0):
+    """What MetricsLogger writes for PPO: train keys every iteration, eval keys every 5th."""
+    records = []
+    for i in range(n):
+        step = 512 * (i + 1)
+        r = {"step": step, "wall_time": 0.4 * (i + 1), "train/loss": 1.0 / (1 + rate * i),
+             "train/pg_loss": -0.01 * math.sin(i), "train/v_loss": 2.0 * math.exp(-rate * i / 5),
+             "train/approx_kl": 0.01, "train/episode_return": 10 + rate * 5 * i,
+             "time/global_fps": fps + 100 * math.cos(i), "rank0/rollout_s": 0.1}
+        if i % 5 == 4:
+            r.update({"eval/return_mean": 12 + rate * 5 * i, "eval/return_std": 3.0, "eval/episodes": 10.0})
+        records.append(r)
+    return records
+
+
+@pytest.fixture
+def two_runs(tmp_path):
+    a = write_run(tmp_path / "ppo-a", fake_records(rate=1.0, fps=9000.0))
+    b = write_run(tmp_path / "ppo-b", fake_records(rate=0.5, fps=4000.0))
+    return a, b
+
+
+def read_image(path):
+    import matplotlib.image
+
+    return matplotlib.image.imread(str(path))
+
+
+def assert_picture(path):
+    """A real picture: sensible size and more than one colour."""
+    assert path.is_file() and path.stat().st_size > 0
+    img = read_image(path)
+    height, width = img.shape[:2]
+    assert 300 <= width <= 5000 and 300 <= height <= 5000, img.shape
+    assert np.unique(img.reshape(-1, img.shape[-1]), axis=0).shape[0] > 10
+    return img
+
+
+def test_plot_two_runs_default_keys(two_runs, tmp_path):
+    out = plot_runs(list(two_runs), out=tmp_path / "sub" / "curves.png")
+    assert out == tmp_path / "sub" / "curves.png"
+    assert_picture(out)
+
+
+def test_default_keys_headline_then_losses(two_runs):
+    runs = load_runs(list(two_runs))
+    available = sorted({k for records in runs.values() for r in records for k in r})
+    assert default_keys(available) == ["eval/return_mean", "train/episode_return", "time/global_fps",
+                                       "train/loss", "train/pg_loss", "train/v_loss"]
+
+
+def test_default_keys_of_any_run(tmp_path):
+    # eval/return_mean only in the second run: still a default subplot.
+    a = write_run(tmp_path / "a", [{k: v for k, v in r.items() if not k.startswith("eval/")} for r in fake_records()])
+    b = write_run(tmp_path / "b", fake_records())
+    assert_picture(plot_runs([a, b], out=tmp_path / "c.png"))
+
+
+def test_keys_selection_changes_the_picture(two_runs, tmp_path):
+    one = assert_picture(plot_runs(list(two_runs), out=tmp_path / "one.png", keys=["eval/return_mean"]))
+    many = assert_picture(plot_runs(list(two_runs), out=tmp_path / "many.png"))
+    # One subplot is smaller than a grid of six.
+    assert one.shape[0] * one.shape[1] < many.shape[0] * many.shape[1]
+
+
+def test_x_wall_time_and_other_formats(two_runs, tmp_path):
+    assert_picture(plot_runs(list(two_runs), out=tmp_path / "t.png", keys=["train/loss"], x="wall_time"))
+    for suffix in ("pdf", "svg"):
+        out = plot_runs(list(two_runs), out=tmp_path / f"c.{suffix}", keys=["train/loss"])
+        assert out.stat().st_size > 1000
+
+
+def test_resumed_run_wall_time_is_cumulative(tmp_path):
+    first, second = fake_records(10), fake_records(10)
+    for r in second:
+        r["step"] += 5120  # the logger of the resumed job starts its clock at 0 again
+    run = write_run(tmp_path / "r", first + second)
+    times = [r["wall_time"] for r in load_runs([run])["r"]]
+    assert times == sorted(times) and times[-1] == pytest.approx(8.0)
+
+
+def test_same_name_runs_keep_their_paths(tmp_path):
+    a = write_run(tmp_path / "sweep1" / "seed0", fake_records())
+    b = write_run(tmp_path / "sweep2" / "seed0", fake_records(rate=2))
+    assert list(load_runs([a, b])) == [str(a), str(b)]
+
+
+def test_error_no_metrics(tmp_path, two_runs):
+    (tmp_path / "empty_dir").mkdir()
+    with pytest.raises(UsageError, match=r"empty_dir has no metrics.jsonl: is it a ddprl run directory\?"):
+        plot_runs([two_runs[0], tmp_path / "empty_dir"], out=tmp_path / "c.png")
+    with pytest.raises(UsageError, match="has no metrics.jsonl"):
+        plot_runs([tmp_path / "missing"], out=tmp_path / "c.png")
+
+
+def test_error_empty_metrics(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("")
+    with pytest.raises(UsageError, match="metrics.jsonl is empty"):
+        plot_runs([run], out=tmp_path / "c.png")
+
+
+def test_error_unknown_key_suggests(two_runs, tmp_path):
+    with pytest.raises(UsageError) as e:
+        plot_runs(list(two_runs), out=tmp_path / "c.png", keys=["train/loss", "eval/return_mea"])
+    msg = str(e.value)
+    assert "no run has 'eval/return_mea'" in msg and "did you mean eval/return_mean" in msg
+    assert "keys: " in msg and "\n" not in msg
+    assert not (tmp_path / "c.png").exists()
+
+
+def test_error_bad_x_and_suffix(two_runs, tmp_path):
+    with pytest.raises(UsageError, match="x='steps' is not one of step, wall_time"):
+        plot_runs(list(two_runs), out=tmp_path / "c.png", x="steps")
+    with pytest.raises(UsageError, match=r"must end in \.png, \.pdf, \.svg"):
+        plot_runs(list(two_runs), out=tmp_path / "c.jpg")
+
+
+def test_error_no_usual_metric(tmp_path):
+    run = write_run(tmp_path / "r", [{"step": 1, "wall_time": 0.1, "custom/thing": 1.0}])
+    with pytest.raises(UsageError, match="pick with keys=.*custom/thing"):
+        plot_runs([run], out=tmp_path / "c.png")
+    assert_picture(plot_runs([run], out=tmp_path / "c.png", keys=["custom/thing"]))
+
+
+def test_parse_plot_args():
+    assert parse_plot_args(["runs/a", "runs/b"]) == (["runs/a", "runs/b"], {})
+    dirs, opts = parse_plot_args(["runs/a", "out=x/c.pdf", "keys=[eval/return_mean, train/loss]", "x=wall_time"])
+    assert dirs == ["runs/a"]
+    assert opts == {"out": "x/c.pdf", "keys": ["eval/return_mean", "train/loss"], "x": "wall_time"}
+    assert parse_plot_args(["a", "keys=train/loss,time/global_fps"])[1] == {"keys": ["train/loss", "time/global_fps"]}
+    # '=' in a path: not a key=value unless the part before it is a plain identifier.
+    assert parse_plot_args(["runs/lr=3e-4", "./x=1"]) == (["runs/lr=3e-4", "./x=1"], {})
+
+
+def test_parse_plot_args_errors():
+    with pytest.raises(UsageError, match="plot: give at least one RUN_DIR"):
+        parse_plot_args(["out=c.png"])
+    with pytest.raises(UsageError, match=r"unknown key 'key' \(did you mean keys\?\)"):
+        parse_plot_args(["runs/a", "key=train/loss"])
+    with pytest.raises(UsageError, match="keys= names no metric"):
+        parse_plot_args(["runs/a", "keys=[]"])
+
+
+def _cli_has_plot() -> bool:
+    return "plot" in (REPO / "ddprl" / "cli.py").read_text()
+
+
+@pytest.mark.skipif(not _cli_has_plot(), reason="cli not wired")
+def test_plot_cli(two_runs, tmp_path):
+    png = tmp_path / "cli" / "curves.png"
+    res = run_cli(["plot", str(two_runs[0]), str(two_runs[1]), f"out={png}"], timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert png.is_file()
