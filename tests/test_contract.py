@@ -6,14 +6,12 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest

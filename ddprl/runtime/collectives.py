@@ -203,8 +203,14 @@ class Runtime:
         return checksum
 
     def close(self) -> None:
-        """Leave the process group (safe to call twice)."""
-        if dist.is_initialized():
+        """Leave the process group (safe to call twice).
+
+        Once DDP was used here the group is left to the process's exit: torch keeps a DDP
+        model's gloo group alive anyway (see ``launch.exit_process``, which ends such a process
+        with ``os._exit``), and on torch 2.4 ``destroy_process_group`` sometimes never returned
+        after a DDP job (seen in ~1 of 8 two-rank runs of the KL test).
+        """
+        if dist.is_initialized() and not _ddp_used:
             dist.destroy_process_group()
 
 

@@ -126,7 +126,11 @@ def _run_rank(placement: Placement, fn: Callable, cfg: Any, dist_timeout: float)
         torch.set_num_threads(1)
     rt = Runtime(placement, dist_timeout)
     try:
-        return fn(rt, cfg)
+        result = fn(rt, cfg)
+        # Leave together: no rank tears its process group down while a peer still has a
+        # collective in flight with it (seen on torch 2.4: destroy_process_group never returned).
+        rt.barrier()
+        return result
     except UsageError as e:
         if rt.is_main:
             print(f"ddprl: error: {e}", file=sys.stderr, flush=True)
