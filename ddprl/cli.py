@@ -67,7 +67,7 @@ def prepare_train(overrides: list[str], config_name: str | None):
     from ddprl.checkpoint import load_checkpoint
     from ddprl.config import load_config
     from ddprl.run import resolve_resume, run_dir_of_checkpoint
-    from ddprl.runtime import resolve_world_size
+    from ddprl.runtime import resolved_config
 
     overrides = _launcher_overrides(overrides)
     cfg = load_config(overrides, config_name)
@@ -86,7 +86,7 @@ def prepare_train(overrides: list[str], config_name: str | None):
         cfg = dataclasses.replace(cfg, resume=str(ckpt_path), run_dir=run_dir)
     elif cfg.resume:  # resume=auto with nothing to resume yet
         cfg = dataclasses.replace(cfg, resume="")
-    cfg = cfg.resolved(resolve_world_size(cfg.world_size, cfg.device, cfg.nnodes))
+    cfg = resolved_config(cfg)
     prepare = algorithm.prepare_fn()
     if prepare is not None:
         cfg = prepare(cfg, overrides, config_name, ckpt_path is not None)
@@ -127,7 +127,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     # One process: a checkpoint from any number of ranks evaluates here.
     extra = ["world_size=1", "progress=false",
              f"device={kv.get('device', 'auto')}", f"eval_episodes={kv.get('episodes', 10)}"]
-    if "eval_episodes" not in {f.name for f in dataclasses.fields(registry.get(ckpt["algo"]).config)}:
+    if not registry.get(ckpt["algo"]).has_key("eval_episodes"):
         raise UsageError(f"eval: algo={ckpt['algo']} has no evaluation episodes")
     if "seed" in kv:
         extra.append(f"seed={kv['seed']}")
@@ -200,8 +200,7 @@ def _deterministic_override(kv: dict[str, Any], ckpt: dict[str, Any], command: s
     """``deterministic=BOOL`` on eval/play: most likely vs sampled actions (algorithms that have both)."""
     if "deterministic" not in kv:
         return []
-    algorithm = registry.get(ckpt["algo"])
-    if "eval_deterministic" not in {f.name for f in dataclasses.fields(algorithm.config)}:
+    if not registry.get(ckpt["algo"]).has_key("eval_deterministic"):
         raise UsageError(f"{command}: deterministic= applies to algorithms with sampled and most likely actions; "
                          f"{ckpt['algo']} evaluates without exploration noise")
     return [f"eval_deterministic={str(kv['deterministic']).lower()}"]
@@ -221,11 +220,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     kv = _key_values(args.overrides, {"world_size": str, "device": str, "backend": str, "master_port": str,
                                       "size_mb": float, "dist_timeout": float}, "doctor")
-    from ddprl.runtime import resolve_world_size
+    from ddprl.runtime import resolved_config
 
     size_mb = kv.pop("size_mb", 64.0)
     cfg = load_config(_launcher_overrides([f"{k}={v}" for k, v in kv.items()]))
-    cfg = cfg.resolved(resolve_world_size(cfg.world_size, cfg.device, cfg.nnodes))
+    cfg = resolved_config(cfg)
     print(describe_machine(cfg), flush=True)
     launch(functools.partial(doctor, size_mb=size_mb), cfg)
     return 0

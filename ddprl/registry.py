@@ -52,6 +52,10 @@ class Algorithm:
     engine: str = "torch"
     description: str = ""
 
+    def has_key(self, name: str) -> bool:
+        """Whether ``name`` is one of this algorithm's config keys."""
+        return any(f.name == name for f in dataclasses.fields(self.config))
+
     def train_fn(self) -> Callable[..., Any]:
         return _resolve(self.train)
 

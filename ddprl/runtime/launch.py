@@ -26,7 +26,7 @@ from ddprl.runtime import collectives
 from ddprl.runtime.collectives import Runtime
 from ddprl.runtime.nccl import apply_nccl_preset
 from ddprl.runtime.placement import (Placement, check_port_free, choose_device_and_backend, detect_launcher,
-                                     free_port, placement_from_env, resolve_world_size)
+                                     free_port, placement_from_env, resolved_config)
 
 log = logging.getLogger("ddprl")
 
@@ -167,7 +167,7 @@ def launch(fn: Callable[[Runtime, Any], Any], cfg: Any) -> Any:
     if launcher != "spawn":
         return _run_rank(placement_from_env(cfg), fn, cfg, cfg.dist_timeout)
     if cfg.world_size == "auto":
-        cfg = cfg.resolved(resolve_world_size(cfg.world_size, cfg.device, cfg.nnodes))
+        cfg = resolved_config(cfg)
     port = prepare_spawn(cfg)
     cfg = dataclasses.replace(cfg, master_port=str(port))
     nprocs = cfg.world_size // cfg.nnodes

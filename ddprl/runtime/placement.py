@@ -140,6 +140,11 @@ def placement_from_env(cfg: Any, environ: Mapping[str, str] = os.environ, local_
 
 
 
+def resolved_config(cfg: Any) -> Any:
+    """``cfg`` with ``world_size=auto`` (and the sizes derived from it) made concrete."""
+    return cfg.resolved(resolve_world_size(cfg.world_size, cfg.device, cfg.nnodes))
+
+
 def resolve_world_size(world_size: int | str, device: str, nnodes: int = 1, cuda_count: int | None = None) -> int:
     """``world_size=auto``: one rank per visible GPU (on each of ``nnodes`` machines) when the
     device is CUDA, else two CPU processes. An explicit number is returned unchanged.
