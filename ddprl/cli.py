@@ -62,21 +62,27 @@ def _launcher_overrides(overrides: list[str]) -> list[str]:
     return [o for o in overrides if not o.startswith("world_size=")] + [f"world_size={actual}"]
 
 
-def prepare_train(overrides: list[str], config_name: str | None):
-    """Resolve and check everything a training job needs before any process starts."""
+def prepare_train(overrides: list[str], config_name: str | None, values: dict[str, Any] | None = None,
+                  prepare_hook: bool = True):
+    """Resolve and check everything a training job needs before any process starts.
+
+    ``values``: keys given from Python (the supervised Trainer), like command-line keys;
+    ``prepare_hook=False`` skips the algorithm's command-line preparation (the Trainer's task
+    comes as Python objects, not as a name to import).
+    """
     from ddprl.checkpoint import load_checkpoint
     from ddprl.config import load_config
     from ddprl.run import resolve_resume, run_dir_of_checkpoint
     from ddprl.runtime import resolved_config
 
     overrides = _launcher_overrides(overrides)
-    cfg = load_config(overrides, config_name)
+    cfg = load_config(overrides, config_name, values=values)
     algorithm = registry.get(cfg.algo)
     ckpt_path = resolve_resume(cfg.resume, cfg.run_dir, cfg.algo)
     if ckpt_path is not None:
         saved = load_checkpoint(ckpt_path, expect_algo=cfg.algo)["config"]
         resumed = {k: v for k, v in saved.items() if k not in NOT_RESUMED}
-        cfg = load_config(overrides, config_name, resumed=resumed)
+        cfg = load_config(overrides, config_name, resumed=resumed, values=values)
         if getattr(cfg, "task", None) != saved.get("task"):
             raise UsageError(f"resume: checkpoint {ckpt_path} is for task={saved['task']}, not task={cfg.task}")
         for key in algorithm.architecture_keys:
@@ -87,7 +93,7 @@ def prepare_train(overrides: list[str], config_name: str | None):
     elif cfg.resume:  # resume=auto with nothing to resume yet
         cfg = dataclasses.replace(cfg, resume="")
     cfg = resolved_config(cfg)
-    prepare = algorithm.prepare_fn()
+    prepare = algorithm.prepare_fn() if prepare_hook else None
     if prepare is not None:
         cfg = prepare(cfg, overrides, config_name, ckpt_path is not None)
     cfg.check()
@@ -115,14 +121,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from ddprl.config import load_config
     from ddprl.runtime import launch
 
+    paths = [a.split("=", 1)[1] for a in args.overrides if a.startswith("checkpoint=")]
+    if not paths:
+        raise UsageError("eval: give checkpoint=PATH")
+    ckpt = load_checkpoint(paths[-1])
+    algorithm = registry.get(ckpt.get("algo"))  # a UsageError naming the known algorithms
+    evaluator = algorithm.checkpoint_evaluator()
+    if evaluator is not None:  # no policy to roll out: the algorithm evaluates itself
+        return evaluator(ckpt, args.overrides)
     kv = _key_values(args.overrides, {"checkpoint": str, "episodes": int, "device": str, "seed": int,
                                       "video": str, "deterministic": boolean}, "eval")
-    if "checkpoint" not in kv:
-        raise UsageError("eval: give checkpoint=PATH")
     if kv.get("episodes", 10) < 1:
         raise UsageError("eval: episodes must be >= 1")
-    ckpt = load_checkpoint(kv["checkpoint"])
-    registry.get(ckpt.get("algo"))  # a UsageError naming the known algorithms
     saved = {k: v for k, v in ckpt["config"].items() if k not in NOT_RESUMED}
     # One process: a checkpoint from any number of ranks evaluates here.
     extra = ["world_size=1", "progress=false",

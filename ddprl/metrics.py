@@ -65,14 +65,14 @@ class MetricsLogger:
         if "eval/return_mean" in clean:
             self._last_eval = clean["eval/return_mean"]
 
-    def progress(self, step: int, fps: float | None = None) -> None:
-        """Move the progress bar to global ``step`` (rank 0 only)."""
+    def progress(self, step: int, rate: float | None = None, label: str = "fps") -> None:
+        """Move the progress bar to global ``step``, showing ``rate`` as ``label`` (rank 0 only)."""
         if self._bar is None:
             return
         self._bar.update(max(0, int(step) - self._bar.n))
         post = {}
-        if fps is not None:
-            post["fps"] = f"{fps:,.0f}"
+        if rate is not None:
+            post[label] = f"{rate:,.0f}"
         if self._last_eval is not None:
             post["eval"] = f"{self._last_eval:.1f}"
         self._bar.set_postfix(post, refresh=False)

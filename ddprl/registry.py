@@ -30,6 +30,7 @@ from ddprl.errors import UsageError
 BUILTIN = (
     "ddprl.algos.ppo",
     "ddprl.algos.tdmpc2",
+    "ddprl.supervised",
 )
 ENTRY_POINT_GROUP = "ddprl.algorithms"
 DEFAULT_ALGO = "ppo"
@@ -49,6 +50,9 @@ class Algorithm:
     architecture_keys: tuple[str, ...] = ()  # keys a resumed run may not change
     # prepare(cfg, overrides, config_name) -> cfg: last changes before launch (PPO: autoscale)
     prepare: FunctionRef | None = None
+    # eval_checkpoint(checkpoint_dict, args) -> exit code: `ddprl eval` for algorithms without a
+    # policy to roll out (supervised: test-set metrics); None: eval/play go through load_actor
+    eval_checkpoint: FunctionRef | None = None
     engine: str = "torch"
     description: str = ""
 
@@ -63,6 +67,9 @@ class Algorithm:
         if self.load_actor is None:
             raise UsageError(f"algo={self.name} has no policy to evaluate or play")
         return _resolve(self.load_actor)
+
+    def checkpoint_evaluator(self) -> Callable[..., Any] | None:
+        return None if self.eval_checkpoint is None else _resolve(self.eval_checkpoint)
 
     def prepare_fn(self) -> Callable[..., Any] | None:
         return None if self.prepare is None else _resolve(self.prepare)

@@ -143,11 +143,12 @@ class Checkpointer:
 class Run:
     """The job-level state every algorithm shares; see the module docstring for the calls.
 
-    ``score_mode``: "max" (eval return) or "min" (a loss) decides which ``score`` is best.
+    ``score_mode``: "max" (eval return) or "min" (a loss) decides which ``score`` is best;
+    ``rate_key`` names the metric the progress bar shows as a rate.
     """
 
-    def __init__(self, rt: Any, cfg: Any, score_mode: str = "max"):
-        self.rt, self.cfg, self.score_mode = rt, cfg, score_mode
+    def __init__(self, rt: Any, cfg: Any, score_mode: str = "max", rate_key: str = "time/global_fps"):
+        self.rt, self.cfg, self.score_mode, self.rate_key = rt, cfg, score_mode, rate_key
         self.checkpoint = load_checkpoint(cfg.resume, expect_algo=cfg.algo) if cfg.resume else None
         forget_checkpoint()  # this Run holds it now; nothing else in the process needs the file again
         self.step = int(self.checkpoint["step"]) if self.checkpoint else 0
@@ -220,7 +221,19 @@ class Run:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Record global metrics at ``step`` and move the progress bar (every rank calls)."""
         self.logger.log(step, metrics)
-        self.logger.progress(step, metrics.get("time/global_fps"))
+        # time/global_fps -> "fps", time/samples_per_s -> "samples/s"
+        label = self.rate_key.rsplit("/", 1)[-1].replace("global_", "").replace("_per_", "/")
+        self.logger.progress(step, metrics.get(self.rate_key), label)
+
+    def progress(self, step: int) -> None:
+        """Move the progress bar to ``step`` without logging a row (rank 0 draws it)."""
+        self.logger.progress(step)
+
+    def improves(self, score: float) -> bool:
+        """Whether ``score`` would make a checkpoint saved now ``best.pt``."""
+        if self.best is None:
+            return score == score  # not NaN
+        return score > self.best["score"] if self.score_mode == "max" else score < self.best["score"]
 
     def save(self, step: int, state: dict[str, Any], counters: dict[str, Any] | None = None,
              own: dict[str, Any] | None = None, score: float | None = None) -> Path:
@@ -229,8 +242,7 @@ class Run:
         ``score`` (a global eval metric, or None when there was no evaluation) makes this
         checkpoint ``best.pt`` when it beats every earlier one.
         """
-        is_best = score is not None and (self.best is None or (
-            score > self.best["score"] if self.score_mode == "max" else score < self.best["score"]))
+        is_best = score is not None and self.improves(score)
         if is_best:
             self.best = {"score": float(score), "step": int(step)}
         payload = {"algo": self.cfg.algo, "step": int(step), "config": to_dict(self.cfg),

@@ -79,15 +79,16 @@ def _suggest(word: str, choices: Iterable[str]) -> str:
 
 
 def load_config(overrides: Iterable[str] = (), config_name: str | None = None,
-                resumed: dict[str, Any] | None = None) -> JobConfig:
+                resumed: dict[str, Any] | None = None, values: dict[str, Any] | None = None) -> JobConfig:
     """Resolve the configuration of a job; see the module docstring for the order.
 
     ``resumed`` is the config stored in a checkpoint being resumed: it comes after the YAML
     files and before the command line, so a resumed run keeps its settings unless overridden.
+    ``values`` are keys given from Python (``Trainer(epochs=5)``): they act as command-line keys.
     """
     from ddprl import registry
 
-    cli = _parse_overrides(overrides)
+    cli = {**(values or {}), **_parse_overrides(overrides)}
     resumed = dict(resumed or {})
     named: dict[str, Any] = {}
     if config_name:

@@ -1,0 +1,56 @@
+"""Loaders on each rank: a DistributedSampler to train, an exact shard (no padding) to evaluate.
+
+Training uses ``torch.utils.data.DistributedSampler``: one permutation per epoch (``set_epoch``),
+the same on every rank, rank r taking positions r, r+W, r+2W, ... of it. Batch i of the W ranks
+together is then exactly batch i of one process with a W times larger batch: N ranks equal one
+process on the full batch. To give every rank the same number of batches it pads the last
+round with repeated samples (or drops the tail with ``drop_last``); harmless for training.
+
+Evaluation must not count a sample twice, so it uses :class:`ShardSampler`: contiguous,
+disjoint shards covering the set exactly once, sizes differing by at most one. Concatenated
+in rank order they are the set in its own order.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from torch.utils.data import DataLoader, DistributedSampler, Sampler
+
+
+class ShardSampler(Sampler[int]):
+    """Indices ``[r*N//W, (r+1)*N//W)`` of a set of ``num_samples``: every sample exactly once over ranks."""
+
+    def __init__(self, num_samples: int, rank: int, world_size: int):
+        self.start = rank * num_samples // world_size
+        self.stop = (rank + 1) * num_samples // world_size
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.start, self.stop))
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+def _loader_kwargs(cfg: Any, collate_fn: Any) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"num_workers": cfg.num_workers, "pin_memory": cfg.pin_memory, "collate_fn": collate_fn}
+    if cfg.num_workers > 0:
+        kwargs["persistent_workers"] = True  # no worker start-up cost every epoch
+        if cfg.prefetch_factor is not None:
+            kwargs["prefetch_factor"] = cfg.prefetch_factor
+    return kwargs
+
+
+def train_loader(dataset: Any, cfg: Any, rank: int, world_size: int, collate_fn: Any = None) -> DataLoader:
+    """This rank's training batches of ``batch_size``; call ``loader.sampler.set_epoch(e)`` every epoch."""
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=cfg.shuffle,
+                                 seed=cfg.seed, drop_last=cfg.drop_last)
+    return DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler, drop_last=cfg.drop_last,
+                      **_loader_kwargs(cfg, collate_fn))
+
+
+def eval_loader(dataset: Any, cfg: Any, rank: int, world_size: int, collate_fn: Any = None) -> DataLoader:
+    """This rank's shard of an evaluation set: every sample counted once over the ranks."""
+    sampler = ShardSampler(len(dataset), rank, world_size)
+    return DataLoader(dataset, batch_size=cfg.eval_batch_size or cfg.batch_size, sampler=sampler,
+                      **_loader_kwargs(cfg, collate_fn))

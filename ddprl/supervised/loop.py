@@ -1,0 +1,271 @@
+"""The supervised training loop, run on every rank: epochs of DDP steps, exact validation, early stopping.
+
+    for epoch:
+        train_one_epoch          # DistributedSampler.set_epoch(epoch); grads all-reduced once per
+                                 # sync_freq micro-batches (no_sync before the last one)
+        validate (every eval_freq epochs)      # exact over ranks: every sample once
+        rank 0 decides: improved? stop?        # from the global metric, broadcast to all
+        save (improved, every checkpoint_freq epochs, last)    # best.pt / latest.pt
+        log one row
+    test on the best weights
+
+The loop never touches torch.distributed: it uses the Runtime's verbs (wrap, no_sync,
+all_reduce_sum, broadcast_object) and ddprl.run.Run for the run directory and checkpoints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ddprl.checkpoint import strip_prefixes
+from ddprl.errors import UsageError
+from ddprl.run import Run
+from ddprl.supervised.data import eval_loader, train_loader
+from ddprl.supervised.early_stopping import EarlyStopping
+from ddprl.supervised.metrics import evaluate
+from ddprl.supervised.task import Task, batch_len, to_device
+
+log = logging.getLogger("ddprl")
+
+
+@dataclasses.dataclass
+class FitResult:
+    """What a finished ``fit`` leaves: its directory, its last logged row, best.pt."""
+
+    run_dir: Path
+    metrics: dict[str, float]  # the last row: epoch, train/*, val/* and test/* (best weights)
+    epochs: int
+    stopped_early: bool
+    best_checkpoint: Path | None
+
+    @classmethod
+    def from_run_dir(cls, run_dir: str | Path) -> "FitResult":
+        from ddprl.metrics import read_metrics
+
+        run_dir = Path(run_dir)
+        rows = [r for r in read_metrics(run_dir) if "epoch" in r]
+        last = rows[-1] if rows else {}
+        best = run_dir / "checkpoints" / "best.pt"
+        return cls(run_dir=run_dir, metrics=last, epochs=int(last.get("epoch", 0)),
+                   stopped_early=bool(last.get("stopped_early", 0)), best_checkpoint=best if best.exists() else None)
+
+
+def autocast_context(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """bf16/fp16 autocast for forward passes, or nothing for fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+
+
+def make_optimizer(task: Task, cfg: Any, params: Any) -> torch.optim.Optimizer:
+    if task.optimizer is not None:
+        return task.optimizer(params)
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    kind = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+    return kind(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def make_scheduler(task: Task, cfg: Any, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
+    """An LR scheduler stepped once per optimizer step (None: constant learning rate)."""
+    if task.scheduler is not None:
+        return task.scheduler(optimizer, total_steps)
+    if cfg.scheduler == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, total_steps))
+    return None
+
+
+def build_datasets(task: Task) -> dict[str, Any]:
+    """The task's datasets by split, each checked to be a non-empty map-style dataset."""
+    datasets = {}
+    for split in ("train", "val", "test"):
+        factory = getattr(task, split)
+        if factory is None:
+            continue
+        dataset = factory()
+        try:
+            size = len(dataset)
+        except TypeError:
+            raise UsageError(f"the {split} dataset has no len(): the Trainer shards map-style datasets "
+                             f"(an IterableDataset cannot be split exactly over ranks)") from None
+        if size == 0:
+            raise UsageError(f"the {split} dataset is empty")
+        datasets[split] = dataset
+    if "train" not in datasets:
+        raise UsageError("the task has no training data (Task.train is None)")
+    return datasets
+
+
+def monitored(cfg: Any, task: Task) -> str:
+    """The metric deciding early stopping and best.pt; checked to be one the job measures."""
+    if cfg.monitor == "auto":
+        return "val/loss" if task.val is not None else "train/loss"
+    split, _, name = cfg.monitor.partition("/")
+    if split == "val" and task.val is None:
+        raise UsageError(f"monitor={cfg.monitor} but the task has no validation set; monitor train/loss")
+    known = ["loss", *task.metrics] if split == "val" else ["loss"]
+    if name not in known:
+        raise UsageError(f"monitor={cfg.monitor}: the job measures {', '.join(f'{split}/{k}' for k in known)}")
+    return cfg.monitor
+
+
+def average_buffers(rt: Any, module: torch.nn.Module) -> None:
+    """Mean of floating buffers (BatchNorm statistics) over ranks: DDP leaves them per rank."""
+    for buffer in module.buffers():
+        if buffer.is_floating_point():
+            with torch.no_grad():
+                buffer.copy_(rt.all_reduce_mean(buffer))
+
+
+def train(rt: Any, cfg: Any) -> FitResult:
+    """``ddprl train algo=supervised``: the task named by ``cfg.task`` (a shipped one or module:function)."""
+    from ddprl.supervised.tasks import load_task
+
+    return fit(rt, cfg, load_task(cfg))
+
+
+def fit(rt: Any, cfg: Any, task: Task) -> FitResult:
+    """Train ``task`` on this rank (every rank calls it); the result is the same on every rank."""
+    run = Run(rt, cfg, score_mode=cfg.mode, rate_key="time/samples_per_s")
+    monitor = monitored(cfg, task)
+    datasets = build_datasets(task)
+    model = task.model()
+    if run.resumed:
+        model.load_state_dict(run.state["model"])
+    net = rt.wrap(model, compile=cfg.compile)  # rank 0's weights on every rank
+    plain = rt.unwrap(net)
+
+    loader = train_loader(datasets["train"], cfg, rt.rank, rt.world_size, task.collate_fn)
+    val_loader = eval_loader(datasets["val"], cfg, rt.rank, rt.world_size, task.collate_fn) if "val" in datasets else None
+    # DistributedSampler gives every rank the same number of batches; a mismatch here would
+    # leave one rank waiting in an all-reduce, so it is refused up front.
+    lengths = rt.all_gather_object(len(loader))
+    if len(set(lengths)) != 1:
+        raise RuntimeError(f"ranks have different numbers of training batches: {lengths}")
+    micro_batches = len(loader)
+    steps_per_epoch = math.ceil(micro_batches / cfg.sync_freq)
+    total_steps = steps_per_epoch * cfg.epochs
+
+    optimizer = make_optimizer(task, cfg, plain.parameters())
+    scheduler = make_scheduler(task, cfg, optimizer, total_steps)
+    scaler = torch.amp.GradScaler(rt.device.type, enabled=cfg.precision == "fp16")
+    stopper = EarlyStopping(cfg.mode, cfg.patience, cfg.min_delta)
+    epoch = 0
+    if run.resumed:
+        optimizer.load_state_dict(run.state["optimizer"])
+        if scheduler is not None:
+            scheduler.load_state_dict(run.state["scheduler"])
+        scaler.load_state_dict(run.state["scaler"])
+        stopper.load_state_dict(run.state["early_stopping"])
+        epoch = int(run.counters["epoch"])
+    run.restore_rank_state()
+    run.open(total_steps)
+    autocast = autocast_context(rt.device, cfg.precision)
+    effective_batch = cfg.effective_batch_size(rt.world_size)
+    if rt.is_main:
+        log.info("%d samples to train on, %d rank(s) x batch_size %d x sync_freq %d = %d samples per "
+                 "optimizer step, %d steps per epoch", len(datasets["train"]), rt.world_size, cfg.batch_size,
+                 cfg.sync_freq, effective_batch, steps_per_epoch)
+
+    step, row = run.step, {}
+    while epoch < cfg.epochs and not stopper.stopped:
+        start = time.perf_counter()
+        loader.sampler.set_epoch(epoch)  # a new permutation every epoch, the same on every rank
+        train_sums, step = train_one_epoch(rt, cfg, task, net, plain, loader, optimizer, scheduler, scaler,
+                                           autocast, run, step)
+        epoch += 1
+        seconds = time.perf_counter() - start
+        row = {"epoch": epoch, "train/loss": train_sums["loss"] / train_sums["samples"],
+               "train/lr": optimizer.param_groups[0]["lr"], "train/samples": train_sums["samples"],
+               "train/effective_batch_size": effective_batch,
+               "time/samples_per_s": train_sums["samples"] / seconds, "time/epoch_s": seconds}
+        average_buffers(rt, plain)
+        validated = val_loader is not None and (epoch % cfg.eval_freq == 0 or epoch == cfg.epochs)
+        if validated:
+            row.update(evaluate(rt, plain, val_loader, task, "val", autocast))
+        score = row.get(monitor) if validated or monitor.startswith("train/") else None
+        # Every rank sees the same global score; rank 0's decision is still the one taken
+        # (broadcast), so no float or state difference can ever split the ranks.
+        improved = score is not None and run.improves(score)
+        if score is not None:
+            stopper.update(score)
+        stop, improved = rt.broadcast_object((stopper.stopped, improved))
+        stopper.stopped = stop
+        last = stop or epoch == cfg.epochs
+        if improved or last or (cfg.checkpoint_freq and epoch % cfg.checkpoint_freq == 0):
+            run.save(step, state={"model": strip_prefixes(plain.state_dict()), "optimizer": optimizer.state_dict(),
+                                  "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                                  "scaler": scaler.state_dict(), "early_stopping": stopper.state_dict()},
+                     counters={"epoch": epoch}, score=score)
+        if last and "test" in datasets:
+            row.update(test_best(rt, cfg, run, task, plain, datasets["test"], autocast, monitor))
+        if stop:
+            row["stopped_early"] = 1.0
+            if rt.is_main:
+                log.info("early stop after epoch %d: %s did not improve for %d validation(s) (best %.6g)",
+                         epoch, monitor, cfg.patience, stopper.best)
+        run.log(step, row)
+    run.close()
+    best = run.dir / "checkpoints" / "best.pt" if run.best is not None else None
+    return FitResult(run_dir=run.dir, metrics=row, epochs=epoch, stopped_early=stopper.stopped, best_checkpoint=best)
+
+
+def train_one_epoch(rt: Any, cfg: Any, task: Task, net: torch.nn.Module, plain: torch.nn.Module, loader: Any,
+                    optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler,
+                    autocast: contextlib.AbstractContextManager, run: Run, step: int) -> tuple[dict[str, float], int]:
+    """One pass over this rank's shard; returns the global loss sum and sample count, and the step."""
+    net.train()
+    micro_batches = len(loader)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
+    samples = 0
+    for i, batch in enumerate(loader):
+        group_start = i - i % cfg.sync_freq
+        group_size = min(cfg.sync_freq, micro_batches - group_start)  # the epoch's last group may be short
+        last_micro = i == group_start + group_size - 1
+        inputs, target = task.split_batch(to_device(batch, rt.device, non_blocking=True))
+        with rt.no_sync(net, enabled=not last_micro):  # all-reduce once, on the last micro-batch
+            with autocast:
+                output = net(inputs)
+            loss = task.loss(output.float() if output.is_floating_point() else output, target)
+            scaler.scale(loss / group_size).backward()
+        n = batch_len(target)
+        loss_sum += loss.detach().double() * n
+        samples += n
+        if not last_micro:
+            continue
+        if cfg.max_grad_norm > 0:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(plain.parameters(), cfg.max_grad_norm)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        if scheduler is not None:
+            scheduler.step()
+        step += 1
+        run.progress(step)
+        if cfg.log_freq and step % cfg.log_freq == 0:
+            run.log(step, {"train/step_loss": rt.all_reduce_mean(float(loss.detach()))})
+    totals = rt.all_reduce_sum({"loss": loss_sum, "samples": float(samples)})
+    return totals, step
+
+
+def test_best(rt: Any, cfg: Any, run: Run, task: Task, plain: torch.nn.Module, dataset: Any,
+              autocast: contextlib.AbstractContextManager, monitor: str) -> dict[str, float]:
+    """Test metrics of the best checkpoint (the last weights when nothing was validated)."""
+    if run.best is not None:
+        state = None
+        if rt.is_main:  # rank 0 wrote it; the others may not share its file system
+            state = torch.load(run.dir / "checkpoints" / "best.pt", map_location="cpu", weights_only=True)["state"]["model"]
+        plain.load_state_dict(rt.broadcast_object(state))
+        if rt.is_main:
+            log.info("testing best.pt (step %d, %s=%.6g)", run.best["step"], monitor, run.best["score"])
+    loader = eval_loader(dataset, cfg, rt.rank, rt.world_size, task.collate_fn)
+    return evaluate(rt, plain, loader, task, "test", autocast)
