@@ -48,6 +48,9 @@ def test_early_stopping_counts_validations_without_improvement():
     copy = EarlyStopping(mode="max", patience=2)
     copy.load_state_dict(stopper.state_dict())
     assert copy.state_dict() == stopper.state_dict()
+    more_patience = EarlyStopping(mode="max", patience=3)
+    more_patience.load_state_dict(stopper.state_dict())
+    assert not more_patience.stopped and more_patience.update(0.7)  # a third one without improvement
     assert not EarlyStopping(patience=0).update(float("nan"))  # patience 0: never stops
     nan = EarlyStopping(patience=1)
     nan.update(1.0)

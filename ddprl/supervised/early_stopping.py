@@ -47,4 +47,7 @@ class EarlyStopping:
         return {"best": self.best, "bad_evals": self.bad_evals, "stopped": self.stopped}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.best, self.bad_evals, self.stopped = state["best"], int(state["bad_evals"]), bool(state["stopped"])
+        """Restore best and count; ``stopped`` follows this instance's patience (resuming with a larger
+        patience continues a run that had stopped)."""
+        self.best, self.bad_evals = state["best"], int(state["bad_evals"])
+        self.stopped = self.patience > 0 and self.bad_evals >= self.patience

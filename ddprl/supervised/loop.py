@@ -50,7 +50,7 @@ class FitResult:
     def from_run_dir(cls, run_dir: str | Path) -> "FitResult":
         from ddprl.metrics import read_metrics
 
-        run_dir = Path(run_dir)
+        run_dir = Path(run_dir).resolve()
         rows = [r for r in read_metrics(run_dir) if "epoch" in r]
         last = rows[-1] if rows else {}
         best = run_dir / "checkpoints" / "best.pt"
