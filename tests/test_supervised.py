@@ -57,6 +57,13 @@ def test_early_stopping_counts_validations_without_improvement():
     assert nan.update(float("nan"))  # NaN is never an improvement
 
 
+def test_one_entry_of_task_options_on_the_command_line():
+    cfg = load_config(["algo=supervised", "task_options.split_seed=3", "task_options.num_graphs=40"])
+    assert cfg.task_options == {"split_seed": 3, "num_graphs": 40}
+    with pytest.raises(UsageError, match="unknown key 'epochs.x'"):
+        load_config(["algo=supervised", "epochs.x=1"])  # only dict-valued keys have entries
+
+
 def test_builtin_metrics_per_sample():
     logits = torch.tensor([[2.0, 1.0], [0.0, 3.0], [1.0, 0.0]])
     assert accuracy(logits, torch.tensor([0, 1, 1])).tolist() == [1.0, 1.0, 0.0]

@@ -121,7 +121,7 @@ def load_config(overrides: Iterable[str] = (), config_name: str | None = None,
     cfg = OmegaConf.structured(schema)
     for source, values in layers:
         for key, value in values.items():
-            if key not in fields:
+            if key not in fields and not _is_dict_entry(schema, key):
                 raise UsageError(f"unknown key {key!r} for algo={algo} (from {source}){_suggest(key, fields)}")
             try:
                 OmegaConf.update(cfg, key, value, merge=False)
@@ -141,6 +141,12 @@ def load_config(overrides: Iterable[str] = (), config_name: str | None = None,
         if cause is not None:
             raise cause from None
         raise UsageError(str(e).splitlines()[0]) from None
+
+
+def _is_dict_entry(schema: type, key: str) -> bool:
+    """``task_options.split_seed``: one entry of a dict-valued key, set on its own."""
+    head, dot, _ = key.partition(".")
+    return bool(dot) and any(f.name == head and str(f.type).startswith("dict") for f in dataclasses.fields(schema))
 
 
 def _field_type_name(schema: type, key: str) -> str:
