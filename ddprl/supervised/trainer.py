@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import pickle
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -20,8 +19,6 @@ from ddprl.errors import UsageError
 from ddprl.supervised.loop import FitResult
 from ddprl.supervised.task import Task, default_split
 from ddprl.supervised.tasks import PYTHON_TASK, is_user_task, load_task
-
-log = logging.getLogger("ddprl")
 
 
 def _constant(value: Any) -> Any:
@@ -84,9 +81,7 @@ class Trainer:
         """Train (spawning ranks, or as this rank under torchrun/srun); returns the run's result."""
         from ddprl.run import default_run_dir
         from ddprl.runtime import launch, runs_in_this_process
-        from ddprl.supervised.loop import fit
-
-        from ddprl.supervised.loop import monitored
+        from ddprl.supervised.loop import fit, monitored
 
         cfg = self.config()
         monitored(cfg, self.task)
