@@ -30,6 +30,7 @@ from ddprl.errors import UsageError
 BUILTIN = (
     "ddprl.algos.ppo",
     "ddprl.algos.tdmpc2",
+    "ddprl.algos.qmix",
     "ddprl.supervised",
 )
 ENTRY_POINT_GROUP = "ddprl.algorithms"

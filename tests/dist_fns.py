@@ -167,3 +167,51 @@ def wrap_with_old_ddp(rt, cfg, out: str) -> None:
     wrapped = rt.wrap(net)
     torch.save({"kwargs": seen["kwargs"], "buffer": rt.unwrap(wrapped).running_mean.clone()},
                Path(out) / f"rank{rt.rank}.pt")
+
+
+def qmix_learn(rt, cfg, out: str, batch_path: str, steps: int = 1) -> None:
+    """QMIX updates on this rank's share of fixed episode batches; save live and target weights.
+
+    The file holds ``steps`` lists of ``sync_freq`` batches each; every rank takes its
+    contiguous share of the episodes of each batch.
+    """
+    from ddprl.algos.qmix.learner import QLearner
+    from ddprl.algos.qmix.networks import AgentNet, QMixer, QNetwork
+
+    data = torch.load(batch_path)
+    torch.manual_seed(0)  # the same initial weights everywhere (DDP would broadcast rank 0's anyway)
+    a, u, o, s = data["dims"]
+    net = QNetwork(AgentNet(o + a, u, 16, use_rnn=cfg.use_rnn), QMixer(a, s, 8, 2, 16), u, agent_id=True,
+                   last_action=False)
+    learner = QLearner(rt, cfg, net)
+    metrics = []
+    for step_batches in data["steps"][:steps]:
+        local = []
+        for batch in step_batches:
+            n = batch["filled"].shape[0] // rt.world_size
+            local.append({k: v[rt.rank * n:(rt.rank + 1) * n] for k, v in batch.items()})
+        metrics.append(learner.update(local))
+    torch.save({"params": {k: v.clone() for k, v in learner.net.state_dict().items()},
+                "target": {k: v.clone() for k, v in learner.target.state_dict().items()},
+                "reward_mean": float(learner.reward_stats.mean), "metrics": metrics, "updates": learner.updates},
+               Path(out) / f"rank{rt.rank}.pt")
+
+
+def qmix_wrapped_modules(rt, cfg, out: str) -> None:
+    """Build a stage's learner the way the loop does; record which parameters DDP synchronises."""
+    from ddprl.algos.qmix.learner import AutoencoderLearner, QLearner
+    from ddprl.algos.qmix.loop import build_networks, init_from_checkpoint, q_network
+    from ddprl.algos.qmix.networks import Autoencoder
+    from ddprl.envs.marl import make_marl_env
+
+    env = make_marl_env(cfg.task, 1, seed=rt.rank)
+    nets = build_networks(cfg, env)
+    if cfg.init_from:
+        init_from_checkpoint(nets, cfg.init_from)
+    if cfg.stage == "pretrain":
+        learner = AutoencoderLearner(rt, cfg, Autoencoder(nets["encoder"], nets["decoder"]))
+    else:
+        learner = QLearner(rt, cfg, q_network(cfg, env, nets))
+    ddp = type(learner.model).__name__ == "DistributedDataParallel"
+    synced = sorted({name.split(".")[1] for name, p in learner.model.named_parameters() if p.requires_grad})
+    torch.save({"ddp": ddp, "synced": synced}, Path(out) / f"rank{rt.rank}.pt")

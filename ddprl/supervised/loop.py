@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ddprl.algos.common import autocast_context
 from ddprl.checkpoint import strip_prefixes
 from ddprl.errors import UsageError
 from ddprl.run import Run
@@ -56,13 +57,6 @@ class FitResult:
         best = run_dir / "checkpoints" / "best.pt"
         return cls(run_dir=run_dir, metrics=last, epochs=int(last.get("epoch", 0)),
                    stopped_early=bool(last.get("stopped_early", 0)), best_checkpoint=best if best.exists() else None)
-
-
-def autocast_context(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    """bf16/fp16 autocast for forward passes, or nothing for fp32."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
 
 
 def make_optimizer(task: Task, cfg: Any, params: Any) -> torch.optim.Optimizer:

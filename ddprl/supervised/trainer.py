@@ -131,7 +131,7 @@ def evaluate_checkpoint(checkpoint: str | Path, task: Task, split: str = "test",
 
 def _evaluate_rank(rt: Any, cfg: Any, task: Task, state: dict[str, Any], split: str) -> dict[str, float]:
     from ddprl.supervised.data import eval_loader
-    from ddprl.supervised.loop import autocast_context
+    from ddprl.algos.common import autocast_context
     from ddprl.supervised.metrics import evaluate
 
     model = task.model()

@@ -7,7 +7,6 @@ the process group: collectives go through the runtime ``rt``.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
@@ -15,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ddprl.algos.common import autocast_context, crossed
 from ddprl.algos.ppo.loss import ppo_loss
 from ddprl.algos.ppo.networks import ActorCritic
 from ddprl.algos.ppo.rollout import RolloutBuffer, compute_gae
@@ -27,13 +27,6 @@ from ddprl.runtime.seeding import Seeds
 from ddprl.system import system_metrics
 
 log = logging.getLogger("ddprl")
-
-
-def autocast_context(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    """Mixed precision for forward passes: bf16/fp16 autocast, or nothing for fp32."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
 
 
 def build_agent(cfg: Any, env: Any) -> ActorCritic:
@@ -239,10 +232,10 @@ def train(rt: Any, cfg: Any) -> None:
         if sums["ep_count"] > 0:
             metrics["train/episode_return"] = sums["ep_return"] / sums["ep_count"]
         last = iteration == num_iterations - 1
-        if _crossed(global_step, steps_per_iteration, cfg.eval_freq) or (last and cfg.eval_episodes > 0):
+        if crossed(global_step, steps_per_iteration, cfg.eval_freq) or (last and cfg.eval_episodes > 0):
             metrics.update(run_eval(global_step))
         run.log(global_step, metrics)
-        if _crossed(global_step, steps_per_iteration, cfg.checkpoint_freq) or last:
+        if crossed(global_step, steps_per_iteration, cfg.checkpoint_freq) or last:
             save(global_step, iteration + 1, score=metrics.get("eval/return_mean"))
 
     run.close()
@@ -250,10 +243,6 @@ def train(rt: Any, cfg: Any) -> None:
     if rt.is_main:
         print(f"run directory: {run_dir}", flush=True)
 
-
-def _crossed(step: int, stride: int, every: int) -> bool:
-    """True when ``step`` just passed a multiple of ``every`` (steps advance by ``stride``)."""
-    return every > 0 and (step // every) > ((step - stride) // every)
 
 
 def load_actor(cfg: Any, state: dict[str, Any], device: torch.device) -> Actor:

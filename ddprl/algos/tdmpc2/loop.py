@@ -30,6 +30,7 @@ from typing import Any, NamedTuple, Optional
 
 import torch
 
+from ddprl.algos.common import crossed
 from ddprl.algos.tdmpc2.acting import (Acting, EpisodeRecorder, NotifyEpisodeEnds, episode_length_of,
                                        make_tdmpc2_env)
 from ddprl.algos.tdmpc2.buffer import EpisodeBuffer, TrajectoryBatch
@@ -223,10 +224,6 @@ def restore_buffer(buffer: EpisodeBuffer, path: Path, ckpt: dict[str, Any], worl
     return True
 
 
-def _crossed(step: int, stride: int, every: int) -> bool:
-    """True when ``step`` just passed a multiple of ``every`` (steps advance by ``stride``)."""
-    return every > 0 and (step // every) > ((step - stride) // every)
-
 
 # ---------------------------------------------------------------------------------------------
 # the loop
@@ -364,8 +361,8 @@ def train(rt: Any, cfg: Any) -> None:
 
         # -- bookkeeping: every number is global (DESIGN.md invariant 7) -------------------------
         last = global_step >= cfg.steps
-        logging_now = _crossed(global_step, cfg.num_envs, cfg.log_freq) or last
-        evaluating = cfg.eval_episodes > 0 and (_crossed(global_step, cfg.num_envs, cfg.eval_freq) or last)
+        logging_now = crossed(global_step, cfg.num_envs, cfg.log_freq) or last
+        evaluating = cfg.eval_episodes > 0 and (crossed(global_step, cfg.num_envs, cfg.eval_freq) or last)
         if logging_now or evaluating:
             elapsed = time.perf_counter() - t_log
             local_fps = (global_step - steps_at_log) / rt.world_size / max(elapsed, 1e-9)
@@ -383,7 +380,7 @@ def train(rt: Any, cfg: Any) -> None:
             run.log(global_step, metrics)
             sums, num_sums, ep_stats = {}, 0, torch.zeros_like(ep_stats)
             t_log, steps_at_log = time.perf_counter(), global_step
-        if _crossed(global_step, cfg.num_envs, cfg.checkpoint_freq) or last:
+        if crossed(global_step, cfg.num_envs, cfg.checkpoint_freq) or last:
             save(global_step, score=metrics.get("eval/return_mean") if evaluating else None)
 
     run.close()

@@ -1,0 +1,165 @@
+"""QMIX's pieces alone: mixers, TD(lambda) targets, epsilon, action selection, episode storage."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddprl.algos.qmix.buffer import EpisodeBuffer, EpisodeStaging, episode_fields, truncate
+from ddprl.algos.qmix.learner import epsilon_at, lambda_returns, last_actions_of, select_actions
+from ddprl.algos.qmix.networks import AgentNet, QMixer, VDNMixer, agent_inputs
+from ddprl.envs.marl.base import MAObs
+
+
+def test_qmix_mixer_is_monotonic_in_every_agent_q():
+    torch.manual_seed(0)
+    mixer = QMixer(n_agents=3, state_dim=5, embed_dim=8, hypernet_layers=2, hypernet_embed=16)
+    qs = torch.randn(4, 6, 3, requires_grad=True) * 10
+    qs.retain_grad()
+    states = torch.randn(4, 6, 5)
+    mixer(qs, states).sum().backward()
+    assert (qs.grad >= 0).all()
+    assert (qs.grad > 0).any()
+
+
+def test_one_layer_hypernetworks_are_monotonic_too():
+    torch.manual_seed(1)
+    mixer = QMixer(n_agents=2, state_dim=3, embed_dim=4, hypernet_layers=1, hypernet_embed=0)
+    qs = torch.randn(2, 3, 2, requires_grad=True)
+    (grad,) = torch.autograd.grad(mixer(qs, torch.randn(2, 3, 3)).sum(), qs)
+    assert (grad >= 0).all()
+
+
+def test_vdn_is_the_sum():
+    qs = torch.randn(2, 3, 4)
+    assert torch.equal(VDNMixer()(qs, torch.zeros(2, 3, 1)), qs.sum(-1))
+
+
+def test_one_step_and_lambda_targets_by_hand():
+    # Episode 0: two steps, terminated at its second. Episode 1: two steps, truncated (the
+    # bootstrap comes from the value of the observation it was cut at, next_values[1, 1]).
+    # A third, padded step in both.
+    rewards = torch.tensor([[1.0, 2.0, 0.0], [0.5, 0.25, 0.0]])
+    terminated = torch.tensor([[False, True, False], [False, False, False]])
+    filled = torch.tensor([[True, True, False], [True, True, False]])
+    next_values = torch.tensor([[10.0, 20.0, 99.0], [4.0, 8.0, 99.0]])
+    g = 0.5
+    one_step = lambda_returns(rewards, terminated, filled, next_values, gamma=g, lam=0.0)
+    assert torch.allclose(one_step, torch.tensor([[1 + g * 10, 2.0, 0.0], [0.5 + g * 4, 0.25 + g * 8, 0.0]]))
+    lam = 0.5
+    out = lambda_returns(rewards, terminated, filled, next_values, gamma=g, lam=lam)
+    g01 = 2.0                       # terminal: no bootstrap
+    g00 = 1 + g * ((1 - lam) * 10 + lam * g01)
+    g11 = 0.25 + g * 8              # last step of a truncated episode: its own bootstrap
+    g10 = 0.5 + g * ((1 - lam) * 4 + lam * g11)
+    assert torch.allclose(out, torch.tensor([[g00, g01, 0.0], [g10, g11, 0.0]]))
+    full = lambda_returns(rewards, terminated, filled, next_values, gamma=g, lam=1.0)  # Monte Carlo + bootstrap
+    assert torch.allclose(full[1, 0], torch.tensor(0.5 + g * (0.25 + g * 8)))
+
+
+def test_lambda_targets_broadcast_over_agents():
+    rewards, terminated = torch.ones(1, 2, 3), torch.zeros(1, 2, 3, dtype=torch.bool)
+    filled = torch.ones(1, 2, 3, dtype=torch.bool)
+    out = lambda_returns(rewards, terminated, filled, torch.arange(6.0).view(1, 2, 3), gamma=1.0, lam=0.0)
+    assert torch.equal(out, 1 + torch.arange(6.0).view(1, 2, 3))
+
+
+def test_epsilon_schedule():
+    assert epsilon_at(0, 1.0, 0.05, 100) == 1.0
+    assert epsilon_at(50, 1.0, 0.05, 100) == pytest.approx(0.525)
+    assert epsilon_at(100, 1.0, 0.05, 100) == pytest.approx(0.05)
+    assert epsilon_at(10**6, 1.0, 0.05, 100) == pytest.approx(0.05)
+    assert epsilon_at(0, 1.0, 0.05, 0) == 0.05
+
+
+def test_actions_are_always_available():
+    torch.manual_seed(0)
+    avail = torch.rand(64, 3, 5) < 0.4
+    avail[..., 2] = True  # at least one each
+    qs = torch.randn(64, 3, 5)
+    qs[..., 0] = 100.0  # the best action is often unavailable
+    for eps in (0.0, 0.5, 1.0):
+        actions = select_actions(qs, avail, eps)
+        assert avail.gather(-1, actions.unsqueeze(-1)).all()
+    greedy = select_actions(qs, avail, 0.0)
+    assert torch.equal(greedy, qs.masked_fill(~avail, -1e9).argmax(-1))
+    # epsilon 1: uniform over the available actions (each of agent 0/env 0's choices appears)
+    many = select_actions(qs[:1].expand(4000, 3, 5), avail[:1].expand(4000, 3, 5), 1.0)
+    assert set(many[:, 0].tolist()) == set(torch.nonzero(avail[0, 0]).flatten().tolist())
+
+
+def test_agent_inputs_one_hots():
+    feats = torch.zeros(2, 3, 4)  # (N, A, F)
+    last = torch.tensor([[-1, 1, 0], [2, 2, -1]])
+    x = agent_inputs(feats, last, n_actions=3, agent_id=True)
+    assert x.shape == (2, 3, 4 + 3 + 3)
+    assert torch.equal(x[0, 0, 4:7], torch.zeros(3))          # no last action at the first step
+    assert torch.equal(x[0, 1, 4:7], torch.tensor([0.0, 1, 0]))
+    assert torch.equal(x[1, 2, 7:], torch.tensor([0.0, 0, 1]))  # agent id 2
+    assert torch.equal(last_actions_of(torch.tensor([[[1, 2]]])), torch.tensor([[[-1, -1], [1, 2]]]))
+
+
+def test_rnn_unroll_equals_stepwise():
+    torch.manual_seed(0)
+    agent = AgentNet(5, 4, 8, use_rnn=True)
+    x = torch.randn(2, 6, 3, 5)
+    q = agent.unroll(x)
+    h = None
+    for t in range(6):
+        qt, h = agent(x[:, t].reshape(6, 5), h)
+        assert torch.allclose(q[:, t], qt.view(2, 3, 4), atol=1e-6)
+
+
+FIELDS = episode_fields(episode_limit=4, n_agents=2, obs_dim=3, state_dim=5, n_actions=3)
+
+
+def step_obs(n: int, value: float, first: bool = False) -> MAObs:
+    return MAObs(torch.full((n, 2, 3), value), torch.full((n, 5), value), torch.ones(n, 2, 3, dtype=torch.bool),
+                 torch.full((n,), first))
+
+
+def test_staging_hands_out_padded_episodes_with_their_final_observation():
+    staging = EpisodeStaging(num_envs=2, fields=FIELDS, device="cpu")
+    no = torch.zeros(2, dtype=torch.bool)
+    actions = torch.ones(2, 2, dtype=torch.long)
+    assert staging.record(step_obs(2, 1.0, True), actions, torch.tensor([1.0, 1.0]), no, no, step_obs(2, 0.0)) is None
+    # env 0 is truncated at its 2nd step (final obs 7), env 1 goes on
+    ended = staging.record(step_obs(2, 2.0), actions * 2, torch.tensor([3.0, 3.0]), no,
+                           torch.tensor([True, False]), step_obs(2, 7.0))
+    assert ended["filled"].shape == (1, 4)
+    assert ended["filled"][0].tolist() == [True, True, False, False]
+    assert ended["reward"][0].tolist() == [1.0, 3.0, 0.0, 0.0]
+    assert ended["terminated"][0].tolist() == [False] * 4
+    assert ended["obs"][0, :, 0, 0].tolist() == [1.0, 2.0, 7.0, 0.0, 0.0]  # the bootstrap obs after the last step
+    assert ended["state"][0, 2, 0] == 7.0
+    assert ended["avail"][0, 3:].sum() == 0  # padding: nothing available
+    assert ended["actions"][0, :, 0].tolist() == [1, 2, 0, 0]
+    # env 0's slot starts over; env 1 terminates at its 3rd step
+    ended = staging.record(step_obs(2, 3.0), actions, torch.tensor([5.0, 5.0]), torch.tensor([False, True]), no,
+                           step_obs(2, 9.0))
+    assert ended["filled"][0].tolist() == [True, True, True, False]
+    assert ended["terminated"][0].tolist() == [False, False, True, False]
+    assert ended["obs"][0, :4, 0, 0].tolist() == [1.0, 2.0, 3.0, 9.0]
+    assert staging.t.tolist() == [1, 0]
+    assert staging.data["obs"][0, 0, 0, 0] == 3.0 and staging.data["filled"][0].tolist() == [True, False, False, False]
+
+
+def test_buffer_ring_sampling_and_truncation():
+    buffer = EpisodeBuffer(capacity=3, fields=FIELDS, device="cpu")
+    for i in range(5):  # 5 episodes of length 1 + i % 3 (ids in reward[0])
+        ep = {k: torch.zeros((1, *shape), dtype=dtype) for k, (shape, dtype) in FIELDS.items()}
+        ep["filled"][0, :1 + i % 3] = True
+        ep["reward"][0, 0] = float(i)
+        buffer.add(ep)
+    assert buffer.size == 3 and buffer.episodes_in == 5
+    assert sorted(buffer.data["reward"][:, 0].tolist()) == [2.0, 3.0, 4.0]  # the oldest were overwritten
+    batch = buffer.sample(3, generator=torch.Generator().manual_seed(0))
+    assert sorted(batch["reward"][:, 0].tolist()) == [2.0, 3.0, 4.0]  # distinct episodes
+    assert batch["filled"].shape == (3, 3) and batch["obs"].shape == (3, 4, 2, 3)  # cut to the longest (3 steps)
+    with pytest.raises(ValueError):
+        buffer.sample(4)
+    short = truncate({"filled": torch.tensor([[True, False, False]]), "obs": torch.zeros(1, 4, 1)})
+    assert short["filled"].shape == (1, 1) and short["obs"].shape == (1, 2, 1)
+    restored = EpisodeBuffer(capacity=3, fields=FIELDS, device="cpu")
+    restored.load_state_dict(buffer.state_dict())
+    assert restored.size == 3 and torch.equal(restored.data["reward"], buffer.data["reward"])
