@@ -7,11 +7,12 @@
 #   bash benchmarks/gpu_session.sh snake     # Snake throughput on CUDA (target: >= 1M steps/s)
 #   bash benchmarks/gpu_session.sh tdmpc2    # TD-MPC2 ms/update, ms/act on CUDA, compile off/on
 #   bash benchmarks/gpu_session.sh returns   # TD-MPC2 walker-run learning (as far as time allows)
+#   bash benchmarks/gpu_session.sh vmas      # QMIX on VMAS with thousands of envs (issue #10)
 #
 # Logs go to $OUT (the device tool's folder that comes back) or ./gpu-logs. ddprl runs from
 # the source tree (PYTHONPATH), with the machine's own PyTorch.
 set -uo pipefail
-phase=${1:?phase: check | snake | tdmpc2 | returns}
+phase=${1:?phase: check | snake | tdmpc2 | returns | vmas}
 out=${OUT:-gpu-logs}
 mkdir -p "$out"
 if [ -d .whl ]; then
@@ -54,6 +55,10 @@ case "$phase" in
 from ddprl.metrics import read_metrics
 for r in read_metrics('/tmp/returns/run'):
     if 'eval/return_mean' in r: print(r['step'], round(r['wall_time']), r['eval/return_mean'])" 2>&1 | tee -a "$log"
+    ;;
+  vmas)
+    # needs vmas (pip install --target /tmp/site vmas, or carry its wheel in .whl)
+    timeout 560 python3 benchmarks/qmix_vmas.py --device cuda --num-envs 1024 4096 16384 --steps 2000000 2>&1 | tee -a "$log"
     ;;
   *)
     echo "unknown phase $phase" >&2; exit 2 ;;

@@ -15,6 +15,7 @@ message naming both versions.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 from pathlib import Path
@@ -24,6 +25,8 @@ import numpy as np
 import torch
 
 from ddprl.errors import UsageError
+
+log = logging.getLogger("ddprl")
 
 FORMAT_VERSION = 2
 
@@ -141,3 +144,30 @@ def forget_checkpoint() -> None:
     """Drop the checkpoint kept in memory by :func:`load_checkpoint` (once its state is in use)."""
     global _cached
     _cached = None
+
+
+def buffer_path(checkpoint_dir: Path, rank: int) -> Path:
+    """Where rank ``rank`` keeps its replay buffer next to the checkpoints (``checkpoint_buffer``)."""
+    return Path(checkpoint_dir) / "buffers" / f"rank{rank}.pt"
+
+
+def restore_buffer(buffer: Any, path: Path, ckpt: dict[str, Any], world_size: int) -> bool:
+    """Fill ``buffer`` (anything with ``load_state_dict``) from ``path`` if that file was saved with
+    ``ckpt`` (same step and world size).
+
+    A missing, stale (another step: buffers are kept for the latest checkpoint only) or
+    unreadable file gives False, and the caller refills the buffers instead.
+    """
+    if ckpt["world_size"] != world_size or not path.is_file():
+        return False
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        if saved["step"] != ckpt["step"]:
+            log.warning("replay buffer %s is from step %d, the checkpoint from step %d: not restored",
+                        path, saved["step"], ckpt["step"])
+            return False
+        buffer.load_state_dict(saved["buffer"])
+    except Exception as e:  # truncated, corrupt, other shapes: whatever it is, the remedy is to refill
+        log.warning("replay buffer %s not restored: %s", path, str(e).splitlines()[0][:200])
+        return False
+    return True

@@ -13,7 +13,8 @@ rm -rf .whl && mkdir -p .whl
 PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
            --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any)
 for req in gymnasium==1.4.0 farama-notifications==0.0.6 hydra-core==1.3.8 omegaconf==2.3.1 mujoco==3.17.0 \
-           dm-control==1.0.50 dm-env==1.6 dm-tree==0.1.10 labmaze==1.0.6 glfw==2.11.0 pyopengl==3.1.10; do
+           dm-control==1.0.50 dm-env==1.6 dm-tree==0.1.10 labmaze==1.0.6 glfw==2.11.0 pyopengl==3.1.10 \
+           vmas==1.5.2 pyglet==1.5.27 six==1.17.0; do
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     "${PLATFORMS[@]}" -d .whl "$req"
 done

@@ -79,6 +79,19 @@ def test_resume_continues_the_counters(qmix_run, tmp_path):
                            src["state"]["networks"]["agent"]["fc1.weight"])
 
 
+def test_resume_with_the_saved_replays_needs_no_warm_up(tmp_path):
+    args = ["train", *FAST, "eval_freq=0", "checkpoint_buffer=true", f"run_dir={tmp_path}"]
+    res = run_cli([*args, "steps=800"])
+    assert res.returncode == 0, res.stderr[-3000:]
+    saved = ckpt_of(tmp_path)
+    assert sorted(p.name for p in (tmp_path / "checkpoints" / "buffers").iterdir()) == ["rank0.pt", "rank1.pt"]
+    res = run_cli([*args, "steps=1200", "resume=auto"])
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resumed with the episode replays" in res.stderr
+    # one update per 100 global steps from the first step after the resume: no warm-up
+    assert read_metrics(tmp_path)[-1]["train/updates"] == saved["counters"]["updates"] + 4
+
+
 def test_staged_pretrain_then_frozen_then_fine_tuned(tmp_path):
     stage1, stage2, stage3 = tmp_path / "pretrain", tmp_path / "frozen", tmp_path / "finetune"
     common = [*FAST, "encoder_dim=8", "eval_freq=0", "checkpoint_freq=0"]

@@ -32,6 +32,8 @@ class QMIXConfig(RLConfig):
     epsilon_finish: float = key("epsilon after the anneal (greedy, epsilon 0, at evaluation)")
     epsilon_anneal_steps: int = key("global env steps of the linear epsilon anneal")
     log_freq: int = key("global env steps between metric rows")
+    checkpoint_buffer: bool = key("save each rank's episode replay with every checkpoint (checkpoints/buffers/"
+                                  "rank<r>.pt); a resume on as many ranks then needs no warm-up")
     # -- networks -----------------------------------------------------------------------------
     use_rnn: bool = key("GRU agent network (false: feed-forward, EPyMARL's QMIX default)")
     hidden_dim: int = key("agent network width")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,7 +21,7 @@ from ddprl.algos.common import crossed
 from ddprl.algos.qmix.buffer import EpisodeBuffer, EpisodeStaging, episode_fields
 from ddprl.algos.qmix.learner import AutoencoderLearner, QLearner, epsilon_at, select_actions
 from ddprl.algos.qmix.networks import AgentNet, Autoencoder, Decoder, Encoder, QMixer, QNetwork, VDNMixer
-from ddprl.checkpoint import load_checkpoint, strip_prefixes
+from ddprl.checkpoint import buffer_path, load_checkpoint, restore_buffer, save_atomically, strip_prefixes
 from ddprl.envs.marl import make_marl_env
 from ddprl.envs.marl.base import MAObs
 from ddprl.errors import UsageError
@@ -168,9 +169,22 @@ def train(rt: Any, cfg: Any) -> None:
     fields = episode_fields(env.episode_limit, env.n_agents, env.obs_dim, env.state_dim, env.n_actions)
     buffer = EpisodeBuffer(cfg.local_buffer_size(rt.world_size), fields, rt.device)
     staging = EpisodeStaging(local_num_envs, fields, rt.device)
+    if run.resumed:
+        # The saved replays come back only when every rank finds its own (saved at this step) and
+        # each holds a batch; then updates go on at once, else every rank warms up again.
+        restored = restore_buffer(buffer, buffer_path(Path(cfg.resume).parent, rt.rank), run.checkpoint,
+                                  rt.world_size) and buffer.size >= cfg.batch_size
+        if rt.all_reduce_sum(int(restored)) == rt.world_size:
+            warmup_iterations = 0
+            log.info("resumed with the episode replays (%d episodes on rank 0)", buffer.size)
+        else:
+            buffer = EpisodeBuffer(cfg.local_buffer_size(rt.world_size), fields, rt.device)
+            log.info("resumed without replays: %d steps per env of warm-up before updates", warmup_iterations)
 
     def save(step: int, score: float | None) -> None:
         rt.check_in_sync(learner.model, "parameters at checkpoint")
+        if cfg.checkpoint_buffer:  # each rank its own file, written before rank 0 writes latest.pt
+            save_atomically({"step": step, "buffer": buffer.state_dict()}, buffer_path(run_dir / "checkpoints", rt.rank))
         state = {"networks": {name: strip_prefixes(m.state_dict()) for name, m in nets.items()},
                  "learner": learner.state_dict()}
         run.save(step, state, counters={"updates": learner.updates}, score=score)

@@ -37,7 +37,7 @@ from ddprl.algos.tdmpc2.buffer import EpisodeBuffer, TrajectoryBatch
 from ddprl.algos.tdmpc2.loss import policy_loss, world_model_loss
 from ddprl.algos.tdmpc2.math import RunningScale, discount_for_episode_length
 from ddprl.algos.tdmpc2.networks import ModelDims, WorldModel, dims_for_model_size
-from ddprl.checkpoint import save_atomically, strip_prefixes
+from ddprl.checkpoint import buffer_path, restore_buffer, save_atomically, strip_prefixes
 from ddprl.errors import UsageError
 from ddprl.evaluate import Actor, evaluate
 from ddprl.run import Run
@@ -196,33 +196,6 @@ def check_state_in_sync(rt: Any, learner: Learner) -> None:
     sums = rt.all_gather_object(checksum)
     if max(sums) - min(sums) > 1e-6 * (1.0 + abs(checksum)):
         raise RuntimeError(f"target Qs / Q scale differ across ranks: checksums {sums}")
-
-
-def buffer_path(checkpoint_dir: Path, rank: int) -> Path:
-    """Where rank ``rank`` keeps its replay buffer next to the checkpoints (``checkpoint_buffer``)."""
-    return Path(checkpoint_dir) / "buffers" / f"rank{rank}.pt"
-
-
-def restore_buffer(buffer: EpisodeBuffer, path: Path, ckpt: dict[str, Any], world_size: int) -> bool:
-    """Fill ``buffer`` from ``path`` if that file was saved with ``ckpt`` (same step and world size).
-
-    A missing, stale (another step: buffers are kept for the latest checkpoint only) or
-    unreadable file gives False, and the caller refills the buffers instead.
-    """
-    if ckpt["world_size"] != world_size or not path.is_file():
-        return False
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-        if saved["step"] != ckpt["step"]:
-            log.warning("replay buffer %s is from step %d, the checkpoint from step %d: not restored",
-                        path, saved["step"], ckpt["step"])
-            return False
-        buffer.load_state_dict(saved["buffer"])
-    except Exception as e:  # truncated, corrupt, other shapes: whatever it is, the remedy is to refill
-        log.warning("replay buffer %s not restored: %s", path, str(e).splitlines()[0][:200])
-        return False
-    return True
-
 
 
 # ---------------------------------------------------------------------------------------------
