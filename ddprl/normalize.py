@@ -29,12 +29,19 @@ class RunningMeanStd(nn.Module):
 
     @torch.no_grad()
     def update(self, x: torch.Tensor, reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        packed = self.moments(x)  # (count, sum, sum of squares) in one tensor: one collective per update
+        self.update_from_moments(reduce_sum(packed) if reduce_sum is not None else packed)
+
+    @torch.no_grad()
+    def moments(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``'s (count, sum, sum of squares), packed in one float64 tensor: sum it over ranks
+        (alone or concatenated with other sums) and pass it to :meth:`update_from_moments`."""
         x = x.reshape(-1, *self.mean.shape).double()
-        # (count, sum, sum of squares) packed in one tensor: one collective per update.
         n = torch.tensor([float(x.shape[0])], dtype=torch.float64, device=x.device)
-        packed = torch.cat([n, x.sum(0).flatten(), (x * x).sum(0).flatten()])
-        if reduce_sum is not None:
-            packed = reduce_sum(packed)
+        return torch.cat([n, x.sum(0).flatten(), (x * x).sum(0).flatten()])
+
+    @torch.no_grad()
+    def update_from_moments(self, packed: torch.Tensor) -> None:
         d = self.mean.numel()
         batch_count = packed[0]
         batch_mean = (packed[1:1 + d] / batch_count).reshape(self.mean.shape)

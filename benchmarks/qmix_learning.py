@@ -1,0 +1,136 @@
+"""QMIX learning curves: ddprl vs EPyMARL run on this machine, at equal env steps.
+
+    python benchmarks/qmix_learning.py [--task Foraging-8x8-2p-2f-coop-v3 | rware-tiny-2ag-v2]
+        [--steps 200000] [--eval-freq 50000] [--eval-episodes 100] [--seed 1] [--skip-epymarl]
+        [--epymarl /work/peers/epymarl] [--epymarl-python /work/peers/epymarl-venv/bin/python]
+
+Protocol (EPyMARL's, shortened): greedy evaluation (epsilon 0) of --eval-episodes episodes
+every --eval-freq env steps; the return is the team return (the agents' rewards summed).
+Rows, one after the other (subprocesses; EPyMARL from its own tree and venv through
+``epymarl_probe.py``, see ``qmix_speed.py``):
+
+    EPyMARL             its QMIX defaults (1 env, one update per episode), test_nepisode and
+                        test_interval set to the protocol
+    ddprl EPyMARL-like  the same hyperparameters, 1 rank x 8 envs, raw mixer states and
+                        time-outs treated as terminal (standardise_state=false
+                        bootstrap_truncated=false): EPyMARL's targets
+    ddprl defaults      ddprl's QMIX defaults (standardised mixer states, truncation
+                        bootstrapped), 2 ranks x 4 envs, batch 32 episodes per rank
+
+Each row prints its evaluations as they come; the table at the end has the return at every
+evaluation step and the wall-clock seconds of the whole run (evaluations included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from qmix_speed import PROBE, REPO, SHARED, TASKS, _ddprl_value, child_env, cpu_model, epymarl_commit, run_logged  # noqa: E402
+
+from ddprl.metrics import read_metrics  # noqa: E402
+
+
+def task_spec(task: str) -> tuple[str, int]:
+    """EPyMARL's gymma key and the episode limit of an LBF or RWARE task."""
+    if task in TASKS:
+        return TASKS[task]
+    if task.startswith("Foraging"):
+        return f"lbforaging:{task}", 50
+    if task.startswith("rware"):
+        return f"rware:{task}", 500
+    raise SystemExit(f"--task {task}: an LBF (Foraging-...) or RWARE (rware-...) task")
+
+
+def run_epymarl(args: argparse.Namespace, tmp: Path) -> tuple[dict[int, float], float]:
+    key, limit = task_spec(args.task)
+    cmd = [args.epymarl_python, str(PROBE), args.epymarl, "--config=qmix", "--env-config=gymma", "with",
+           f"env_args.key={key}", f"env_args.time_limit={limit}", f"t_max={args.steps}", f"seed={args.seed}",
+           "use_cuda=False", "save_model=False", "use_tensorboard=False", "use_wandb=False", "common_reward=True",
+           f"test_nepisode={args.eval_episodes}", f"test_interval={args.eval_freq}", f"log_interval={args.eval_freq}"]
+    cmd += [f"{peer}={value}" for _, peer, value in SHARED]
+    env = child_env()
+    env["EPYMARL_PROBE_OUT"] = str(tmp / "probe.json")
+    log = tmp / "epymarl.log"
+    wall = run_logged(cmd, log, env, Path(args.epymarl), None)
+    # Its console: "Recent Stats | t_env: N | ..." then lines of "name: value" pairs, among them
+    # test_return_mean (the latest test, run when t_env passed a multiple of test_interval).
+    curve: dict[int, float] = {}
+    t_env = None
+    for line in log.read_text(errors="replace").splitlines():
+        m = re.search(r"Recent Stats \| t_env:\s+(\d+)", line)
+        if m:
+            t_env = int(m.group(1))
+        m = re.search(r"test_return_mean:\s+([-\d.]+)", line)
+        if m and t_env is not None:
+            curve[t_env] = float(m.group(1))
+    return curve, wall
+
+
+def run_ddprl(args: argparse.Namespace, tmp: Path, world_size: int, num_envs: int, extra: list[str],
+              epymarl_settings: bool) -> tuple[dict[int, float], float]:
+    _, limit = task_spec(args.task)
+    cmd = [sys.executable, "-m", "ddprl", "train", "algo=qmix", f"task={args.task}", f"steps={args.steps}",
+           f"world_size={world_size}", f"num_envs={num_envs}", f"seed={args.seed}", f"eval_freq={args.eval_freq}",
+           f"eval_episodes={args.eval_episodes}", "checkpoint_freq=0", "progress=false", f"run_dir={tmp}/run",
+           f"env_kwargs.time_limit={limit}", f"log_freq={args.eval_freq}"]
+    if epymarl_settings:
+        cmd += [f"{ours}={_ddprl_value(value)}" for ours, _, value in SHARED]
+    cmd += extra
+    wall = run_logged(cmd, tmp / "ddprl.log", child_env(), REPO, None)
+    curve = {int(r["step"]): r["eval/return_mean"] for r in read_metrics(tmp / "run") if "eval/return_mean" in r}
+    return curve, wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", default="Foraging-8x8-2p-2f-coop-v3", help="an LBF or RWARE task")
+    parser.add_argument("--steps", type=int, default=200_000)
+    parser.add_argument("--eval-freq", type=int, default=50_000)
+    parser.add_argument("--eval-episodes", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--skip-epymarl", action="store_true")
+    parser.add_argument("--epymarl", default="/work/peers/epymarl")
+    parser.add_argument("--epymarl-python", default="/work/peers/epymarl-venv/bin/python")
+    args = parser.parse_args()
+
+    rows: list[tuple[str, dict[int, float], float]] = []
+    runs: list[tuple[str, Any]] = []
+    if not args.skip_epymarl:
+        runs.append(("EPyMARL (1 env)", lambda tmp: run_epymarl(args, tmp)))
+    runs.append(("ddprl EPyMARL-like, 1 rank x 8 envs", lambda tmp: run_ddprl(
+        args, tmp, 1, 8, ["standardise_state=false", "bootstrap_truncated=false"], epymarl_settings=True)))
+    runs.append(("ddprl defaults, 2 ranks x 4 envs", lambda tmp: run_ddprl(args, tmp, 2, 8, [], epymarl_settings=False)))
+    for name, run in runs:
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                curve, wall = run(Path(tmp))
+            except RuntimeError as e:
+                print(f"{name}: failed: {e}", flush=True)
+                continue
+        print(f"{name}: {curve} ({wall:.0f} s)", flush=True)
+        rows.append((name, curve, wall))
+
+    checkpoints = list(range(args.eval_freq, args.steps + 1, args.eval_freq))
+    print(f"\n### QMIX greedy return on {args.task} ({args.eval_episodes} episodes per evaluation)\n")
+    print(f"Machine: {cpu_model()}, {os.cpu_count()} cores; seed {args.seed}; EPyMARL {epymarl_commit(args.epymarl)}\n")
+    print("| row | " + " | ".join(f"{s // 1000}k" for s in checkpoints) + " | wall s |")
+    print("|---|" + "---|" * (len(checkpoints) + 1))
+    for name, curve, wall in rows:
+        # EPyMARL tests when t_env passes a multiple of the interval: match the nearest step.
+        cells = []
+        for s in checkpoints:
+            near = [v for k, v in curve.items() if 0 <= k - s <= 2 * task_spec(args.task)[1] + 8]
+            cells.append(f"{near[0]:.2f}" if near else "-")
+        print(f"| {name} | " + " | ".join(cells) + f" | {wall:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
