@@ -162,7 +162,7 @@ def train(rt: Any, cfg: Any) -> None:
         learner.load_state_dict(run.state["learner"])
         learner.updates = run.counters["updates"]
     checksum = rt.check_in_sync(learner.model)
-    log.info("%s stage: trains %s (checksum %.6f over %d rank(s))", cfg.stage, trained_names(nets, cfg), checksum,
+    log.info("%s stage: trains %s (checksum %.6f over %d rank(s))", cfg.stage, trained_names(nets), checksum,
              rt.world_size)
     run.restore_rank_state()
 
@@ -249,7 +249,7 @@ def train(rt: Any, cfg: Any) -> None:
         else:
             run.progress(global_step)
         if crossed(global_step, steps_per_iteration, cfg.checkpoint_freq) or last:
-            save(global_step, score=None if pretrain else metrics.get("eval/return_mean") if evaluating else None)
+            save(global_step, score=metrics.get("eval/return_mean") if evaluating else None)
 
     run.close()
     env.close()
@@ -257,7 +257,7 @@ def train(rt: Any, cfg: Any) -> None:
         print(f"run directory: {run_dir}", flush=True)
 
 
-def trained_names(nets: dict[str, torch.nn.Module], cfg: Any) -> str:
+def trained_names(nets: dict[str, torch.nn.Module]) -> str:
     """The modules this stage trains (the ones DDP wraps), for the log."""
     names = [n for n, m in nets.items() if any(p.requires_grad for p in m.parameters())]
     return ", ".join(names) or "nothing"
