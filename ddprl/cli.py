@@ -3,7 +3,7 @@
     ddprl train [--config-name NAME] [key=value ...]
     ddprl eval checkpoint=PATH [episodes=10] [device=cpu] [seed=N]
     ddprl play checkpoint=PATH [fps=10] [episodes=1] [video=out.gif] [device=cpu] [seed=N]
-    ddprl doctor [world_size=auto] [device=auto] [backend=auto]
+    ddprl doctor [world_size=auto] [device=auto] [backend=auto] [engine=jax devices=N]
     ddprl plot RUN_DIR [RUN_DIR ...] [out=curves.png] [keys=a,b] [x=step|wall_time]
     ddprl keys [algo=NAME]
 
@@ -77,7 +77,7 @@ def prepare_train(overrides: list[str], config_name: str | None, values: dict[st
 
     overrides = _launcher_overrides(overrides)
     cfg = load_config(overrides, config_name, values=values)
-    algorithm = registry.get(cfg.algo)
+    algorithm = registry.get(cfg.algo, cfg.engine)
     ckpt_path = resolve_resume(cfg.resume, cfg.run_dir, cfg.algo)
     if ckpt_path is not None:
         saved = load_checkpoint(ckpt_path, expect_algo=cfg.algo)["config"]
@@ -112,7 +112,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = prepare_train(args.overrides, args.config_name)
     if not runs_in_this_process(cfg):
         forget_checkpoint()  # the ranks read it themselves; don't hold it here meanwhile
-    launch(registry.get(cfg.algo).train_fn(), cfg)
+    algorithm = registry.get(cfg.algo, cfg.engine)
+    algorithm.launch_fn()(algorithm.train_fn(), cfg)
     return 0
 
 
@@ -125,7 +126,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if not paths:
         raise UsageError("eval: give checkpoint=PATH")
     ckpt = load_checkpoint(paths[-1])
-    algorithm = registry.get(ckpt.get("algo"))  # a UsageError naming the known algorithms
+    algorithm = registry.get(ckpt.get("algo"), _engine_of(ckpt))  # a UsageError naming the known ones
     evaluator = algorithm.checkpoint_evaluator()
     if evaluator is not None:  # no policy to roll out: the algorithm evaluates itself
         return evaluator(ckpt, args.overrides)
@@ -137,7 +138,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     # One process: a checkpoint from any number of ranks evaluates here.
     extra = ["world_size=1", "progress=false",
              f"device={kv.get('device', 'auto')}", f"eval_episodes={kv.get('episodes', 10)}"]
-    if not registry.get(ckpt["algo"]).has_key("eval_episodes"):
+    if not algorithm.has_key("eval_episodes"):
         raise UsageError(f"eval: algo={ckpt['algo']} has no evaluation episodes")
     if "seed" in kv:
         extra.append(f"seed={kv['seed']}")
@@ -150,7 +151,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _eval_rank(rt: Any, cfg: Any, ckpt: dict[str, Any], video: str | None) -> None:
     from ddprl.evaluate import evaluate
 
-    actor = registry.get(cfg.algo).actor_loader()(cfg, ckpt["state"], rt.device)
+    actor = registry.get(cfg.algo, cfg.engine).actor_loader()(cfg, ckpt["state"], rt.device)
     result = evaluate(rt, actor.make_env, actor.act, cfg.eval_episodes, cfg.seed, actor.extra_keys)
     if video:
         from ddprl.video import record_video
@@ -184,7 +185,7 @@ def cmd_play(args: argparse.Namespace) -> int:
                       + _deterministic_override(kv, ckpt, "play"), resumed=saved)
     seed = kv.get("seed", cfg.seed)
     # One process, one device: a checkpoint from N ranks plays here.
-    actor = registry.get(cfg.algo).actor_loader()(cfg, ckpt["state"], torch.device(device))
+    actor = registry.get(cfg.algo, cfg.engine).actor_loader()(cfg, ckpt["state"], torch.device(device))
     if "video" in kv:
         from ddprl.video import record_video
 
@@ -210,10 +211,14 @@ def _deterministic_override(kv: dict[str, Any], ckpt: dict[str, Any], command: s
     """``deterministic=BOOL`` on eval/play: most likely vs sampled actions (algorithms that have both)."""
     if "deterministic" not in kv:
         return []
-    if not registry.get(ckpt["algo"]).has_key("eval_deterministic"):
+    if not registry.get(ckpt["algo"], _engine_of(ckpt)).has_key("eval_deterministic"):
         raise UsageError(f"{command}: deterministic= applies to algorithms with sampled and most likely actions; "
                          f"{ckpt['algo']} evaluates without exploration noise")
     return [f"eval_deterministic={str(kv['deterministic']).lower()}"]
+
+
+def _engine_of(ckpt: dict[str, Any]) -> str:
+    return str(ckpt.get("config", {}).get("engine", registry.DEFAULT_ENGINE))
 
 
 def _numbered(path: str, i: int) -> str:
@@ -225,16 +230,25 @@ def _numbered(path: str, i: int) -> str:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from ddprl.config import load_config
+    from ddprl.runtime import resolved_config
+
+    kv = _key_values(args.overrides, {"world_size": str, "device": str, "backend": str, "master_port": str,
+                                      "size_mb": float, "dist_timeout": float, "engine": str, "devices": str},
+                     "doctor")
+    size_mb = kv.pop("size_mb", 64.0)
+    if kv.get("engine", "torch") == "jax":
+        from ddprl.jax.runtime import doctor as jax_doctor, launch as jax_launch, require_jax
+
+        require_jax()
+        cfg = resolved_config(load_config(_launcher_overrides([f"{k}={v}" for k, v in kv.items()])))
+        jax_launch(functools.partial(jax_doctor, size_mb=size_mb), cfg)
+        return 0
+    if "devices" in kv:
+        raise UsageError("doctor: devices= is a key of engine=jax (the torch engine has one device per rank)")
     from ddprl.doctor import doctor, describe_machine
     from ddprl.runtime import launch
 
-    kv = _key_values(args.overrides, {"world_size": str, "device": str, "backend": str, "master_port": str,
-                                      "size_mb": float, "dist_timeout": float}, "doctor")
-    from ddprl.runtime import resolved_config
-
-    size_mb = kv.pop("size_mb", 64.0)
-    cfg = load_config(_launcher_overrides([f"{k}={v}" for k, v in kv.items()]))
-    cfg = resolved_config(cfg)
+    cfg = resolved_config(load_config(_launcher_overrides([f"{k}={v}" for k, v in kv.items()])))
     print(describe_machine(cfg), flush=True)
     launch(functools.partial(doctor, size_mb=size_mb), cfg)
     return 0
@@ -243,15 +257,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_keys(args: argparse.Namespace) -> int:
     from ddprl.config import describe
 
-    kv = _key_values(args.overrides, {"algo": str}, "keys")
+    kv = _key_values(args.overrides, {"algo": str, "engine": str}, "keys")
     if "algo" not in kv:
-        print("algorithms (ddprl keys algo=NAME lists the keys of one):")
-        for name in registry.names():
-            algorithm = registry.get(name)
-            print(f"  {name:12s} {algorithm.engine:6s} {algorithm.description}")
+        print("algorithms (ddprl keys algo=NAME [engine=jax] lists the keys of one):")
+        for algorithm in registry.declarations():
+            print(f"  {algorithm.name:12s} {algorithm.engine:6s} {algorithm.description}")
         kv["algo"] = registry.DEFAULT_ALGO
         print(f"\nkeys of algo={kv['algo']}:")
-    algorithm = registry.get(kv["algo"])
+    algorithm = registry.get(kv["algo"], kv.get("engine", registry.DEFAULT_ENGINE))
     for name, typ, help_ in describe(algorithm.config):
         print(f"{name:18s} {typ:22s} {help_}")
     return 0

@@ -32,7 +32,11 @@ BUILTIN = (
     "ddprl.algos.tdmpc2",
     "ddprl.algos.qmix",
     "ddprl.supervised",
+    "ddprl.algos.ppo_jax",
 )
+# How each engine starts a job's processes (torch: DDP ranks; jax: one process per machine).
+LAUNCHERS = {"torch": "ddprl.runtime:launch", "jax": "ddprl.jax.runtime:launch"}
+DEFAULT_ENGINE = "torch"
 ENTRY_POINT_GROUP = "ddprl.algorithms"
 DEFAULT_ALGO = "ppo"
 
@@ -75,6 +79,10 @@ class Algorithm:
     def prepare_fn(self) -> Callable[..., Any] | None:
         return None if self.prepare is None else _resolve(self.prepare)
 
+    def launch_fn(self) -> Callable[..., Any]:
+        """``launch(fn, cfg)`` of this algorithm's engine: runs ``fn(rt, cfg)`` in every process."""
+        return _resolve(LAUNCHERS[self.engine])
+
     def default_values(self) -> dict[str, Any]:
         if self.defaults is None:
             return {}
@@ -96,13 +104,16 @@ def _resolve(ref: FunctionRef) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), name)
 
 
-_REGISTRY: dict[str, Algorithm] = {}
+_REGISTRY: dict[tuple[str, str], Algorithm] = {}  # (name, engine) -> declaration
 _loaded = False
 
 
 def register(algorithm: Algorithm) -> Algorithm:
-    """Make ``algorithm`` known to ``ddprl train/eval/play/keys`` (a later declaration replaces one of the same name)."""
-    _REGISTRY[algorithm.name] = algorithm
+    """Make ``algorithm`` known to ``ddprl train/eval/play/keys`` (a later declaration replaces one
+    of the same name and engine)."""
+    if algorithm.engine not in LAUNCHERS:
+        raise ValueError(f"engine={algorithm.engine!r} of algo={algorithm.name}: engines are {', '.join(LAUNCHERS)}")
+    _REGISTRY[(algorithm.name, algorithm.engine)] = algorithm
     return algorithm
 
 
@@ -113,22 +124,33 @@ def _load_builtin() -> None:
     _loaded = True
     for module in BUILTIN:
         algo = importlib.import_module(module).ALGORITHM
-        _REGISTRY.setdefault(algo.name, algo)
+        _REGISTRY.setdefault((algo.name, algo.engine), algo)
     for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
         algo = entry.load()
-        _REGISTRY.setdefault(algo.name, algo)
+        _REGISTRY.setdefault((algo.name, algo.engine), algo)
 
 
 def names() -> list[str]:
     _load_builtin()
-    return sorted(_REGISTRY)
+    return sorted({name for name, _ in _REGISTRY})
 
 
-def get(name: str) -> Algorithm:
-    """The declaration of ``name``; a UsageError naming near matches when there is none."""
+def declarations() -> list[Algorithm]:
+    """Every declaration, by name then engine."""
     _load_builtin()
-    if name not in _REGISTRY:
-        near = difflib.get_close_matches(name, list(_REGISTRY), n=3, cutoff=0.6)
-        hint = f" (did you mean {', '.join(near)}?)" if near else ""
-        raise UsageError(f"unknown algo {name!r}{hint}; choose from {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]
+    return [_REGISTRY[k] for k in sorted(_REGISTRY)]
+
+
+def get(name: str, engine: str = DEFAULT_ENGINE) -> Algorithm:
+    """The declaration of ``name`` on ``engine``; a UsageError naming near matches when there is none."""
+    _load_builtin()
+    if (name, engine) in _REGISTRY:
+        return _REGISTRY[(name, engine)]
+    if name in names():
+        engines = sorted(e for n, e in _REGISTRY if n == name)
+        raise UsageError(f"algo={name} has no engine={engine}; it runs on engine={' | '.join(engines)}")
+    if engine not in LAUNCHERS:
+        raise UsageError(f"unknown engine {engine!r}; choose from {', '.join(LAUNCHERS)}")
+    near = difflib.get_close_matches(name, names(), n=3, cutoff=0.6)
+    hint = f" (did you mean {', '.join(near)}?)" if near else ""
+    raise UsageError(f"unknown algo {name!r}{hint}; choose from {', '.join(names())}")

@@ -98,7 +98,10 @@ def load_config(overrides: Iterable[str] = (), config_name: str | None = None,
                              f"choose from {', '.join(named_configs()) or 'none'}")
         named = _read_yaml(path)
 
-    algorithm = registry.get(str(cli.get("algo", resumed.get("algo", named.get("algo", registry.DEFAULT_ALGO)))))
+    def chosen(key: str, default: str) -> str:
+        return str(cli.get(key, resumed.get(key, named.get(key, default))))
+
+    algorithm = registry.get(chosen("algo", registry.DEFAULT_ALGO), chosen("engine", registry.DEFAULT_ENGINE))
     algo = algorithm.name
     defaults = algorithm.default_values()
     schema = algorithm.config
@@ -131,6 +134,7 @@ def load_config(overrides: Iterable[str] = (), config_name: str | None = None,
             except ValueError as e:
                 raise UsageError(f"{key}={value!r} ({source}): {e}") from None
     OmegaConf.update(cfg, "algo", algo, merge=False)
+    OmegaConf.update(cfg, "engine", algorithm.engine, merge=False)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise UsageError(f"no value for {', '.join(missing)} (algo={algo})")

@@ -35,6 +35,7 @@ class JobConfig:
     logging, checkpoints and resume."""
 
     algo: str = key("algorithm (ddprl keys lists them; `ddprl keys algo=NAME` its keys)", "ppo")
+    engine: str = key("torch | jax: what runs the algorithm (jax: `pip install 'ddprl[jax]'`, docs/jax.md)", "torch")
     seed: int = key("base seed; every generator derives from (seed, global rank, purpose)", 1)
     # -- distributed ------------------------------------------------------------------------
     world_size: Any = key("processes in the job: a number, or auto (one per visible GPU with CUDA, else 2); "

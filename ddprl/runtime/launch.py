@@ -174,8 +174,18 @@ def launch(fn: Callable[[Runtime, Any], Any], cfg: Any) -> Any:
     if nprocs == 1 and cfg.nnodes == 1:
         # One rank: run it in this process (same code path, a process group of one).
         return _run_rank(placement_from_env(cfg, environ={}, local_rank=0), fn, cfg, cfg.dist_timeout)
+    spawn(_child, (fn, cfg, cfg.dist_timeout), nprocs)
+    return None
+
+
+def spawn(child: Callable[..., None], args: tuple, nprocs: int) -> None:
+    """Start ``child(local_index, *args)`` in ``nprocs`` fresh processes and wait for all.
+
+    When one fails the others are stopped: exit code 2 (bad input found inside a process)
+    becomes ``SystemExit(2)``, any other failure :class:`RankFailed` naming the process.
+    """
     try:
-        mp.start_processes(_child, args=(fn, cfg, cfg.dist_timeout), nprocs=nprocs, join=True, start_method="spawn")
+        mp.start_processes(child, args=args, nprocs=nprocs, join=True, start_method="spawn")
     except mp.ProcessExitedException as e:
         if e.exit_code == 2:
             raise SystemExit(2) from None
@@ -183,7 +193,6 @@ def launch(fn: Callable[[Runtime, Any], Any], cfg: Any) -> Any:
     except mp.ProcessRaisedException as e:
         last = [line for line in str(e).strip().splitlines() if line.strip()]
         raise RankFailed(f"rank {e.error_index} failed: {last[-1] if last else 'unknown error'}") from None
-    return None
 
 
 def runs_in_this_process(cfg: Any) -> bool:

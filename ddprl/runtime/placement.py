@@ -141,7 +141,13 @@ def placement_from_env(cfg: Any, environ: Mapping[str, str] = os.environ, local_
 
 
 def resolved_config(cfg: Any) -> Any:
-    """``cfg`` with ``world_size=auto`` (and the sizes derived from it) made concrete."""
+    """``cfg`` with ``world_size=auto`` (and the sizes derived from it) made concrete.
+
+    The JAX engine runs one process per machine (each driving all its devices): there
+    ``auto`` is ``nnodes``.
+    """
+    if getattr(cfg, "engine", "torch") == "jax":
+        return cfg.resolved(cfg.nnodes if cfg.world_size == "auto" else int(cfg.world_size))
     return cfg.resolved(resolve_world_size(cfg.world_size, cfg.device, cfg.nnodes))
 
 

@@ -1,0 +1,290 @@
+"""One PPO iteration as one compiled program: rollout, GAE, update — sharded over the device mesh.
+
+:func:`make_iteration` returns ``iteration(carry, env_ids, lr) -> (carry, metrics)``, a
+``jax.jit`` of a ``jax.shard_map`` over the mesh axis ``dev``. Inside, each device sees only its
+own environments (``carry`` entries of :data:`SHARDED`) and a replica of everything else.
+Collectives, all over ``dev``, all where the torch engine has an all-reduce:
+
+- gradients: ``pmean`` once every ``sync_freq`` minibatches (accumulated locally in between);
+- advantage normalisation, observation and return statistics: ``psum`` of the moments;
+- the ``target_kl`` early stop: decided on the ``pmean`` of the epoch's KL, so every device
+  runs the same number of epochs (a per-device decision would desynchronise the replicas);
+- metrics: ``pmean``/``psum``.
+
+Randomness is keyed by the *global* env index (``env_ids``), so a rollout does not depend on
+how the envs are split over devices: N devices on N shares compute what one device computes
+on all the envs (tested). ``check_vma=True`` lets JAX verify that everything declared
+replicated really is; parameters are cast to "varying" before differentiating so that
+``jax.grad`` returns each device's own gradient (with invariant parameters it would already
+sum over devices, and the ``pmean`` after it would then give N times the gradient).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from ddprl.algos.ppo_jax import networks as nets
+from ddprl.jax.envs import JaxEnv
+from ddprl.jax.runtime import AXIS
+
+# Carry entries that hold one row per environment (sharded over devices); the rest is replicated.
+SHARDED = ("env", "obs", "ep_return", "ep_length", "ret_carry")
+OBS_CLIP = 10.0
+EPS = 1e-8
+
+
+def carry_specs(carry: dict[str, Any]) -> dict[str, P]:
+    return {k: P(AXIS) if k in SHARDED else P() for k in carry}
+
+
+def _varying(tree: Any) -> Any:
+    return jax.tree.map(lambda x: lax.pcast(x, AXIS, to="varying"), tree)
+
+
+# -- running statistics (the torch engine's RunningMeanStd, moments summed over devices) --------
+def rms_init(shape: tuple[int, ...]) -> dict[str, jax.Array]:
+    return {"mean": jnp.zeros(shape, jnp.float32), "var": jnp.ones(shape, jnp.float32),
+            "count": jnp.zeros((), jnp.float32)}
+
+
+def rms_update(rms: dict[str, jax.Array], x: jax.Array) -> dict[str, jax.Array]:
+    """Merge the samples of ``x`` (rows over every device) into ``rms`` (Chan et al.)."""
+    x = x.reshape((-1, *rms["mean"].shape))
+    n, s, ss = lax.psum((jnp.float32(x.shape[0]), x.sum(0), (x * x).sum(0)), AXIS)
+    batch_mean = s / n
+    batch_var = jnp.maximum(ss / n - batch_mean ** 2, 0.0)
+    delta = batch_mean - rms["mean"]
+    total = rms["count"] + n
+    m2 = rms["var"] * rms["count"] + batch_var * n + delta ** 2 * rms["count"] * n / total
+    return {"mean": rms["mean"] + delta * n / total, "var": m2 / total, "count": total}
+
+
+def normalize(rms: dict[str, jax.Array], x: jax.Array, enabled: bool) -> jax.Array:
+    if not enabled:
+        return x
+    return jnp.clip((x - rms["mean"]) / jnp.sqrt(rms["var"] + EPS), -OBS_CLIP, OBS_CLIP)
+
+
+# -- the pieces of an iteration ------------------------------------------------------------------
+def make_optimizer(cfg: Any) -> optax.GradientTransformation:
+    """Adam (eps 1e-5, as the torch engine) after a global-norm clip; lr injectable for annealing."""
+    adam = optax.inject_hyperparams(optax.adam)(learning_rate=cfg.lr, eps=1e-5)
+    return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adam) if cfg.max_grad_norm > 0 else adam
+
+
+def _with_lr(opt_state: Any, lr: jax.Array) -> Any:
+    """``opt_state`` with Adam's learning rate set to ``lr`` (annealed on the host)."""
+    if hasattr(opt_state, "hyperparams"):
+        return opt_state._replace(hyperparams={**opt_state.hyperparams, "learning_rate": lr})
+    return (*opt_state[:-1], _with_lr(opt_state[-1], lr))  # a chain: Adam is the last transformation
+
+
+def gae(rollout: dict[str, jax.Array], next_values: jax.Array, gamma: float, lam: float) -> tuple[jax.Array, jax.Array]:
+    """Truncation-aware GAE, (T, n) each: ``ddprl.algos.ppo.rollout.compute_gae`` in a reverse scan."""
+    following = jnp.concatenate([rollout["value"][1:], next_values[None]], axis=0)
+    bootstrap = jnp.where(rollout["truncated"], rollout["final_value"], following)
+    not_terminated = 1.0 - rollout["terminated"].astype(jnp.float32)
+    delta = rollout["reward"] + gamma * bootstrap * not_terminated - rollout["value"]
+    not_done = 1.0 - (rollout["terminated"] | rollout["truncated"]).astype(jnp.float32)
+
+    def back(last, xs):
+        d, nd = xs
+        last = d + gamma * lam * nd * last
+        return last, last
+
+    _, advantages = lax.scan(back, jnp.zeros_like(next_values), (delta, not_done), reverse=True)
+    return advantages, advantages + rollout["value"]
+
+
+def ppo_loss(params: nets.Params, mb: dict[str, jax.Array], cfg: Any, discrete: bool):
+    """The torch engine's ``ppo_loss`` (clipped surrogate, clipped value loss, entropy bonus)."""
+    head = nets.policy_head(params, mb["obs"])
+    log_prob, entropy = nets.log_prob_entropy(params, head, mb["action"], discrete)
+    value = nets.value(params, mb["obs"])
+    log_ratio = log_prob - mb["log_prob"]
+    ratio = jnp.exp(log_ratio)
+    adv = mb["advantage"]
+    pg_loss = jnp.maximum(-adv * ratio, -adv * jnp.clip(ratio, 1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
+    if cfg.clip_vloss:
+        v_clipped = mb["value"] + jnp.clip(value - mb["value"], -cfg.clip_coef, cfg.clip_coef)
+        v_loss = 0.5 * jnp.maximum((value - mb["return"]) ** 2, (v_clipped - mb["return"]) ** 2).mean()
+    else:
+        v_loss = 0.5 * ((value - mb["return"]) ** 2).mean()
+    ent = entropy.mean()
+    ratio_ng, log_ratio_ng = lax.stop_gradient(ratio), lax.stop_gradient(log_ratio)
+    terms = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": ent,
+             "approx_kl": ((ratio_ng - 1) - log_ratio_ng).mean(),
+             "clip_frac": (jnp.abs(ratio_ng - 1) > cfg.clip_coef).astype(jnp.float32).mean()}
+    loss = pg_loss - cfg.ent_coef * ent + cfg.vf_coef * v_loss
+    return loss, {"loss": lax.stop_gradient(loss), **terms}
+
+
+def make_iteration(env: JaxEnv, cfg: Any, mesh: Any, local_num_envs: int, carry_template: dict[str, Any]
+                   ) -> Callable[..., tuple[dict[str, Any], dict[str, jax.Array]]]:
+    """The compiled PPO iteration for ``mesh`` (see the module docstring)."""
+    tx = make_optimizer(cfg)
+    discrete = env.discrete
+    low = None if discrete else jnp.asarray(env.action_low)
+    high = None if discrete else jnp.asarray(env.action_high)
+    n_local = cfg.n_steps * local_num_envs
+    num_minibatches = n_local // cfg.batch_size
+    k = cfg.sync_freq
+    full_groups, rest = divmod(num_minibatches, k)
+
+    def rollout(c: dict[str, Any], env_ids: jax.Array, key: jax.Array):
+        params, obs_rms = c["params"], c["obs_rms"]
+
+        def one_step(s, t):
+            env_state, obs, ep_return, ep_length, ret_sum, ret_count = s
+            # One key per global env and step: the same draws however the envs are sharded.
+            keys = jax.vmap(lambda i: jax.random.split(jax.random.fold_in(jax.random.fold_in(key, t), i)))(env_ids)
+            nobs = normalize(obs_rms, obs, cfg.norm_obs)
+            head = nets.policy_head(params, nobs)
+            value = nets.value(params, nobs)
+            action = jax.vmap(lambda kk, h: nets.sample(kk, params, h[None], discrete)[0])(keys[:, 0], head)
+            log_prob, _ = nets.log_prob_entropy(params, head, action, discrete)
+            env_action = action if discrete else jnp.clip(action, low, high)
+            env_state, next_obs, reward, terminated, truncated, final_obs = jax.vmap(env.step)(
+                keys[:, 1], env_state, env_action)
+            final_value = nets.value(params, normalize(obs_rms, final_obs, cfg.norm_obs))
+            ep_return, ep_length = ep_return + reward, ep_length + 1
+            done = terminated | truncated
+            ret_sum = ret_sum + jnp.where(done, ep_return, 0.0).sum()
+            ret_count = ret_count + done.sum()
+            ep_return, ep_length = jnp.where(done, 0.0, ep_return), jnp.where(done, 0, ep_length)
+            step = {"obs": obs, "action": action, "log_prob": log_prob, "value": value, "reward": reward,
+                    "terminated": terminated, "truncated": truncated, "final_value": final_value}
+            return (env_state, next_obs, ep_return, ep_length, ret_sum, ret_count), step
+
+        zero = _varying(jnp.zeros((), jnp.float32))
+        init = (c["env"], c["obs"], c["ep_return"], c["ep_length"], zero, zero)
+        (env_state, obs, ep_return, ep_length, ret_sum, ret_count), data = lax.scan(
+            one_step, init, jnp.arange(cfg.n_steps))
+        c = {**c, "env": env_state, "obs": obs, "ep_return": ep_return, "ep_length": ep_length}
+        return c, data, ret_sum, ret_count
+
+    def learn(params: Any, opt_state: Any, batch: dict[str, jax.Array], key: jax.Array):
+        def group(state, idx):  # idx (g, batch_size): one optimizer step from g minibatches
+            params, opt_state, sums = state
+            g = idx.shape[0]
+            mine = _varying(params)  # this device's gradient, not the implicit sum (module docstring)
+
+            def accumulate(acc, i):
+                mb = jax.tree.map(lambda x: x[i], batch)
+                (_, terms), grads = jax.value_and_grad(ppo_loss, has_aux=True)(mine, mb, cfg, discrete)
+                grads_sum, term_sums = acc
+                return (jax.tree.map(lambda a, b: a + b / g, grads_sum, grads),
+                        jax.tree.map(jnp.add, term_sums, terms)), None
+
+            zeros = (jax.tree.map(jnp.zeros_like, mine), _varying(jax.tree.map(jnp.zeros_like, sums)))
+            (grads, term_sums), _ = lax.scan(accumulate, zeros, idx)
+            grads = lax.pmean(grads, AXIS)  # the one gradient collective of this optimizer step
+            updates, opt_state = tx.update(grads, opt_state, params)
+            params = optax.apply_updates(params, updates)
+            return (params, opt_state, jax.tree.map(jnp.add, sums, lax.pmean(term_sums, AXIS))), None
+
+        def epoch(state):
+            params, opt_state, sums, e, _ = state
+            perm_key = jax.random.fold_in(jax.random.fold_in(key, e), lax.axis_index(AXIS))
+            idx = jax.random.permutation(perm_key, n_local)[:num_minibatches * cfg.batch_size]
+            idx = idx.reshape(num_minibatches, cfg.batch_size)
+            kl_before = sums["approx_kl"]
+            inner = (params, opt_state, sums)
+            if full_groups:
+                inner, _ = lax.scan(group, inner, idx[:full_groups * k].reshape(full_groups, k, cfg.batch_size))
+            if rest:  # a shorter last group, as the torch engine
+                inner, _ = group(inner, idx[full_groups * k:])
+            params, opt_state, sums = inner
+            epoch_kl = (sums["approx_kl"] - kl_before) / num_minibatches  # already averaged over devices
+            stop = (epoch_kl > cfg.target_kl) if cfg.target_kl is not None else jnp.bool_(False)
+            return params, opt_state, sums, e + 1, stop
+
+        def more(state):
+            return (state[3] < cfg.epochs) & ~state[4]
+
+        sums = {name: jnp.zeros((), jnp.float32)
+                for name in ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac")}
+        params, opt_state, sums, epochs, _ = lax.while_loop(
+            more, epoch, (params, opt_state, sums, jnp.int32(0), jnp.bool_(False)))
+        metrics = {f"train/{name}": v / (epochs * num_minibatches) for name, v in sums.items()}
+        metrics["train/epochs"] = epochs.astype(jnp.float32)
+        return params, opt_state, metrics
+
+    def iteration(c: dict[str, Any], env_ids: jax.Array, lr: jax.Array):
+        key, k_rollout, k_learn = jax.random.split(c["key"], 3)
+        c = {**c, "key": key, "opt": _with_lr(c["opt"], lr)}
+        c, data, ret_sum, ret_count = rollout(c, env_ids, k_rollout)
+        next_values = nets.value(c["params"], normalize(c["obs_rms"], c["obs"], cfg.norm_obs))
+        rewards = data["reward"]
+        if cfg.norm_reward:
+            # Statistics first (this rollout's discounted returns over every device), then the scaling.
+            def track(g, xs):
+                r, d = xs
+                g = cfg.gamma * g + r
+                return g * (1.0 - d), g
+
+            dones = (data["terminated"] | data["truncated"]).astype(jnp.float32)
+            ret_carry, returns = lax.scan(track, c["ret_carry"], (rewards, dones))
+            ret_rms = rms_update(c["ret_rms"], returns)
+            rewards = jnp.clip(rewards / jnp.sqrt(ret_rms["var"] + EPS), -OBS_CLIP, OBS_CLIP)
+            c = {**c, "ret_carry": ret_carry, "ret_rms": ret_rms}
+        advantages, returns = gae({**data, "reward": rewards}, next_values, cfg.gamma, cfg.gae_lambda)
+        if cfg.norm_adv:  # with the mean/std of every device's rollout (the global batch)
+            n, s, ss = lax.psum((jnp.float32(advantages.size), advantages.sum(), (advantages ** 2).sum()), AXIS)
+            mean = s / n
+            advantages = (advantages - mean) / (jnp.sqrt(jnp.maximum(ss / n - mean ** 2, 0.0)) + EPS)
+        flat = lambda x: x.reshape((n_local, *x.shape[2:]))  # noqa: E731
+        batch = {"obs": flat(normalize(c["obs_rms"], data["obs"], cfg.norm_obs)), "action": flat(data["action"]),
+                 "log_prob": flat(data["log_prob"]), "value": flat(data["value"]),
+                 "advantage": flat(advantages), "return": flat(returns)}
+        params, opt, metrics = learn(c["params"], c["opt"], batch, k_learn)
+        c = {**c, "params": params, "opt": opt}
+        if cfg.norm_obs:  # after the update: rollout and update used the same statistics
+            c["obs_rms"] = rms_update(c["obs_rms"], data["obs"])
+        ret_sum, ret_count = lax.psum((ret_sum, ret_count), AXIS)
+        metrics["train/episode_return_sum"] = ret_sum
+        metrics["train/episodes"] = ret_count
+        return c, metrics
+
+    specs = carry_specs(carry_template)
+    sharded = jax.shard_map(iteration, mesh=mesh, in_specs=(specs, P(AXIS), P()), out_specs=(specs, P()),
+                            check_vma=True)
+    return jax.jit(sharded, donate_argnums=(0,))
+
+
+def make_evaluator(env: JaxEnv, cfg: Any, episodes: int, deterministic: bool) -> Callable[..., Any]:
+    """``evaluate(params, obs_rms, key) -> (returns, lengths)`` of ``episodes`` envs run to their end."""
+    discrete = env.discrete
+    low = None if discrete else jnp.asarray(env.action_low)
+    high = None if discrete else jnp.asarray(env.action_high)
+
+    def run(params, obs_rms, key):
+        state, obs = jax.vmap(env.reset)(jax.random.split(key, episodes))
+
+        def one_step(s, t):
+            state, obs, ret, length, alive = s
+            keys = jax.random.split(jax.random.fold_in(key, t + 1), 2 * episodes).reshape(episodes, 2, -1)
+            head = nets.policy_head(params, normalize(obs_rms, obs, cfg.norm_obs))
+            if deterministic:
+                action = nets.mode(head, discrete)
+            else:
+                action = jax.vmap(lambda kk, h: nets.sample(kk, params, h[None], discrete)[0])(keys[:, 0], head)
+            if not discrete:
+                action = jnp.clip(action, low, high)
+            state, obs, reward, terminated, truncated, _ = jax.vmap(env.step)(keys[:, 1], state, action)
+            ret = ret + jnp.where(alive, reward, 0.0)
+            length = length + alive.astype(jnp.int32)
+            alive = alive & ~(terminated | truncated)
+            return (state, obs, ret, length, alive), None
+
+        init = (state, obs, jnp.zeros(episodes), jnp.zeros(episodes, jnp.int32), jnp.ones(episodes, bool))
+        (_, _, ret, length, _), _ = lax.scan(one_step, init, jnp.arange(env.max_episode_steps))
+        return ret, length
+
+    return jax.jit(run)

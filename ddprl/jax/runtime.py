@@ -1,0 +1,254 @@
+"""The JAX engine's runtime: processes, devices, the mesh, and the few host-side collectives.
+
+One process per machine (the JAX way), each driving its local devices; the mesh spans every
+process's devices along one axis, ``dev``. Environments are sharded along it, parameters are
+replicated, gradients are averaged with ``lax.pmean`` over it.
+
+Launch habits are the torch engine's: under torchrun (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT)
+or srun (SLURM_PROCID/SLURM_NTASKS) this process is one of ``world_size`` JAX processes and
+``jax.distributed.initialize`` connects them; otherwise ``world_size`` processes are spawned here
+(``nnodes``/``node_rank`` spread them over machines). ``world_size=auto`` is one process per
+node. On a CPU, ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` gives N simulated devices.
+
+:class:`JaxRuntime` offers :class:`ddprl.run.Run` what the torch Runtime does (rank, is_main,
+broadcast_object, all_gather_object, all_reduce_*, barrier, seeds), between processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ddprl.errors import UsageError
+from ddprl.runtime import Seeds, detect_launcher, exit_process, setup_logging, spawn
+from ddprl.runtime.placement import _slurm_master_addr, check_port_free, free_port
+
+log = logging.getLogger("ddprl")
+
+AXIS = "dev"  # the mesh axis environments are sharded over and gradients averaged over
+SIMULATE_HINT = "on a CPU, export XLA_FLAGS=--xla_force_host_platform_device_count=N for N simulated devices"
+
+
+def require_jax() -> None:
+    try:
+        import jax  # noqa: F401
+    except ImportError:
+        raise UsageError("engine=jax needs JAX: pip install 'ddprl[jax]' (CPU; see docs/jax.md for CUDA)") from None
+
+
+def process_identity(cfg: Any, environ: dict[str, str] | os._Environ = os.environ,
+                     local_index: int | None = None) -> tuple[int, int, str]:
+    """``(process_id, num_processes, coordinator "host:port")`` of this JAX process."""
+    launcher = detect_launcher(environ)
+    if launcher == "torchrun":
+        return (int(environ["RANK"]), int(environ["WORLD_SIZE"]),
+                f"{environ.get('MASTER_ADDR', '127.0.0.1')}:{environ.get('MASTER_PORT', '29500')}")
+    if launcher == "slurm":
+        addr = environ.get("MASTER_ADDR") or (cfg.master_addr if cfg.master_addr != "auto"
+                                              else _slurm_master_addr(environ))
+        port = environ.get("MASTER_PORT") or str(cfg.master_port)
+        if port == "auto":  # every task derives the same port from the job id
+            port = str(20000 + int(environ.get("SLURM_JOB_ID", "0")) % 20000)
+        return int(environ["SLURM_PROCID"]), int(environ["SLURM_NTASKS"]), f"{addr}:{port}"
+    per_node = cfg.world_size // cfg.nnodes
+    return cfg.node_rank * per_node + (local_index or 0), cfg.world_size, f"{cfg.master_addr}:{cfg.master_port}"
+
+
+def _platform(device: str) -> str | None:
+    return {"auto": None, "cpu": "cpu", "cuda": "cuda"}[device]
+
+
+def start_jax(cfg: Any, process_id: int, num_processes: int, coordinator: str) -> None:
+    """Pick the platform and connect the processes (before anything asks JAX for devices)."""
+    import jax
+
+    platform = _platform(cfg.device)
+    if platform is not None:
+        jax.config.update("jax_platforms", platform)
+    if num_processes > 1:
+        jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                                   process_id=process_id, initialization_timeout=int(cfg.dist_timeout))
+
+
+def select_devices(devices: Any) -> list[Any]:
+    """This process's devices for the mesh: all local ones (``auto``) or the first ``devices``."""
+    import jax
+
+    local = jax.local_devices()
+    if devices == "auto":
+        return local
+    n = int(devices)
+    if n > len(local):
+        raise UsageError(f"devices={n} but this process sees {len(local)} {local[0].platform} device(s); "
+                         f"use devices={len(local)} or fewer ({SIMULATE_HINT})")
+    return local[:n]
+
+
+class JaxRuntime:
+    """This JAX process in the job: its place, the device mesh, host-side collectives."""
+
+    def __init__(self, cfg: Any):
+        import jax
+        from jax.experimental import multihost_utils
+        from jax.sharding import Mesh
+
+        self._mu = multihost_utils
+        self.rank = jax.process_index()
+        self.world_size = jax.process_count()
+        self.is_main = self.rank == 0
+        self.local_devices = select_devices(getattr(cfg, "devices", "auto"))
+        counts = self.all_gather_object(len(self.local_devices))
+        if len(set(counts)) > 1:
+            raise UsageError(f"processes drive different numbers of devices ({counts}): give every process devices=N")
+        chosen = {(d.process_index, d.id) for d in self.local_devices}
+        chosen = set().union(*self.all_gather_object(chosen)) if self.world_size > 1 else chosen
+        mesh_devices = [d for d in jax.devices() if (d.process_index, d.id) in chosen]
+        self.mesh = Mesh(np.array(mesh_devices), (AXIS,))
+        self.num_devices = len(mesh_devices)
+        self.platform = mesh_devices[0].platform
+        self.device = torch.device("cpu")  # where host-side torch tensors (checkpoints, eval) live
+
+    def seeds(self, seed: int) -> Seeds:
+        return Seeds(seed, self.rank)
+
+    # -- host-side collectives between processes (identity in a job of one process) -------------
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        if self.world_size == 1:
+            return [obj]
+        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+        sizes = self._mu.process_allgather(np.array([data.size], np.int64)).reshape(-1)
+        padded = np.zeros(int(sizes.max()), np.uint8)
+        padded[:data.size] = data
+        gathered = np.asarray(self._mu.process_allgather(padded)).reshape(self.world_size, -1)
+        return [pickle.loads(gathered[i, :int(sizes[i])].tobytes()) for i in range(self.world_size)]
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        return obj if self.world_size == 1 else self.all_gather_object(obj)[src]
+
+    def all_reduce_sum(self, value: Any) -> Any:
+        if self.world_size == 1:
+            return value
+        values = self.all_gather_object(value)
+        if isinstance(value, dict):
+            return {k: sum(float(v[k]) for v in values) for k in value}
+        return sum(float(v) for v in values)
+
+    def all_reduce_mean(self, value: Any) -> Any:
+        total = self.all_reduce_sum(value)
+        if isinstance(total, dict):
+            return {k: v / self.world_size for k, v in total.items()}
+        return total / self.world_size
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            self._mu.sync_global_devices("ddprl")
+
+    def close(self) -> None:
+        pass
+
+
+def verify(rt: JaxRuntime) -> bool:
+    """The cheap part of ``ddprl doctor``: a psum over every device of the mesh returns N(N+1)/2."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    n = rt.num_devices
+    summed = jax.jit(jax.shard_map(lambda x: jax.lax.psum(x, AXIS), mesh=rt.mesh, in_specs=P(AXIS), out_specs=P()))
+    values = jax.make_array_from_callback(
+        (n,), NamedSharding(rt.mesh, P(AXIS)), lambda idx: np.arange(n, dtype=np.float32)[idx] + 1)
+    out = summed(values)
+    return all(float(jnp.asarray(s.data).reshape(-1)[0]) == n * (n + 1) / 2 for s in out.addressable_shards)
+
+
+def doctor(rt: JaxRuntime, cfg: Any, size_mb: float = 64.0) -> None:
+    """``ddprl doctor engine=jax``: processes, devices, mesh, a psum check, pmean bandwidth."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    ok = verify(rt)
+    n = rt.num_devices
+    numel = max(1, int(size_mb * 2**20 / 4))
+    mean = jax.jit(jax.shard_map(lambda x: jax.lax.pmean(x, AXIS), mesh=rt.mesh, in_specs=P(AXIS), out_specs=P(AXIS)))
+    buf = jax.device_put(np.ones((n, numel), np.float32), NamedSharding(rt.mesh, P(AXIS)))
+    mean(buf).block_until_ready()  # compile + warm-up
+    iters = 5
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        out = mean(buf)
+    out.block_until_ready()
+    seconds = max(rt.all_gather_object((time.perf_counter() - t0) / iters))
+    all_ok = all(rt.all_gather_object(ok))
+    if rt.is_main:
+        algbw = numel * 4 / 1e9 / seconds
+        busbw = algbw * 2 * (n - 1) / n if n > 1 else 0.0
+        print(f"jax {jax.__version__}  platform: {rt.platform}  processes: {rt.world_size} (this one: {rt.rank})")
+        print(f"local devices: {len(rt.local_devices)}  global devices: {len(jax.devices())}  "
+              f"mesh: {dict(rt.mesh.shape)} over {', '.join(str(d) for d in rt.mesh.devices.flat)}")
+        print(f"psum correctness: {'OK' if all_ok else 'FAILED'} (expected {n * (n + 1) // 2} on every device)")
+        print(f"pmean {numel * 4 / 2**20:.0f} MiB per device: {seconds * 1e3:.1f} ms, algbw {algbw:.2f} GB/s, "
+              f"busbw {busbw:.2f} GB/s")
+        print("doctor: OK" if all_ok else "doctor: FAILED", flush=True)
+    if not all_ok:
+        raise RuntimeError("psum over the mesh returned wrong sums: the device set-up is broken")
+
+
+# -- launch -------------------------------------------------------------------------------------
+def launch(fn: Callable[[JaxRuntime, Any], Any], cfg: Any) -> Any:
+    """Run ``fn(runtime, cfg)`` in every JAX process of the job (see the module docstring)."""
+    require_jax()
+    launcher = detect_launcher()
+    if launcher != "spawn":
+        return _run_process(fn, cfg, *process_identity(cfg))
+    if cfg.world_size % cfg.nnodes:
+        raise UsageError(f"world_size={cfg.world_size} must be a multiple of nnodes={cfg.nnodes}")
+    per_node = cfg.world_size // cfg.nnodes
+    if cfg.world_size == 1:
+        return _run_process(fn, cfg, 0, 1, "")
+    if cfg.master_port == "auto":
+        if cfg.nnodes > 1:
+            raise UsageError("master_port=auto cannot be agreed between nodes; give master_port=<int> on every node")
+        import dataclasses
+
+        cfg = dataclasses.replace(cfg, master_port=str(free_port()))
+    elif cfg.node_rank == 0:
+        check_port_free(cfg.master_addr if cfg.nnodes > 1 else "127.0.0.1", int(cfg.master_port))
+    spawn(_child, (fn, cfg), per_node)
+    return None
+
+
+def _child(local_index: int, fn: Callable, cfg: Any) -> None:
+    try:
+        _run_process(fn, cfg, *process_identity(cfg, environ={}, local_index=local_index))
+    except SystemExit as e:
+        exit_process(e.code if isinstance(e.code, int) else 1)
+    exit_process(0)
+
+
+def _run_process(fn: Callable, cfg: Any, process_id: int, num_processes: int, coordinator: str) -> Any:
+    setup_logging(process_id)
+    try:
+        start_jax(cfg, process_id, num_processes, coordinator)
+        rt = JaxRuntime(cfg)
+        if not verify(rt):  # refuse a broken set-up before any run directory exists
+            raise RuntimeError("psum over the device mesh returned wrong sums: run `ddprl doctor engine=jax`")
+        result = fn(rt, cfg)
+        rt.barrier()
+        return result
+    except UsageError as e:
+        if process_id == 0:
+            print(f"ddprl: error: {e}", file=sys.stderr, flush=True)
+        else:
+            log.error("process %d: %s", process_id, e)
+        sys.exit(2)
+    except BaseException:
+        log.error("process %d failed:\n%s", process_id, traceback.format_exc())
+        raise
