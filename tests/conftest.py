@@ -11,6 +11,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The JAX engine's tests run on simulated CPU devices; JAX reads this at its first import (and
+# the CLI subprocesses inherit it). Nothing else reads it.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
 
 def cli_env() -> dict[str, str]:
     env = dict(os.environ)

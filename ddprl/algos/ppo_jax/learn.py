@@ -9,7 +9,7 @@ Collectives, all over ``dev``, all where the torch engine has an all-reduce:
 - advantage normalisation, observation and return statistics: ``psum`` of the moments;
 - the ``target_kl`` early stop: decided on the ``pmean`` of the epoch's KL, so every device
   runs the same number of epochs (a per-device decision would desynchronise the replicas);
-- metrics: ``pmean``/``psum``.
+- metrics: ``pmean``/``psum`` (``train/grad_norm``: the averaged gradient's norm before clipping).
 
 Randomness is keyed by the *global* env index (``env_ids``), so a rollout does not depend on
 how the envs are split over devices: N devices on N shares compute what one device computes
@@ -35,6 +35,7 @@ from ddprl.jax.runtime import AXIS
 
 # Carry entries that hold one row per environment (sharded over devices); the rest is replicated.
 SHARDED = ("env", "obs", "ep_return", "ep_length", "ret_carry")
+TERMS = ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac")  # ppo_loss's metrics
 OBS_CLIP = 10.0
 EPS = 1e-8
 
@@ -136,6 +137,7 @@ def make_iteration(env: JaxEnv, cfg: Any, mesh: Any, local_num_envs: int, carry_
     num_minibatches = n_local // cfg.batch_size
     k = cfg.sync_freq
     full_groups, rest = divmod(num_minibatches, k)
+    optimizer_steps_per_epoch = full_groups + (1 if rest else 0)
 
     def rollout(c: dict[str, Any], env_ids: jax.Array, key: jax.Array):
         params, obs_rms = c["params"], c["obs_rms"]
@@ -182,12 +184,15 @@ def make_iteration(env: JaxEnv, cfg: Any, mesh: Any, local_num_envs: int, carry_
                 return (jax.tree.map(lambda a, b: a + b / g, grads_sum, grads),
                         jax.tree.map(jnp.add, term_sums, terms)), None
 
-            zeros = (jax.tree.map(jnp.zeros_like, mine), _varying(jax.tree.map(jnp.zeros_like, sums)))
+            term_zeros = {name: jnp.zeros((), jnp.float32) for name in TERMS}
+            zeros = (jax.tree.map(jnp.zeros_like, mine), _varying(term_zeros))
             (grads, term_sums), _ = lax.scan(accumulate, zeros, idx)
             grads = lax.pmean(grads, AXIS)  # the one gradient collective of this optimizer step
             updates, opt_state = tx.update(grads, opt_state, params)
             params = optax.apply_updates(params, updates)
-            return (params, opt_state, jax.tree.map(jnp.add, sums, lax.pmean(term_sums, AXIS))), None
+            sums = {name: sums[name] + v for name, v in lax.pmean(term_sums, AXIS).items()}
+            sums["grad_norm"] = state[2]["grad_norm"] + optax.global_norm(grads)  # before clipping
+            return (params, opt_state, sums), None
 
         def epoch(state):
             params, opt_state, sums, e, _ = state
@@ -208,11 +213,12 @@ def make_iteration(env: JaxEnv, cfg: Any, mesh: Any, local_num_envs: int, carry_
         def more(state):
             return (state[3] < cfg.epochs) & ~state[4]
 
-        sums = {name: jnp.zeros((), jnp.float32)
-                for name in ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac")}
+        sums = {name: jnp.zeros((), jnp.float32) for name in (*TERMS, "grad_norm")}
         params, opt_state, sums, epochs, _ = lax.while_loop(
             more, epoch, (params, opt_state, sums, jnp.int32(0), jnp.bool_(False)))
+        grad_norm = sums.pop("grad_norm")
         metrics = {f"train/{name}": v / (epochs * num_minibatches) for name, v in sums.items()}
+        metrics["train/grad_norm"] = grad_norm / (epochs * optimizer_steps_per_epoch)
         metrics["train/epochs"] = epochs.astype(jnp.float32)
         return params, opt_state, metrics
 
