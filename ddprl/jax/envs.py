@@ -42,6 +42,8 @@ class JaxEnv:
     step: Callable[[Any, Any, Any], tuple[Any, Any, Any, Any, Any, Any]]
     # frame of one env's state (host side, for `ddprl play ... video=`); None: cannot render
     render: Callable[[Any], np.ndarray] | None = None
+    # whether its code passes shard_map's replication check (check_vma); MJX's does not
+    check_vma: bool = True
 
 
 def gymnax_ids() -> list[str]:
@@ -164,15 +166,18 @@ def _brax(task: str, name: str, backend: str = "mjx", episode_length: int = BRAX
     except TypeError as e:
         raise UsageError(f"env_kwargs for {task}: {e}") from None
 
+    def arrays(state):  # some envs keep python floats (reward, done) in their state
+        return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32) if isinstance(x, (float, int)) else x, state)
+
     def reset(key):
-        first = env.reset(key)
+        first = arrays(env.reset(key))
         # brax's own auto-reset habit: an ended episode restarts from its env's first state
         # (kept in the state), so the step never pays for a reset computation.
         return {"env": first, "first": first, "steps": jnp.zeros((), jnp.int32)}, first.obs
 
     def step(key, state, action):
         del key  # brax physics is deterministic
-        nxt = env.step(state["env"], action)
+        nxt = arrays(env.step(state["env"], action))
         steps = state["steps"] + 1
         terminated = nxt.done > 0
         truncated = (steps >= episode_length) & ~terminated
@@ -188,4 +193,4 @@ def _brax(task: str, name: str, backend: str = "mjx", episode_length: int = BRAX
         return np.asarray(env.render([state["env"].pipeline_state], height=240, width=320)[0])
 
     return JaxEnv(task, (int(env.observation_size),), False, action_dim, -ones, ones, episode_length,
-                  reset, step, render)
+                  reset, step, render, check_vma=False)

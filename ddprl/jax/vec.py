@@ -60,7 +60,7 @@ class JaxVecEnv:
         keys = self._keys(self._seed + 1_000_003 * self._t)  # the envs' own randomness, step by step
         self._state, obs, reward, terminated, truncated, final_obs = jax.device_get(
             self._step(keys, self._state, action))
-        reward = np.asarray(reward, np.float32)
+        reward = np.array(reward, np.float32)
         done = np.asarray(terminated) | np.asarray(truncated)
         self._return += reward
         self._length += 1

@@ -13,7 +13,7 @@ Collectives, all over ``dev``, all where the torch engine has an all-reduce:
 
 Randomness is keyed by the *global* env index (``env_ids``), so a rollout does not depend on
 how the envs are split over devices: N devices on N shares compute what one device computes
-on all the envs (tested). ``check_vma=True`` lets JAX verify that everything declared
+on all the envs (tested). ``check_vma=True`` (gymnax tasks) lets JAX verify that everything declared
 replicated really is; parameters are cast to "varying" before differentiating so that
 ``jax.grad`` returns each device's own gradient (with invariant parameters it would already
 sum over devices, and the ``pmean`` after it would then give N times the gradient).
@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax import lax
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ddprl.algos.ppo_jax import networks as nets
 from ddprl.jax.envs import JaxEnv
@@ -35,6 +35,8 @@ from ddprl.jax.runtime import AXIS
 
 # Carry entries that hold one row per environment (sharded over devices); the rest is replicated.
 SHARDED = ("env", "obs", "ep_return", "ep_length", "ret_carry")
+# optax >= 0.2.5 has optax.tree.norm (global_norm is deprecated there); older ones only global_norm
+_tree_norm = getattr(getattr(optax, "tree", None), "norm", None) or optax.global_norm
 TERMS = ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac")  # ppo_loss's metrics
 OBS_CLIP = 10.0
 EPS = 1e-8
@@ -45,7 +47,12 @@ def carry_specs(carry: dict[str, Any]) -> dict[str, P]:
 
 
 def _varying(tree: Any) -> Any:
+    """Mark values as per-device (needed under ``check_vma=True`` only)."""
     return jax.tree.map(lambda x: lax.pcast(x, AXIS, to="varying"), tree)
+
+
+def _same(tree: Any) -> Any:
+    return tree
 
 
 # -- running statistics (the torch engine's RunningMeanStd, moments summed over devices) --------
@@ -137,6 +144,11 @@ def make_iteration(env: JaxEnv, cfg: Any, mesh: Any, local_num_envs: int, carry_
     num_minibatches = n_local // cfg.batch_size
     k = cfg.sync_freq
     full_groups, rest = divmod(num_minibatches, k)
+    # JAX checks the replication of every value where the env's code allows it (gymnax); MJX
+    # mixes replicated model constants into per-device branches in a way the check rejects, so
+    # brax tasks run unchecked (there jax.grad gives each device's own gradient without a cast).
+    check_vma = env.check_vma
+    varying = _varying if check_vma else _same
     optimizer_steps_per_epoch = full_groups + (1 if rest else 0)
 
     def rollout(c: dict[str, Any], env_ids: jax.Array, key: jax.Array):
@@ -164,7 +176,7 @@ def make_iteration(env: JaxEnv, cfg: Any, mesh: Any, local_num_envs: int, carry_
                     "terminated": terminated, "truncated": truncated, "final_value": final_value}
             return (env_state, next_obs, ep_return, ep_length, ret_sum, ret_count), step
 
-        zero = _varying(jnp.zeros((), jnp.float32))
+        zero = varying(jnp.zeros((), jnp.float32))
         init = (c["env"], c["obs"], c["ep_return"], c["ep_length"], zero, zero)
         (env_state, obs, ep_return, ep_length, ret_sum, ret_count), data = lax.scan(
             one_step, init, jnp.arange(cfg.n_steps))
@@ -175,7 +187,7 @@ def make_iteration(env: JaxEnv, cfg: Any, mesh: Any, local_num_envs: int, carry_
         def group(state, idx):  # idx (g, batch_size): one optimizer step from g minibatches
             params, opt_state, sums = state
             g = idx.shape[0]
-            mine = _varying(params)  # this device's gradient, not the implicit sum (module docstring)
+            mine = varying(params)  # this device's gradient, not the implicit sum (module docstring)
 
             def accumulate(acc, i):
                 mb = jax.tree.map(lambda x: x[i], batch)
@@ -185,13 +197,13 @@ def make_iteration(env: JaxEnv, cfg: Any, mesh: Any, local_num_envs: int, carry_
                         jax.tree.map(jnp.add, term_sums, terms)), None
 
             term_zeros = {name: jnp.zeros((), jnp.float32) for name in TERMS}
-            zeros = (jax.tree.map(jnp.zeros_like, mine), _varying(term_zeros))
+            zeros = (jax.tree.map(jnp.zeros_like, mine), varying(term_zeros))
             (grads, term_sums), _ = lax.scan(accumulate, zeros, idx)
             grads = lax.pmean(grads, AXIS)  # the one gradient collective of this optimizer step
             updates, opt_state = tx.update(grads, opt_state, params)
             params = optax.apply_updates(params, updates)
             sums = {name: sums[name] + v for name, v in lax.pmean(term_sums, AXIS).items()}
-            sums["grad_norm"] = state[2]["grad_norm"] + optax.global_norm(grads)  # before clipping
+            sums["grad_norm"] = state[2]["grad_norm"] + _tree_norm(grads)  # before clipping
             return (params, opt_state, sums), None
 
         def epoch(state):
@@ -260,8 +272,12 @@ def make_iteration(env: JaxEnv, cfg: Any, mesh: Any, local_num_envs: int, carry_
 
     specs = carry_specs(carry_template)
     sharded = jax.shard_map(iteration, mesh=mesh, in_specs=(specs, P(AXIS), P()), out_specs=(specs, P()),
-                            check_vma=True)
-    return jax.jit(sharded, donate_argnums=(0,))
+                            check_vma=check_vma)
+    # Shardings pinned on the way out too: XLA otherwise reports zero-size leaves (MJX's empty
+    # mocap arrays) as replicated, and the next call's arguments would not match the program.
+    shardings = {name: NamedSharding(mesh, spec) for name, spec in specs.items()}
+    return jax.jit(sharded, in_shardings=(shardings, NamedSharding(mesh, P(AXIS)), NamedSharding(mesh, P())),
+                   out_shardings=(shardings, NamedSharding(mesh, P())), donate_argnums=(0,))
 
 
 def make_evaluator(env: JaxEnv, cfg: Any, episodes: int, deterministic: bool) -> Callable[..., Any]:
