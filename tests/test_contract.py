@@ -319,8 +319,8 @@ def toy_algorithms():
                   "checkpoint_freq": 0}, architecture_keys=(), description="a test's algorithm"))
     registry.register(registry.Algorithm(name="toyfit", config=ToyFitConfig, train=toy_fit))
     yield
-    registry._REGISTRY.pop("toy")
-    registry._REGISTRY.pop("toyfit")
+    registry._REGISTRY.pop(("toy", "torch"))
+    registry._REGISTRY.pop(("toyfit", "torch"))
 
 
 def test_algorithm_declared_in_a_test_is_trainable_evaluable_and_listed(tmp_path, capsys, toy_algorithms):

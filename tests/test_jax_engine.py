@@ -175,3 +175,19 @@ def test_brax_task_trains_on_mjx(tmp_path):
     assert [r["step"] for r in rows] == [32, 64]
     assert rows[-1]["eval/episodes"] == 2 and 0 < rows[-1]["eval/length_mean"] <= 50
     assert np.isfinite(rows[-1]["train/loss"])
+
+
+def test_process_identity_follows_the_launchers():
+    from types import SimpleNamespace
+
+    from ddprl.jax.runtime import process_identity
+
+    cfg = SimpleNamespace(world_size=4, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port="29600")
+    torchrun = {"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "29511"}
+    assert process_identity(cfg, torchrun) == (3, 4, "10.0.0.9:29511")
+    slurm = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "4242",
+             "MASTER_ADDR": "node7"}
+    cfg_auto = SimpleNamespace(**{**vars(cfg), "master_port": "auto"})
+    assert process_identity(cfg_auto, slurm) == (1, 2, "node7:24242")  # the port from the job id
+    # spawn: node 1 of 2, two processes per node, the second of them
+    assert process_identity(cfg, {}, local_index=1) == (3, 4, "10.0.0.1:29600")
