@@ -8,11 +8,12 @@
 #   bash benchmarks/gpu_session.sh tdmpc2    # TD-MPC2 ms/update, ms/act on CUDA, compile off/on
 #   bash benchmarks/gpu_session.sh returns   # TD-MPC2 walker-run learning (as far as time allows)
 #   bash benchmarks/gpu_session.sh vmas      # QMIX on VMAS with thousands of envs (issue #10)
+#   bash benchmarks/gpu_session.sh jax       # engine=jax: brax/humanoid (MJX) steps/s (issue #11)
 #
 # Logs go to $OUT (the device tool's folder that comes back) or ./gpu-logs. ddprl runs from
 # the source tree (PYTHONPATH), with the machine's own PyTorch.
 set -uo pipefail
-phase=${1:?phase: check | snake | tdmpc2 | returns | vmas}
+phase=${1:?phase: check | snake | tdmpc2 | returns | vmas | jax}
 out=${OUT:-gpu-logs}
 mkdir -p "$out"
 if [ -d .whl ]; then
@@ -59,6 +60,26 @@ for r in read_metrics('/tmp/returns/run'):
   vmas)
     # needs vmas (pip install --target /tmp/site vmas, or carry its wheel in .whl)
     timeout 560 python3 benchmarks/qmix_vmas.py --device cuda --num-envs 1024 4096 16384 --steps 2000000 2>&1 | tee -a "$log"
+    ;;
+  jax)
+    # Needs a CUDA JAX on the machine (jax[cuda12] and its NVIDIA libraries are far over what
+    # can travel with the tree) plus optax, gymnax, brax, mujoco-mjx.
+    if ! python3 -c "import jax, brax, gymnax, optax; assert jax.default_backend() == 'gpu'" 2>>"$log"; then
+      echo "jax phase: no CUDA JAX with brax/gymnax/optax here; nothing measured" | tee -a "$log"; exit 0
+    fi
+    python3 -m ddprl doctor engine=jax 2>&1 | tee -a "$log"
+    for n in 1024 4096; do
+      timeout 280 python3 -m ddprl train engine=jax task=brax/humanoid num_envs=$n n_steps=20 \
+        batch_size=$((n * 5)) epochs=4 steps=$((n * 20 * 12)) eval_episodes=0 norm_obs=true norm_reward=true \
+        run_dir=/tmp/jaxh$n progress=false 2>&1 | tail -3 | tee -a "$log"
+      python3 -c "
+from ddprl.metrics import read_metrics
+rows = read_metrics('/tmp/jaxh$n')
+print('humanoid num_envs=$n compile_s', round(rows[0]['time/compile_s'], 1),
+      'steps/s (rows 2+)', round(sum(r['time/global_fps'] for r in rows[1:]) / max(1, len(rows) - 1)))" 2>&1 | tee -a "$log"
+    done
+    XLA_FLAGS= timeout 200 python3 -m ddprl train engine=jax task=gymnax/CartPole-v1 num_envs=2048 n_steps=32 \
+      batch_size=8192 epochs=4 steps=2000000 eval_freq=262144 run_dir=/tmp/jaxcp progress=false 2>&1 | tail -2 | tee -a "$log"
     ;;
   *)
     echo "unknown phase $phase" >&2; exit 2 ;;

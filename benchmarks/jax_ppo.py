@@ -5,7 +5,7 @@ Every run is a subprocess, one at a time (rows rotate between seeds), on this ma
     pip install -e ".[jax,bench]"      # jax + gymnax (engine=jax), stable-baselines3
     python benchmarks/jax_ppo.py [--seeds 3] [--first-seed 1] [--steps 300000] [--eval-freq 8192]
         [--target 475] [--devices 2] [--world-sizes 1 2] [--skip-jax] [--skip-torch] [--skip-sb3]
-        [--full-budget] [--ddprl-extra KEY=VALUE ...] [--max-other 0.3] [--retries 1] [--wait-idle 60]
+        [--full-budget] [--ddprl-extra KEY=VALUE ...] [--jax-extra KEY=VALUE ...] [--max-other 0.3] [--retries 1] [--wait-idle 60]
         [--timeout 900] [--keep DIR] [--report FILE] [--verbose]
 
 Rows:
@@ -231,7 +231,7 @@ def ddprl_command(args: argparse.Namespace, kind: str, n: int, seed: int, run_di
             f"epochs={EPOCHS}", f"lr={LR}", f"anneal_lr={str(args.anneal).lower()}", f"eval_freq={args.eval_freq}",
             f"eval_episodes={EVAL_EPISODES}", "eval_deterministic=true", "checkpoint_freq=0", f"seed={seed}",
             "progress=false", f"run_dir={run_dir}"]
-    return cmd + list(args.ddprl_extra)
+    return cmd + list(args.ddprl_extra) + (list(args.jax_extra) if kind == "jax" else [])
 
 
 def sb3_command(args: argparse.Namespace, seed: int, out: Path) -> list[str]:
@@ -397,6 +397,9 @@ def print_report(args: argparse.Namespace, plan: list[tuple[str, str, int]], run
           f"OMP_NUM_THREADS=1; SB3 torch.set_num_threads(1).  ")
     if args.ddprl_extra:
         print(f"Extra ddprl keys: {' '.join(args.ddprl_extra)}  ")
+    if args.jax_extra:
+        print(f"Extra keys of the ddprl jax rows only (they win over the shared settings): "
+              f"{' '.join(args.jax_extra)}  ")
     print("train s = training time only (rollout + update; **evaluation, start-up excluded**; jax: compile "
           "excluded unless the row says incl.). loop s = training-loop wall time to the end of the reaching "
           "evaluation (**evaluation included**; start-up and jax's iteration compile excluded). end-to-end = "
@@ -537,6 +540,8 @@ def main() -> None:
                         help="run every run to --steps (default: stop a run at its first eval >= target)")
     parser.add_argument("--ddprl-extra", nargs="*", default=[], metavar="KEY=VALUE",
                         help="more keys for every ddprl run (both engines)")
+    parser.add_argument("--jax-extra", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="keys for the ddprl jax rows only, e.g. settings that use many envs per device")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per run")
     parser.add_argument("--max-other", type=float, default=0.3, metavar="CORES",
                         help="a run during which other processes used more CPU than this is run again "

@@ -62,6 +62,8 @@ def test_run_directory_checkpoints_eval_and_play(tmp_path):
     assert set(ckpt["state"]) == {"params", "opt", "obs_rms", "ret_rms", "key"}
     assert all(isinstance(v, torch.Tensor) for v in ckpt["state"]["params"].values())
     assert ckpt["ranks"][0]["envs"]["['obs']"].shape == (8, 4)  # the process's envs: all 8 here
+    _ok(run_cli(["plot", str(run), f"out={tmp_path / 'curves.png'}"], cwd=tmp_path))
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
 
     # Written on 4 devices, evaluated on 1: the checkpoint holds no device layout.
     res = _ok(run_devices(["eval", f"checkpoint={run / 'checkpoints' / 'latest.pt'}", "episodes=3"], tmp_path, 1))

@@ -56,7 +56,9 @@ def test_gymnax_failure_is_termination_without_truncation():
 
 
 def test_brax_time_limit_and_continuous_actions():
-    env = make_jax_env("brax/inverted_pendulum", episode_length=3)
+    # The adapter does not depend on brax's physics pipeline: the quick-to-compile "spring" one
+    # here (MJX, the default, is compiled by tests/test_jax_engine.py's brax run).
+    env = make_jax_env("brax/inverted_pendulum", backend="spring", episode_length=3)
     assert not env.discrete and env.action_dim == 1 and env.obs_shape == (4,)
     steps = rollout(env, 4, num_envs=2)
     assert [bool(s["truncated"].all()) for s in steps] == [False, False, True, False]

@@ -194,19 +194,24 @@ def fit(rt: Any, cfg: Any, task: Task) -> FitResult:
         stop, improved = rt.broadcast_object((stopper.stopped, improved))
         stopper.stopped = stop
         last = stop or epoch == cfg.epochs
-        if improved or last or (cfg.checkpoint_freq and epoch % cfg.checkpoint_freq == 0):
-            run.save(step, state={"model": strip_prefixes(plain.state_dict()), "optimizer": optimizer.state_dict(),
-                                  "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                                  "scaler": scaler.state_dict(), "early_stopping": stopper.state_dict()},
-                     counters={"epoch": epoch}, score=score)
-        if last and "test" in datasets:
-            row.update(test_best(rt, cfg, run, task, plain, datasets["test"], autocast, monitor))
         if stop:
             row["stopped_early"] = 1.0
             if rt.is_main:
                 log.info("early stop after epoch %d: %s did not improve for %d validation(s) (best %.6g)",
                          epoch, monitor, cfg.patience, stopper.best)
-        run.log(step, row)
+        if not last:
+            # The row before its checkpoint: a job killed between the two resumes from the
+            # previous checkpoint and writes the row again, never skips it.
+            run.log(step, row)
+        if improved or last or (cfg.checkpoint_freq and epoch % cfg.checkpoint_freq == 0):
+            run.save(step, state={"model": strip_prefixes(plain.state_dict()), "optimizer": optimizer.state_dict(),
+                                  "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                                  "scaler": scaler.state_dict(), "early_stopping": stopper.state_dict()},
+                     counters={"epoch": epoch}, score=score)
+        if last:  # the test metrics are of best.pt, saved just above
+            if "test" in datasets:
+                row.update(test_best(rt, cfg, run, task, plain, datasets["test"], autocast, monitor))
+            run.log(step, row)
     run.close()
     best = run.dir / "checkpoints" / "best.pt" if run.best is not None else None
     return FitResult(run_dir=run.dir, metrics=row, epochs=epoch, stopped_early=stopper.stopped, best_checkpoint=best)
