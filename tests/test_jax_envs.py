@@ -92,3 +92,13 @@ def test_unknown_task_names_near_matches():
         check_task("gymnax/Breakout-Minatar")
     with pytest.raises(UsageError, match=r"unknown brax task 'brax/hopr'.*did you mean brax/hopper"):
         check_task("brax/hopr")
+
+
+@pytest.mark.parametrize("task", ["gymnax/Acrobot-v1", "gymnax/MountainCar-v0", "gymnax/MountainCarContinuous-v0",
+                                  "gymnax/Breakout-MinAtar", "gymnax/Pendulum-v1"])
+def test_the_issue_s_gymnax_families_step(task):
+    env = make_jax_env(task)
+    steps = rollout(env, 3, num_envs=2)
+    assert steps[-1]["obs"].shape == (2, *env.obs_shape) and steps[-1]["obs"].dtype == np.float32
+    assert steps[-1]["reward"].shape == (2,) and np.isfinite(steps[-1]["reward"]).all()
+    assert env.discrete == (task not in ("gymnax/MountainCarContinuous-v0", "gymnax/Pendulum-v1"))
