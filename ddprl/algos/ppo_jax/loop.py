@@ -89,7 +89,7 @@ def train(rt: Any, cfg: Any) -> None:
     global_step, start_iteration = run.step, 0
     replicated_sharding, env_sharding = NamedSharding(rt.mesh, P()), NamedSharding(rt.mesh, P(AXIS))
     if run.resumed:
-        restored = {name: from_flat(run.state[name], local_copy(carry[name]), f"{name}")
+        restored = {name: from_flat(run.state[name], local_copy(carry[name]), name)
                     for name in carry if name not in SHARDED}
         carry.update(jax.device_put(restored, replicated_sharding))
         start_iteration = run.counters["iteration"]
