@@ -186,10 +186,25 @@ def test_process_identity_follows_the_launchers():
 
     cfg = SimpleNamespace(world_size=4, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port="29600")
     torchrun = {"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "29511"}
-    assert process_identity(cfg, torchrun) == (3, 4, "10.0.0.9:29511")
+    assert process_identity(cfg, torchrun) == (3, 4, "10.0.0.9:29512")  # torchrun's store holds 29511
     slurm = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "4242",
              "MASTER_ADDR": "node7"}
     cfg_auto = SimpleNamespace(**{**vars(cfg), "master_port": "auto"})
     assert process_identity(cfg_auto, slurm) == (1, 2, "node7:24242")  # the port from the job id
     # spawn: node 1 of 2, two processes per node, the second of them
     assert process_identity(cfg, {}, local_index=1) == (3, 4, "10.0.0.1:29600")
+
+
+def test_torchrun_launches_jax_processes(tmp_path):
+    # Under torchrun this very process is one JAX process of the job: checking the task must not
+    # start JAX's backend before jax.distributed.initialize (it did: gymnax's import starts it).
+    import sys
+
+    from ddprl.runtime import free_port
+
+    run = tmp_path / "trun"
+    env_args = [*SMALL, "devices=1", "steps=512", "eval_episodes=0", f"run_dir={run}"]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}"]
+    res = _ok(run_cli(["train", *env_args], cwd=tmp_path, launcher=launcher, timeout=400))
+    assert "2 process(es), 2 cpu device(s) x 4 envs" in res.stderr
+    assert load_checkpoint(run / "checkpoints" / "latest.pt")["world_size"] == 2

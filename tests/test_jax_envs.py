@@ -87,6 +87,14 @@ def test_task_names(task, family):
     check_task(task)
 
 
+def test_task_names_are_gymnax_s_own():
+    import gymnax
+
+    from ddprl.jax.envs import GYMNAX_IDS
+
+    assert tuple(gymnax.registered_envs) == GYMNAX_IDS
+
+
 def test_unknown_task_names_near_matches():
     with pytest.raises(UsageError, match=r"did you mean gymnax/Breakout-MinAtar"):
         check_task("gymnax/Breakout-Minatar")

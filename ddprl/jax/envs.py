@@ -46,10 +46,19 @@ class JaxEnv:
     check_vma: bool = True
 
 
-def gymnax_ids() -> list[str]:
-    import gymnax
+# gymnax 1.0.1's registered ids (the `jax` extra pins that version; a test compares). Written out
+# so that checking a task name never imports gymnax: its import starts JAX's backend, which
+# must wait for jax.distributed.initialize when this process is one of several (torchrun, srun).
+GYMNAX_IDS = ("CartPole-v1", "Pendulum-v1", "Acrobot-v1", "MountainCar-v0", "MountainCarContinuous-v0",
+              "Asterix-MinAtar", "Breakout-MinAtar", "Freeway-MinAtar", "Seaquest-MinAtar", "SpaceInvaders-MinAtar",
+              "Catch-bsuite", "DeepSea-bsuite", "MemoryChain-bsuite", "UmbrellaChain-bsuite",
+              "DiscountingChain-bsuite", "MNISTBandit-bsuite", "SimpleBandit-bsuite", "FourRooms-misc",
+              "MetaMaze-misc", "PointRobot-misc", "BernoulliBandit-misc", "GaussianBandit-misc", "Reacher-misc",
+              "Swimmer-misc", "Pong-misc", "FrozenLake-misc")
 
-    return list(gymnax.registered_envs)
+
+def gymnax_ids() -> list[str]:
+    return list(GYMNAX_IDS)
 
 
 BRAX_ENVS = ("ant", "halfcheetah", "hopper", "humanoid", "humanoidstandup", "inverted_double_pendulum",

@@ -49,8 +49,9 @@ def process_identity(cfg: Any, environ: dict[str, str] | os._Environ = os.enviro
     """``(process_id, num_processes, coordinator "host:port")`` of this JAX process."""
     launcher = detect_launcher(environ)
     if launcher == "torchrun":
+        # torchrun's own rendezvous store listens on MASTER_PORT: JAX's coordinator takes the next one.
         return (int(environ["RANK"]), int(environ["WORLD_SIZE"]),
-                f"{environ.get('MASTER_ADDR', '127.0.0.1')}:{environ.get('MASTER_PORT', '29500')}")
+                f"{environ.get('MASTER_ADDR', '127.0.0.1')}:{int(environ.get('MASTER_PORT', '29500')) + 1}")
     if launcher == "slurm":
         addr = environ.get("MASTER_ADDR") or (cfg.master_addr if cfg.master_addr != "auto"
                                               else _slurm_master_addr(environ))
