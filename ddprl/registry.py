@@ -146,11 +146,13 @@ def get(name: str, engine: str = DEFAULT_ENGINE) -> Algorithm:
     _load_builtin()
     if (name, engine) in _REGISTRY:
         return _REGISTRY[(name, engine)]
+    if engine not in LAUNCHERS:
+        near = difflib.get_close_matches(engine, list(LAUNCHERS), n=2, cutoff=0.6)
+        hint = f" (did you mean {', '.join(near)}?)" if near else ""
+        raise UsageError(f"unknown engine {engine!r}{hint}; choose from {', '.join(LAUNCHERS)}")
     if name in names():
         engines = sorted(e for n, e in _REGISTRY if n == name)
         raise UsageError(f"algo={name} has no engine={engine}; it runs on engine={' | '.join(engines)}")
-    if engine not in LAUNCHERS:
-        raise UsageError(f"unknown engine {engine!r}; choose from {', '.join(LAUNCHERS)}")
     near = difflib.get_close_matches(name, names(), n=3, cutoff=0.6)
     hint = f" (did you mean {', '.join(near)}?)" if near else ""
     raise UsageError(f"unknown algo {name!r}{hint}; choose from {', '.join(names())}")

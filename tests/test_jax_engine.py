@@ -127,6 +127,7 @@ def _bad(tmp_path, args, message, devices=4):
     (["task=gymnax/CartPol-v1"], r"unknown task 'gymnax/CartPol-v1' for engine=jax \(did you mean gymnax/CartPole-v1"),
     (["task=brax/humanoidd"], r"unknown brax task 'brax/humanoidd' \(did you mean brax/humanoid"),
     (["algo=qmix"], r"algo=qmix has no engine=jax; it runs on engine=torch"),
+    (["engine=jaxx"], r"unknown engine 'jaxx' \(did you mean jax\?\); choose from torch, jax"),
     (["precision=bf16"], r"engine=jax trains in fp32 only"),
     (["batch_size=4096"], r"batch_size=4096 is larger than the per-device rollout"),
     (["env_kwargs={gravity_x: 1}"], r"env_kwargs \['gravity_x'\] are not parameters of CartPole-v1"),
