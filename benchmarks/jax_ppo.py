@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import json
 import math
 import os
@@ -78,6 +77,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from machine import cpu_counters, cpu_model, emit_report, foreign_load
 
 REPO = Path(__file__).resolve().parent.parent
 TASK = "CartPole-v1"
@@ -159,27 +160,6 @@ def sb3_worker(args: argparse.Namespace) -> None:
 
 
 # -- CPU bookkeeping (what *other* processes used while a run ran) ---------------------------------
-
-def cpu_counters() -> tuple[float, float, float, float]:
-    """(busy CPU-seconds of the machine, CPU-seconds of this process, of its waited-for children, wall)."""
-    busy = float("nan")
-    try:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        busy = (fields[0] + fields[1] + fields[2] + fields[5] + fields[6]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        pass
-    t = os.times()
-    return busy, t.user + t.system, t.children_user + t.children_system, time.perf_counter()
-
-
-def foreign_load(before: tuple, after: tuple, tree_cpu: float | None = None) -> float:
-    """Cores used by processes outside this one and its run between ``before`` and ``after``
-    (``tree_cpu``: the run's CPU-seconds when known better than by the waited-for children)."""
-    children = after[2] - before[2]
-    if tree_cpu is not None:
-        children = max(children, tree_cpu)
-    return ((after[0] - before[0]) - (after[1] - before[1]) - children) / (after[3] - before[3])
-
 
 def session_cpu(sid: int, seen: dict[int, float]) -> None:
     """Record in ``seen`` the CPU-seconds so far of every process of session ``sid`` (a run started
@@ -345,16 +325,6 @@ def summarise(kind: str, rows: list[dict[str, Any]], e2e: float | None, target: 
 
 
 # -- the report ----------------------------------------------------------------------------------
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
 
 def versions() -> str:
     import importlib.metadata as m
@@ -597,12 +567,7 @@ def main() -> None:
             runs[name].append(kept)
     print(f"[all runs: {time.perf_counter() - began_all:.0f} s]", flush=True)
 
-    report = io.StringIO()
-    with contextlib.redirect_stdout(report):
-        print_report(args, plan, runs, seeds)
-    print(report.getvalue(), end="")
-    if args.report:
-        Path(args.report).write_text(report.getvalue())
+    emit_report(lambda: print_report(args, plan, runs, seeds), args.report)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from qmix_speed import PROBE, REPO, SHARED, TASKS, _ddprl_value, child_env, cpu_model, epymarl_commit, run_logged  # noqa: E402
+from machine import cpu_model  # noqa: E402
+from qmix_speed import PROBE, REPO, SHARED, TASKS, _ddprl_value, child_env, epymarl_commit, run_logged  # noqa: E402
 
 from ddprl.metrics import read_metrics  # noqa: E402
 

@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import json
 import os
 import platform
@@ -78,6 +77,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from machine import cpu_counters, cpu_model, emit_report, foreign_load
 
 from ddprl.metrics import read_metrics
 
@@ -134,23 +135,6 @@ def window(records: list[tuple[float, float, float, float]], skip: float) -> dic
 
 
 # -- CPU bookkeeping (what *other* processes used while a row ran) ------------------------------
-
-def cpu_counters() -> tuple[float, float, float]:
-    """(busy CPU-seconds of the machine, CPU-seconds of this process and its waited-for
-    descendants, wall time)."""
-    busy = float("nan")
-    try:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        busy = (fields[0] + fields[1] + fields[2] + fields[5] + fields[6]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        pass
-    t = os.times()
-    return busy, t.user + t.system + t.children_user + t.children_system, time.perf_counter()
-
-
-def foreign_load(before: tuple, after: tuple) -> float:
-    return ((after[0] - before[0]) - (after[1] - before[1])) / (after[2] - before[2])
-
 
 # -- the rows ------------------------------------------------------------------------------------
 
@@ -261,16 +245,6 @@ def run_ddprl(args: argparse.Namespace, world_size: int, envs: int, tmp: Path) -
 
 
 # -- the report ----------------------------------------------------------------------------------
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
 
 def versions(python: str) -> str:
     """torch / gymnasium / lbforaging / rware / numpy versions seen by ``python``."""
@@ -466,12 +440,7 @@ def main() -> None:
             runs[name].append(run_row(args, name, job, repeat))
     rows = [(name, combine(runs[name])) for name, _ in plan]
 
-    report = io.StringIO()
-    with contextlib.redirect_stdout(report):
-        print_report(args, rows)
-    print(report.getvalue(), end="")
-    if args.report:
-        Path(args.report).write_text(report.getvalue())
+    emit_report(lambda: print_report(args, rows), args.report)
 
 
 if __name__ == "__main__":

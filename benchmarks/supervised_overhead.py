@@ -62,7 +62,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import io
 import json
 import os
 import platform
@@ -77,6 +76,8 @@ from typing import Any
 # One intra-op thread per rank for every row (ddprl and Lightning both pick 1 on 2 cores with 2
 # ranks when this is unset; setting it makes it explicit and equal).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from machine import cpu_counters, cpu_model, emit_report, foreign_load  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -484,14 +485,7 @@ def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
 
 
 def machine() -> str:
-    model = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        model = platform.processor() or platform.machine()
+    model = cpu_model()
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     versions = f"torch {torch.__version__}"
     try:
@@ -502,27 +496,6 @@ def machine() -> str:
         pass
     return (f"{model}, {os.cpu_count()} logical cores ({usable} usable), Python {platform.python_version()}, "
             f"{versions}, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")
-
-
-def cpu_counters() -> tuple[float, float, float, float]:
-    """(busy CPU-seconds of the machine, its steal seconds, CPU-seconds of this process and its
-    joined children, wall time): the difference over a run shows what *other* processes used."""
-    busy = steal = float("nan")
-    try:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        tick = os.sysconf("SC_CLK_TCK")
-        busy = (fields[0] + fields[1] + fields[2] + fields[5] + fields[6]) / tick  # user nice system irq softirq
-        steal = (fields[7] if len(fields) > 7 else 0) / tick
-    except (OSError, ValueError, IndexError):
-        pass
-    t = os.times()
-    return busy, steal, t.user + t.system + t.children_user + t.children_system, time.perf_counter()
-
-
-def foreign_load(before: tuple, after: tuple) -> tuple[float, float]:
-    """Cores busy with other processes during the run (nan without /proc/stat), and cores stolen."""
-    wall = after[3] - before[3]
-    return ((after[0] - before[0]) - (after[2] - before[2])) / wall, (after[1] - before[1]) / wall
 
 
 def fmt_range(values: list[float]) -> str:
@@ -575,7 +548,7 @@ def main() -> None:
             for attempt in range(args.retries + 1):  # a run other processes shared the cores with is redone
                 began = cpu_counters()
                 result = runners[name](args)
-                other, _ = foreign_load(began, cpu_counters())
+                other = foreign_load(began, cpu_counters())
                 result["other"] = other
                 if attempt == 0 or other < kept["other"]:
                     kept = result
@@ -598,15 +571,10 @@ def main() -> None:
     if args.paired:
         began = cpu_counters()
         paired = run_paired(args)
-        other, _ = foreign_load(began, cpu_counters())
+        other = foreign_load(began, cpu_counters())
         print(f"[paired] {args.paired} epochs per arm, other processes {other:.2f} cores", flush=True)
 
-    report = io.StringIO()
-    with contextlib.redirect_stdout(report):
-        print_report(args, names, results, paired)
-    print(report.getvalue(), end="")
-    if args.report:
-        Path(args.report).write_text(report.getvalue())
+    emit_report(lambda: print_report(args, names, results, paired), args.report)
 
 
 def print_report(args: argparse.Namespace, names: list[str], results: dict[str, list[dict[str, Any]]],
