@@ -236,19 +236,17 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                                       "size_mb": float, "dist_timeout": float, "engine": str, "devices": str},
                      "doctor")
     size_mb = kv.pop("size_mb", 64.0)
-    if kv.get("engine", "torch") == "jax":
-        from ddprl.jax.runtime import doctor as jax_doctor, launch as jax_launch, require_jax
+    if "devices" in kv and kv.get("engine") != "jax":
+        raise UsageError("doctor: devices= is a key of engine=jax (the torch engine has one device per rank)")
+    cfg = resolved_config(load_config(_launcher_overrides([f"{k}={v}" for k, v in kv.items()])))
+    if cfg.engine == "jax":
+        from ddprl.jax.runtime import doctor as jax_doctor, launch as jax_launch
 
-        require_jax()
-        cfg = resolved_config(load_config(_launcher_overrides([f"{k}={v}" for k, v in kv.items()])))
         jax_launch(functools.partial(jax_doctor, size_mb=size_mb), cfg)
         return 0
-    if "devices" in kv:
-        raise UsageError("doctor: devices= is a key of engine=jax (the torch engine has one device per rank)")
     from ddprl.doctor import doctor, describe_machine
     from ddprl.runtime import launch
 
-    cfg = resolved_config(load_config(_launcher_overrides([f"{k}={v}" for k, v in kv.items()])))
     print(describe_machine(cfg), flush=True)
     launch(functools.partial(doctor, size_mb=size_mb), cfg)
     return 0

@@ -11,11 +11,12 @@ or srun (SLURM_PROCID/SLURM_NTASKS) this process is one of ``world_size`` JAX pr
 node. On a CPU, ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` gives N simulated devices.
 
 :class:`JaxRuntime` offers :class:`ddprl.run.Run` what the torch Runtime does (rank, is_main,
-broadcast_object, all_gather_object, all_reduce_*, barrier, seeds), between processes.
+broadcast_object, all_gather_object, barrier, seeds), between processes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pickle
@@ -29,7 +30,8 @@ import torch
 
 from ddprl.errors import UsageError
 from ddprl.runtime import Seeds, detect_launcher, exit_process, setup_logging, spawn
-from ddprl.runtime.placement import _slurm_master_addr, check_port_free, free_port
+from ddprl.runtime.launch import spawn_port, spawn_sizes
+from ddprl.runtime.placement import rendezvous_from_env
 
 log = logging.getLogger("ddprl")
 
@@ -47,20 +49,10 @@ def require_jax() -> None:
 def process_identity(cfg: Any, environ: dict[str, str] | os._Environ = os.environ,
                      local_index: int | None = None) -> tuple[int, int, str]:
     """``(process_id, num_processes, coordinator "host:port")`` of this JAX process."""
-    launcher = detect_launcher(environ)
-    if launcher == "torchrun":
-        # torchrun's own rendezvous store listens on MASTER_PORT: JAX's coordinator takes the next one.
-        return (int(environ["RANK"]), int(environ["WORLD_SIZE"]),
-                f"{environ.get('MASTER_ADDR', '127.0.0.1')}:{int(environ.get('MASTER_PORT', '29500')) + 1}")
-    if launcher == "slurm":
-        addr = environ.get("MASTER_ADDR") or (cfg.master_addr if cfg.master_addr != "auto"
-                                              else _slurm_master_addr(environ))
-        port = environ.get("MASTER_PORT") or str(cfg.master_port)
-        if port == "auto":  # every task derives the same port from the job id
-            port = str(20000 + int(environ.get("SLURM_JOB_ID", "0")) % 20000)
-        return int(environ["SLURM_PROCID"]), int(environ["SLURM_NTASKS"]), f"{addr}:{port}"
-    per_node = cfg.world_size // cfg.nnodes
-    return cfg.node_rank * per_node + (local_index or 0), cfg.world_size, f"{cfg.master_addr}:{cfg.master_port}"
+    r = rendezvous_from_env(cfg, environ, local_index if local_index is not None else 0)
+    # torchrun's own rendezvous store listens on MASTER_PORT: JAX's coordinator takes the next one.
+    port = r.master_port + 1 if r.launcher == "torchrun" else r.master_port
+    return r.rank, r.world_size, f"{r.master_addr}:{port}"
 
 
 def _platform(device: str) -> str | None:
@@ -134,20 +126,6 @@ class JaxRuntime:
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         return obj if self.world_size == 1 else self.all_gather_object(obj)[src]
 
-    def all_reduce_sum(self, value: Any) -> Any:
-        if self.world_size == 1:
-            return value
-        values = self.all_gather_object(value)
-        if isinstance(value, dict):
-            return {k: sum(float(v[k]) for v in values) for k in value}
-        return sum(float(v) for v in values)
-
-    def all_reduce_mean(self, value: Any) -> Any:
-        total = self.all_reduce_sum(value)
-        if isinstance(total, dict):
-            return {k: v / self.world_size for k, v in total.items()}
-        return total / self.world_size
-
     def barrier(self) -> None:
         if self.world_size > 1:
             self._mu.sync_global_devices("ddprl")
@@ -209,20 +187,11 @@ def launch(fn: Callable[[JaxRuntime, Any], Any], cfg: Any) -> Any:
     launcher = detect_launcher()
     if launcher != "spawn":
         return _run_process(fn, cfg, *process_identity(cfg))
-    if cfg.world_size % cfg.nnodes:
-        raise UsageError(f"world_size={cfg.world_size} must be a multiple of nnodes={cfg.nnodes}")
-    per_node = cfg.world_size // cfg.nnodes
+    spawn_sizes(cfg)
     if cfg.world_size == 1:
         return _run_process(fn, cfg, 0, 1, "")
-    if cfg.master_port == "auto":
-        if cfg.nnodes > 1:
-            raise UsageError("master_port=auto cannot be agreed between nodes; give master_port=<int> on every node")
-        import dataclasses
-
-        cfg = dataclasses.replace(cfg, master_port=str(free_port()))
-    elif cfg.node_rank == 0:
-        check_port_free(cfg.master_addr if cfg.nnodes > 1 else "127.0.0.1", int(cfg.master_port))
-    spawn(_child, (fn, cfg), per_node)
+    cfg = dataclasses.replace(cfg, master_port=str(spawn_port(cfg)))
+    spawn(_child, (fn, cfg), cfg.world_size // cfg.nnodes)
     return None
 
 

@@ -54,13 +54,7 @@ def process_local(tree: Any) -> Any:
 
     def local(x: Any) -> np.ndarray:
         shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)
-        seen, parts = set(), []
-        for s in shards:  # a replicated leaf has one shard per device: keep one copy
-            start = s.index[0].start or 0
-            if start not in seen:
-                seen.add(start)
-                parts.append(np.asarray(s.data))
-        return np.concatenate(parts)
+        return np.concatenate([np.asarray(s.data) for s in shards])
 
     return jax.tree.map(local, tree)
 

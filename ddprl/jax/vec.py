@@ -31,15 +31,10 @@ class JaxVecEnv:
             self.single_action_space = gym.spaces.Box(env.action_low, env.action_high, (env.action_dim,), np.float32)
         self._reset = jax.jit(jax.vmap(env.reset))
         self._step = jax.jit(jax.vmap(env.step))
+        self._keys = jax.jit(lambda seed: jax.vmap(jax.random.PRNGKey)(jax.numpy.arange(num_envs) + seed))
         self._seed = seed
         self._state: Any = None
         self._t = 0
-
-    def _keys(self, seed: int) -> Any:
-        import jax
-        import jax.numpy as jnp
-
-        return jax.vmap(jax.random.PRNGKey)(jnp.arange(self.num_envs) + seed)
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
         self._seed = self._seed if seed is None else seed

@@ -57,15 +57,25 @@ def prepare_spawn(cfg: Any) -> Any:
     Done before any process starts, so bad input fails with one line and nothing half-made.
     Returns the settings the children receive.
     """
+    spawn_sizes(cfg)
+    # Validate the device/backend choice once, here, rather than in N children.
+    choose_device_and_backend(cfg.device, cfg.backend, 0, cfg.world_size // cfg.nnodes)
+    return spawn_port(cfg)
+
+
+def spawn_sizes(cfg: Any) -> None:
+    """world_size, nnodes and node_rank of a spawn-mode job fit together (any engine)."""
     if cfg.world_size < 1:
         raise UsageError(f"world_size={cfg.world_size} must be >= 1")
     if cfg.nnodes < 1 or cfg.world_size % cfg.nnodes:
         raise UsageError(f"world_size={cfg.world_size} must be a multiple of nnodes={cfg.nnodes}")
     if not 0 <= cfg.node_rank < cfg.nnodes:
         raise UsageError(f"node_rank={cfg.node_rank} must be in [0, nnodes={cfg.nnodes})")
-    local_world_size = cfg.world_size // cfg.nnodes
-    # Validate the device/backend choice once, here, rather than in N children.
-    choose_device_and_backend(cfg.device, cfg.backend, 0, local_world_size)
+
+
+def spawn_port(cfg: Any) -> int:
+    """The rendezvous port of a spawn-mode job: ``auto`` picks a free one (one node only), a
+    given one must be free on node 0."""
     if cfg.master_port == "auto":
         if cfg.nnodes > 1:
             raise UsageError("master_port=auto cannot be agreed between nodes; give master_port=<int> on every node")

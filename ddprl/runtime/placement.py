@@ -113,8 +113,22 @@ def choose_device_and_backend(
     return torch.device("cuda", local_rank % cuda_count), chosen
 
 
-def placement_from_env(cfg: Any, environ: Mapping[str, str] = os.environ, local_rank: int | None = None) -> Placement:
-    """Work out this process's place from the launcher's variables (or the spawner's arguments)."""
+@dataclass(frozen=True)
+class Rendezvous:
+    """Who this process is among the job's processes and where they meet (any engine)."""
+
+    launcher: str  # "spawn" | "torchrun" | "slurm"
+    rank: int  # global rank: seeds and "who writes" depend on it, never on local_rank
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+
+
+def rendezvous_from_env(cfg: Any, environ: Mapping[str, str] = os.environ,
+                        local_rank: int | None = None) -> Rendezvous:
+    """This process's place from the launcher's variables (or the spawner's arguments)."""
     launcher = detect_launcher(environ)
     if launcher == "torchrun":
         rank, world_size = int(environ["RANK"]), int(environ["WORLD_SIZE"])
@@ -135,9 +149,15 @@ def placement_from_env(cfg: Any, environ: Mapping[str, str] = os.environ, local_
         rank = cfg.node_rank * local_world_size + local_rank
         world_size = cfg.world_size
         addr, port = cfg.master_addr, int(cfg.master_port)
-    device, backend = choose_device_and_backend(cfg.device, cfg.backend, local_rank, local_world_size)
-    return Placement(launcher, rank, local_rank, world_size, local_world_size, addr, port, device, backend)
+    return Rendezvous(launcher, rank, local_rank, world_size, local_world_size, addr, port)
 
+
+def placement_from_env(cfg: Any, environ: Mapping[str, str] = os.environ, local_rank: int | None = None) -> Placement:
+    """Work out this process's place from the launcher's variables (or the spawner's arguments)."""
+    r = rendezvous_from_env(cfg, environ, local_rank)
+    device, backend = choose_device_and_backend(cfg.device, cfg.backend, r.local_rank, r.local_world_size)
+    return Placement(r.launcher, r.rank, r.local_rank, r.world_size, r.local_world_size, r.master_addr,
+                     r.master_port, device, backend)
 
 
 def resolved_config(cfg: Any) -> Any:

@@ -5,11 +5,10 @@
                                  # sync_freq micro-batches (no_sync before the last one)
         validate (every eval_freq epochs)      # exact over ranks: every sample once
         rank 0 decides: improved? stop?        # from the global metric, broadcast to all
-        save (improved, every checkpoint_freq epochs, last)    # best.pt / latest.pt
-        log one row
-    test on the best weights
+        log one row, then save (improved, every checkpoint_freq epochs, last)   # best.pt / latest.pt
+    test on the best weights (the last row carries them: it is logged after the last save)
 
-The loop never touches torch.distributed: it uses the Runtime's verbs (wrap, no_sync,
+The loop never touches the process group itself: it uses the Runtime's verbs (wrap, no_sync,
 all_reduce_sum, broadcast_object) and ddprl.run.Run for the run directory and checkpoints.
 """
 

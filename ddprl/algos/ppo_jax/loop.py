@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ddprl.algos.common import crossed
 from ddprl.algos.ppo_jax import networks as nets
-from ddprl.algos.ppo_jax.learn import SHARDED, make_evaluator, make_iteration, make_optimizer, rms_init
+from ddprl.algos.ppo_jax.learn import SHARDED, make_evaluator, make_iteration, make_optimizer, normalize, rms_init
 from ddprl.errors import UsageError
 from ddprl.evaluate import Actor
 from ddprl.jax.envs import JaxEnv, make_jax_env
@@ -169,7 +169,6 @@ def load_actor(cfg: Any, state: dict[str, Any], device: torch.device) -> Actor:
     params = from_flat(state["params"], template, "params")
     obs_rms = from_flat(state["obs_rms"], rms_init(env.obs_shape), "obs_rms")
     key = jax.random.PRNGKey(Seeds(cfg.seed, rank=0).eval_actions())
-    from ddprl.algos.ppo_jax.learn import normalize
 
     @jax.jit
     def policy(obs: jax.Array, key: jax.Array) -> jax.Array:

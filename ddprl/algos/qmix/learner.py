@@ -1,6 +1,6 @@
 """One QMIX update on one rank, and the small pieces it is made of (each tested alone).
 
-The update is data-parallel without touching torch.distributed: DDP averages the gradients
+The update is data-parallel without touching the process group: DDP averages the gradients
 of the ranks' losses, and each rank's loss is normalised by the *global* number of valid
 steps (``rt.all_reduce_sum``), so N ranks on N shares of a batch take exactly the step one
 process takes on the whole batch, whatever the episode lengths on each rank.
