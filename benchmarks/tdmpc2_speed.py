@@ -5,13 +5,17 @@
 
 Measures the pieces of one agent step of the training loop with the paper's settings
 (batch 256, horizon 3, MPPI 512 samples x 6 iterations, 24 policy trajectories): one
-``update`` (buffer sample + world-model and policy steps, in a process group of one, where the
-runtime skips the DDP wrapper) and one ``Acting`` call (encode + MPPI with warm start) on one env, and the env's own
-step. ``agent steps/s`` = 1000 / (update + act + env step) ms: what one rank sustains after
-seeding, one update per agent step. Compile time is excluded (warm-up) and printed apart.
+``update`` (buffer sample + world-model and policy steps, in a process group of one) and one
+``Acting`` call (encode + MPPI with warm start) on one env, and the env's own step.
+``agent steps/s`` = 1000 / (update + act + env step) ms: what one rank sustains after
+seeding, one update per agent step. ``compile on``: the update and the act are each one
+compiled region (CUDA graphs on a GPU); compile time is excluded (warm-up) and printed apart.
 
-Reference (REFERENCE.md): the official code, walker-run, model_size 5, 2-core CPU, no compile:
-484 ms per update, 496 ms per act (2.1 updates/s).
+References (the official code, model_size 5): REFERENCE.md, 2-core CPU, walker-run, no compile:
+484 ms per update, 496 ms per act. Issue #12, one H100, torch 2.11, walker-run: eager 35.8 ms
+per update, 36.7 ms per act; compiled (its reduce-overhead update and plan) 10.8 and 2.77 ms,
+61.0 agent steps/s. They were measured in another session: run the official code beside this
+script for a same-hour ratio.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ import time
 
 import torch
 
-REFERENCE = {("cpu", 5, "off"): (484.0, 496.0)}
+# (device, model_size, compile, task) -> official (ms/update, ms/act)
+REFERENCE = {("cpu", 5, "off", "walker-run"): (484.0, 496.0), ("cuda", 5, "off", "walker-run"): (35.8, 36.7),
+             ("cuda", 5, "on", "walker-run"): (10.8, 2.77)}
 
 
 def _sync(device: torch.device) -> None:
@@ -35,7 +41,7 @@ def measure(rt, cfg, threads: int, updates: int, acts: int, result: dict) -> Non
     """Runs inside ``launch`` (world_size=1): fills ``result`` with timings in ms."""
     from ddprl.algos.tdmpc2.acting import Acting, EpisodeRecorder, make_tdmpc2_env
     from ddprl.algos.tdmpc2.buffer import EpisodeBuffer
-    from ddprl.algos.tdmpc2.loop import build_learner, draw_noise, update
+    from ddprl.algos.tdmpc2.learner import build_learner, draw_noise, update
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -120,8 +126,11 @@ def main() -> None:
     print(f"{'device':6} {'size':>4} {'params':>9} {'compile':7} {'ms/update':>10} {'ms/act':>8} {'ms/env':>7} "
           f"{'steps/s':>8} {'warm-up s':>9}  reference (official code)")
     for device, size, comp, r, sps in rows:
-        ref = REFERENCE.get((device, size, comp))
-        ref_text = f"{ref[0]:.0f} ms/update, {ref[1]:.0f} ms/act" if ref else ""
+        ref = REFERENCE.get((device, size, comp, args.task))
+        ref_text = ""
+        if ref:
+            ref_sps = 1000 / (ref[0] + ref[1] + r["env_ms"])
+            ref_text = f"{ref[0]:.1f} ms/update, {ref[1]:.2f} ms/act: x{sps / ref_sps:.2f} steps/s"
         print(f"{device:6} {size:>4} {r['params']:>9,} {comp:7} {r['update_ms']:>10.1f} {r['act_ms']:>8.1f} "
               f"{r['env_ms']:>7.2f} {sps:>8.2f} {r['warmup_s']:>9.1f}  {ref_text}")
 

@@ -22,8 +22,8 @@ from conftest import run_cli  # noqa: E402
 from ddprl.algos.tdmpc2.acting import (Acting, EpisodeRecorder, UnitBoxActions, episode_length_of,  # noqa: E402
                                        make_tdmpc2_env)
 from ddprl.algos.tdmpc2.buffer import TrajectoryBatch  # noqa: E402
-from ddprl.algos.tdmpc2.loop import (UpdateNoise, build_learner, draw_noise,  # noqa: E402
-                                     load_actor, model_dims, update)
+from ddprl.algos.tdmpc2.learner import UpdateNoise, build_learner, draw_noise, model_dims, update  # noqa: E402
+from ddprl.algos.tdmpc2.loop import load_actor  # noqa: E402
 from ddprl.algos.tdmpc2.loss import policy_loss, rho_weights, world_model_loss  # noqa: E402
 from ddprl.algos.tdmpc2.math import NUM_BINS, RunningScale, two_hot  # noqa: E402
 from ddprl.algos.tdmpc2.networks import WorldModel  # noqa: E402

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -170,6 +171,48 @@ class Runtime:
         dist.all_gather(parts, comm)
         return torch.cat(parts).to(tensor.device)
 
+    # -- collectives a compiled region may hold (traceable: functional collectives) -----------
+
+    def region_grad_mean(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Mean over ranks of a list of gradients, in ONE all-reduce of a flat buffer (what DDP
+        does with its buckets), traceable so that it can sit inside a compiled region
+        (``ddprl.algos.graphs``). A world of one: the list comes back as it is.
+
+        >>> grads = rt.region_grad_mean(grads)     # doctest: +SKIP
+        """
+        if self.world_size == 1:
+            return grads
+        flat = torch.cat([g.reshape(-1).float() for g in grads])
+        flat = funcol.all_reduce(flat, "sum", self._group()) / self.world_size
+        out, offset = [], 0
+        for g in grads:
+            out.append(flat[offset:offset + g.numel()].view_as(g).to(g.dtype))
+            offset += g.numel()
+        return out
+
+    def region_all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``tensor`` concatenated along dim 0 in rank order, traceable (see
+        :meth:`region_grad_mean`). A world of one: ``tensor`` itself."""
+        if self.world_size == 1:
+            return tensor
+        return _funcol_all_gather(tensor.contiguous(), 0, self._group())
+
+    def broadcast_module(self, module: nn.Module, src: int = 0) -> None:
+        """Overwrite ``module``'s parameters and buffers with rank ``src``'s (what DDP does at
+        construction), for modules a compiled region updates without a DDP wrapper."""
+        if self.world_size == 1:
+            return
+        with torch.no_grad():
+            for tensor in list(module.parameters()) + list(module.buffers()):
+                comm = tensor.detach() if tensor.device == self._comm_device() else tensor.detach().to(self._comm_device())
+                dist.broadcast(comm, src=src)
+                if comm is not tensor:
+                    tensor.copy_(comm)
+
+    @staticmethod
+    def _group() -> Any:
+        return dist.group.WORLD
+
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """Rank ``src``'s (picklable) object, returned on every rank."""
         box = [obj]
@@ -233,6 +276,10 @@ def unwrap(module: nn.Module) -> nn.Module:
             module = module._orig_mod
         else:
             return module
+
+
+# torch >= 2.6 names it all_gather_single; 2.4-2.5 have only all_gather_tensor (same arguments)
+_funcol_all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
 
 
 def _url_host(addr: str) -> str:

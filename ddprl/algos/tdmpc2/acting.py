@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from ddprl.algos.tdmpc2.networks import WorldModel
-from ddprl.algos.tdmpc2.planner import MPPI, MPPIConfig, mppi_iterations
+from ddprl.algos.graphs import compile_region, keep, step_begin
+from ddprl.algos.tdmpc2.planner import MPPI, MPPIConfig, PlanNoise, mppi_iterations
 from ddprl.envs import make_env
 from ddprl.envs.dmc import parse_dmc_task
 from ddprl.errors import UsageError
@@ -163,35 +164,51 @@ class Acting:
     (REFERENCE.md); call :meth:`episode_ended` with the done mask after every env step so a
     new episode starts from a blank plan. ``mpc=false``: the policy prior (its mean in eval).
     The model is switched to eval mode (no Q dropout) while acting.
+
+    ``compile=True``: encoding and planning are one compiled region (``ddprl.algos.graphs``):
+    one graph on the CPU, a CUDA graph on a GPU. Its outputs are copied before the next call
+    can overwrite them; the warm-start mean is always a tensor (zeros for a new episode), so
+    one graph serves every step.
     """
 
     def __init__(self, model: WorldModel, cfg: Any, discount: float, compile: bool = False):
         self.model = model
         self.planner = None
         if cfg.mpc:
-            self.planner = MPPI.from_world_model(model, discount, mppi_config(cfg, model.action_dim), compile=compile)
+            self.planner = MPPI.from_world_model(model, discount, mppi_config(cfg, model.action_dim))
+        self.horizon = cfg.horizon
         self.prev_mean: Optional[torch.Tensor] = None  # (H, E, A) last plan's mean
+        self.device = next(model.parameters()).device
+        self._act = compile_region(self.act_fn, self.device) if compile else self.act_fn
 
     def episode_ended(self, done: torch.Tensor) -> None:
         """Forget the plan of envs whose episode just ended: done (E,) bool."""
         if self.prev_mean is not None:
             # zero mean == no warm start for those envs; a mask, not a branch: no host sync
-            keep = (~done.to(self.prev_mean.device)).to(self.prev_mean.dtype)
-            self.prev_mean = self.prev_mean * keep[None, :, None]
+            keep_mean = (~done.to(self.prev_mean.device)).to(self.prev_mean.dtype)
+            self.prev_mean = self.prev_mean * keep_mean[None, :, None]
 
-    @torch.no_grad()
-    def __call__(self, obs: torch.Tensor, eval_mode: bool = False) -> torch.Tensor:
-        """obs (E, obs_dim) -> actions (E, A) in [-1, 1]; exploration noise unless ``eval_mode``."""
-        self.model.eval()
+    def act_fn(self, obs: torch.Tensor, prev_mean: torch.Tensor, eval_mode: bool,
+               noise: Optional[PlanNoise] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The region: obs (E, obs_dim), prev_mean (H, E, A) -> action (E, A), plan mean (H, E, A)."""
         z = self.model.encode(obs)  # (E, d)
         if self.planner is None:
             action, info = self.model.pi(z)
-            return info["mean"] if eval_mode else action
-        if self.prev_mean is not None and self.prev_mean.shape[1] != obs.shape[0]:
-            self.prev_mean = None
-        plan = self.planner.plan(z, self.prev_mean, eval_mode)
-        self.prev_mean = plan.mean
-        return plan.action
+            return (info["mean"] if eval_mode else action), prev_mean
+        plan = self.planner.plan(z, prev_mean, eval_mode, noise=noise)
+        return plan.action, plan.mean
+
+    @torch.no_grad()
+    def __call__(self, obs: torch.Tensor, eval_mode: bool = False, noise: Optional[PlanNoise] = None) -> torch.Tensor:
+        """obs (E, obs_dim) -> actions (E, A) in [-1, 1]; exploration noise unless ``eval_mode``.
+        ``noise``: the plan's random numbers (``planner.draw_noise``); None: the global RNG."""
+        self.model.eval()
+        E = obs.shape[0]
+        if self.prev_mean is None or self.prev_mean.shape[1] != E:
+            self.prev_mean = torch.zeros(self.horizon, E, self.model.action_dim, device=obs.device, dtype=obs.dtype)
+        step_begin(self.device)
+        action, self.prev_mean = keep(self._act(obs, self.prev_mean, eval_mode, noise))
+        return action
 
 
 class NotifyEpisodeEnds(EnvWrapper):

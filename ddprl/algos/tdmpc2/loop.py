@@ -1,9 +1,9 @@
-"""TD-MPC2 with DDP: every rank acts in its own env and fills its own replay buffer; one world
+"""TD-MPC2 data-parallel: every rank acts in its own env and fills its own replay buffer; one world
 model and one policy prior learn from all ranks' batches.
 
-The algorithm is :func:`train`, read top to bottom; :func:`update` is one optimizer step of
-world model and policy (REFERENCE.md "Losses"). Neither touches the process group: the
-collectives go through the runtime ``rt``.
+The algorithm is :func:`train`, read top to bottom; ``learner.update`` is one optimizer step
+of world model and policy (REFERENCE.md "Losses"), one compiled region with ``compile=true``.
+Neither touches the process group: the collectives go through the runtime ``rt``.
 
 Schedule (docs/tdmpc2.md explains the choices):
 
@@ -21,23 +21,21 @@ Schedule (docs/tdmpc2.md explains the choices):
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, Optional
+from typing import Any
 
 import torch
 
 from ddprl.algos.common import crossed
 from ddprl.algos.tdmpc2.acting import (Acting, EpisodeRecorder, NotifyEpisodeEnds, episode_length_of,
                                        make_tdmpc2_env)
-from ddprl.algos.tdmpc2.buffer import EpisodeBuffer, TrajectoryBatch
-from ddprl.algos.tdmpc2.loss import policy_loss, world_model_loss
-from ddprl.algos.tdmpc2.math import RunningScale, discount_for_episode_length
-from ddprl.algos.tdmpc2.networks import ModelDims, WorldModel, dims_for_model_size
-from ddprl.checkpoint import buffer_path, restore_buffer, save_atomically, strip_prefixes
+from ddprl.algos.tdmpc2.buffer import EpisodeBuffer
+from ddprl.algos.tdmpc2.learner import Learner, build_learner, draw_noise, model_dims, update
+from ddprl.algos.tdmpc2.math import discount_for_episode_length
+from ddprl.algos.tdmpc2.networks import WorldModel
+from ddprl.checkpoint import buffer_path, restore_buffer, save_atomically
 from ddprl.errors import UsageError
 from ddprl.evaluate import Actor, evaluate
 from ddprl.run import Run
@@ -46,147 +44,6 @@ log = logging.getLogger("ddprl")
 
 # ---------------------------------------------------------------------------------------------
 # pieces of the loop
-
-
-def model_dims(cfg: Any) -> ModelDims:
-    """The table's dims for ``model_size``, with any dim the config sets overriding it."""
-    table = dims_for_model_size(cfg.model_size)
-    return ModelDims(**{name: getattr(cfg, name) if getattr(cfg, name) is not None else getattr(table, name)
-                        for name in ModelDims.__dataclass_fields__})
-
-
-def autocast_context(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    """bf16 autocast for the update's forward passes, or nothing for fp32."""
-    if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-@dataclass
-class Learner:
-    """Everything one optimizer step touches, on one rank.
-
-    ``model`` is the plain module (acting, targets, checkpoints); ``wm`` and ``pi`` are its
-    DDP (+ compile) wrappers: every gradient-carrying call goes through their forward.
-    """
-
-    model: WorldModel
-    wm: torch.nn.Module  # DDP(model): forward(obs, action, reward, terminated, discount, members, eps)
-    pi: torch.nn.Module  # DDP(model.policy): forward(z, eps) -> (action, info)
-    scale: RunningScale  # running 5-95% range of Q, identical on every rank (reduced)
-    wm_optim: torch.optim.Optimizer
-    pi_optim: torch.optim.Optimizer
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"model": strip_prefixes(self.model.state_dict()), "wm_optimizer": self.wm_optim.state_dict(),
-                "pi_optimizer": self.pi_optim.state_dict(), "scale": self.scale.state_dict()}
-
-
-def build_learner(rt: Any, cfg: Any, obs_dim: int, action_dim: int,
-                  state: Optional[dict[str, Any]] = None) -> Learner:
-    """World model + policy wrapped by the runtime, their optimizers and the Q scale.
-
-    Fresh: DDP broadcasts rank 0's weights, then the target Qs are copied from them
-    (DESIGN.md invariant 2). Resumed: every rank loads the same checkpoint, targets included.
-    """
-    model = WorldModel(obs_dim, action_dim, dims=model_dims(cfg), dropout=cfg.dropout)
-    if state is not None:
-        model.load_state_dict(state["model"])
-    wm = rt.wrap(model, compile=cfg.compile)
-    pi = rt.wrap(model.policy, compile=cfg.compile)
-    if state is None:
-        model.make_target()  # after wrapping: the broadcast weights, not this rank's init
-    scale = RunningScale(tau=cfg.tau).to(rt.device)
-    # fused: one kernel for all parameters (on 2 CPU cores 4x faster than the per-parameter loop)
-    wm_optim = torch.optim.Adam(model.world_model_param_groups(cfg.lr, cfg.enc_lr_scale), lr=cfg.lr, fused=True)
-    pi_optim = torch.optim.Adam(model.policy.parameters(), lr=cfg.lr, eps=1e-5, fused=True)
-    if state is not None:
-        wm_optim.load_state_dict(state["wm_optimizer"])
-        pi_optim.load_state_dict(state["pi_optimizer"])
-        scale.load_state_dict(state["scale"])
-    return Learner(model, wm, pi, scale, wm_optim, pi_optim)
-
-
-class UpdateNoise(NamedTuple):
-    """The randomness of one micro-batch update, drawn outside it so that it can be fixed.
-
-    The Q members come from a generator every rank seeds alike: all ranks use the same pair,
-    so N ranks on N batches compute what one process on the joined batch would.
-    """
-
-    members_td: torch.Tensor  # (2,) target-Q members whose min is the TD target
-    members_pi: torch.Tensor  # (2,) Q members averaged by the policy loss
-    eps_td: Optional[torch.Tensor] = None  # (H, B, A) policy noise at the next latents (None: rank's RNG)
-    eps_pi: Optional[torch.Tensor] = None  # (H+1, B, A) policy noise of the policy loss
-
-
-def draw_noise(shared: torch.Generator, num_q: int, device: torch.device) -> UpdateNoise:
-    """Q-member pairs from the shared generator (on ``device``: no host sync)."""
-    pairs = [torch.randperm(num_q, generator=shared, device=device)[:2] for _ in range(2)]
-    return UpdateNoise(pairs[0], pairs[1])
-
-
-def update(rt: Any, learner: Learner, batches: list[TrajectoryBatch], noises: list[UpdateNoise], cfg: Any,
-           discount: float) -> dict[str, torch.Tensor]:
-    """One optimizer step of world model, then policy, on k = len(batches) micro-batches.
-
-    World model: k forward/backward passes (the first k-1 under ``no_sync``: gradients add up
-    locally and are all-reduced once), clip, step. Policy: on the detached latents of those
-    passes, against the *updated* Qs, the same way; then the target Qs soft-update. Returns
-    the terms averaged over micro-batches as device tensors (no host sync here).
-    """
-    model, k = learner.model, len(batches)
-    autocast = autocast_context(rt.device, cfg.precision)
-    model.train()
-    sums: dict[str, torch.Tensor] = {}
-
-    def add(prefix: str, terms: dict[str, torch.Tensor]) -> None:
-        for name, value in terms.items():
-            sums[f"{prefix}{name}"] = sums.get(f"{prefix}{name}", 0.0) + value.detach() / k
-
-    latents = []
-    for i, (batch, noise) in enumerate(zip(batches, noises)):
-        with rt.no_sync(learner.wm, enabled=i < k - 1):
-            with autocast:
-                out = learner.wm(batch.obs, batch.action, batch.reward, batch.terminated, discount,
-                                 noise.members_td, noise.eps_td)
-            terms = world_model_loss(out, batch.reward, cfg.rho, cfg.consistency_coef, cfg.reward_coef,
-                                     cfg.value_coef)
-            (terms["loss"] / k).backward()
-        latents.append(out["z"].detach())  # (H+1, B, d): the policy learns on these
-        add("train/", terms)
-    if cfg.grad_clip_norm > 0:
-        wm_params = [p for group in learner.wm_optim.param_groups for p in group["params"]]
-        sums["train/grad_norm"] = torch.nn.utils.clip_grad_norm_(wm_params, cfg.grad_clip_norm)
-    learner.wm_optim.step()
-    learner.wm_optim.zero_grad(set_to_none=True)
-
-    # The Q scale first: one EMA step per optimizer step on the first-latent Qs of every
-    # micro-batch of every rank (gathered): the step one process takes on the whole batch
-    # (REFERENCE.md: the scale is updated before the loss uses it). Each micro-batch's policy
-    # noise is fixed here so that the statistic sees the actions the loss below scores.
-    eps_pi = [noise.eps_pi if noise.eps_pi is not None
-              else torch.randn(z.shape[:-1] + (model.action_dim,), device=z.device)
-              for z, noise in zip(latents, noises)]
-    with torch.no_grad(), autocast:
-        q_first = torch.cat([model.Q(z[0], model.policy(z[0], eps[0])[0], "avg", members=noise.members_pi).flatten()
-                             for z, eps, noise in zip(latents, eps_pi, noises)])
-    learner.scale.update(rt.all_gather(q_first.float()))
-    for i, (z, eps, noise) in enumerate(zip(latents, eps_pi, noises)):
-        with rt.no_sync(learner.pi, enabled=i < k - 1):
-            with autocast:
-                action, info = learner.pi(z, eps)
-                q = model.Q(z, action, "avg", detach=True, members=noise.members_pi)  # (H+1, B, 1)
-            terms = policy_loss(q, info["scaled_entropy"], learner.scale.value, cfg.rho, cfg.entropy_coef)
-            (terms["loss"] / k).backward()
-        add("train/pi_", terms)
-    if cfg.grad_clip_norm > 0:
-        sums["train/pi_grad_norm"] = torch.nn.utils.clip_grad_norm_(model.policy.parameters(), cfg.grad_clip_norm)
-    learner.pi_optim.step()
-    learner.pi_optim.zero_grad(set_to_none=True)
-    model.soft_update_target(cfg.tau)
-    sums["train/pi_scale"] = learner.scale.value.detach().reshape(())
-    return sums
 
 
 def check_state_in_sync(rt: Any, learner: Learner) -> None:
@@ -232,7 +89,7 @@ def train(rt: Any, cfg: Any) -> None:
     # buffer holds whole episodes only), in envs seeded from the resume step: none of the
     # interrupted run's episodes is replayed.
     run.restore_rank_state()
-    checksum = rt.check_in_sync(learner.wm)
+    checksum = rt.check_in_sync(model)
     log.info("parameters synchronised across %d rank(s) (checksum %.6f)", rt.world_size, checksum)
 
     buffer = EpisodeBuffer(cfg.buffer_size, obs_dim, action_dim)
@@ -265,7 +122,7 @@ def train(rt: Any, cfg: Any) -> None:
              episode_length)
 
     def save(step: int, score: float | None) -> None:
-        rt.check_in_sync(learner.wm, "parameters at checkpoint")
+        rt.check_in_sync(model, "parameters at checkpoint")
         check_state_in_sync(rt, learner)
         if cfg.checkpoint_buffer:  # each rank its own file, written before rank 0 writes latest.pt
             save_atomically({"step": step, "buffer": buffer.state_dict()}, buffer_path(run_dir / "checkpoints", rt.rank))

@@ -203,7 +203,7 @@ class RunningScale(nn.Module):
     @torch.no_grad()
     def percentile_range(self, x: torch.Tensor) -> torch.Tensor:
         """(1,) tensor: 95th minus 5th percentile of all elements of ``x`` (local batch)."""
-        lo, hi = torch.quantile(x.detach().flatten().float(), self._levels.to(x.device, torch.float32))
+        lo, hi = torch.quantile(x.detach().flatten().float(), self._levels)  # x on the module's device
         return (hi - lo).reshape(1).to(self.value.dtype)
 
     @torch.no_grad()

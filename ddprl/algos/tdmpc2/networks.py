@@ -3,35 +3,24 @@
 Facts (sizes, layers, init) are from REFERENCE.md, "TD-MPC2". Notation: B batch, H horizon,
 Q ensemble members, d latent_dim, A action_dim, h mlp_dim, K = 101 bins.
 
-DDP design (STYLE.md 5: every gradient-carrying call goes through a wrapped module's forward)
-----------------------------------------------------------------------------------------------
+Training design (``learner.py``)
+--------------------------------
 TD-MPC2 makes two updates per step: the world-model loss (encoder, dynamics, reward, Qs) and
 then the policy loss (policy prior only, against the *updated* Qs). They touch disjoint
-trainable parameters, so the loop wraps two modules, each with a forward computing its loss
-input in one call::
+trainable parameters; the learner takes the gradient of each with ``torch.func`` over
+:meth:`WorldModel.forward` (everything the world-model loss needs, in one call) and over
+``model.policy``, so that a whole update is one compiled graph::
 
-    model = WorldModel(obs_dim, action_dim, model_size=5).to(device)
-    wm = rt.wrap(model)              # DDP #1: forward(obs, action, reward, terminated, discount)
-    pi = rt.wrap(model.policy)       # DDP #2: forward(z) -> (action, info)
-    model.make_target()              # after wrapping: copy the broadcast Q weights
+    out = model(obs, action, reward, terminated, discount)   # dict, see WorldModel.forward
+    ... world-model loss from out; grads of the encoder, dynamics, reward and Q parameters ...
+    action, info = model.policy(out["z"].detach())            # policy on detached latents
+    q = model.Q(out["z"].detach(), action, "avg", detach=True)  # Q params get no grad
+    ... policy loss; grads of the policy parameters; model.soft_update_target(0.01) ...
 
-    out = wm(obs, action, reward, terminated, discount)   # dict, see WorldModel.forward
-    ... world-model loss from out, backward, step ...
-    action, info = pi(out["z"].detach())                   # policy on detached latents
-    q = model.Q(out["z"].detach(), action, "avg", detach=True)   # Q params get no grad
-    ... policy loss, backward, step; model.soft_update_target(0.01) ...
-
-``WorldModel`` lists the policy's parameters and the target Q buffers in the attribute
-``_ddp_params_and_buffers_to_ignore``, which DistributedDataParallel reads at construction
-(PyTorch's documented hook for this, see ``DistributedDataParallel.
-_set_params_and_buffers_to_ignore_for_model``). So DDP #1 neither expects gradients for the
-policy (no "unused parameters" error, no ``find_unused_parameters=True``) nor broadcasts the
-target copy on every forward; DDP #2 owns the policy (it broadcasts it at wrap time and
-all-reduces its gradients). Wrap with DDP *before* torch.compile: the attribute lives on the
-plain module. The target Q copy is a set of buffers (never trainable), created at
-construction so state dicts always hold it; ``make_target()`` refreshes it from the online Qs
-after DDP broadcast the weights (REFERENCE.md: the official distributed branch copied before
-the broadcast, so ranks started with different targets).
+The target Q copy is a set of buffers (never trainable), created at construction so state
+dicts always hold it; ``make_target()`` refreshes it from the online Qs after rank 0's
+weights were broadcast (REFERENCE.md: the official distributed branch copied before the
+broadcast, so ranks started with different targets).
 
 The Q ensemble is computed in one batched call over members: weights are stacked with shape
 (Q, in, out), the first layer is one einsum for all members and later layers one baddbmm.
@@ -132,7 +121,7 @@ class QEnsemble(nn.Module):
     Tensors (stacked over members): ``weight{i}`` (Q, in_i, out_i), ``bias{i}`` (Q, out_i),
     and for the two hidden layers ``ln_weight{i}``, ``ln_bias{i}`` (Q, out_i). Dropout (0.01,
     REFERENCE.md) on the first layer only. ``trainable=False`` registers the same tensors as
-    buffers: that is the target copy, invisible to optimizers and DDP gradient sync.
+    buffers: that is the target copy, invisible to optimizers and to gradient averaging.
 
     Example:
         >>> qs = QEnsemble(num_q=5, in_dim=12, hidden=32)
@@ -191,7 +180,7 @@ class QEnsemble(nn.Module):
 class PolicyPrior(nn.Module):
     """Tanh-squashed Gaussian policy d -> h -> h -> 2A (mean, log_std in [-10, 2]).
 
-    ``forward(z)`` is the DDP entry point of the policy update. Returns ``(action, info)``:
+    ``forward(z)`` is what the policy update differentiates. Returns ``(action, info)``:
     action (..., A) in (-1, 1), and info with ``mean`` (tanh of the mean, the deterministic
     action), ``log_std`` (..., A), ``log_prob`` (..., 1) log density of the squashed action
     summed over dims, ``entropy`` = -log_prob (a one-sample estimate) and ``scaled_entropy``,
@@ -238,8 +227,8 @@ class WorldModel(nn.Module):
 
     Args: obs_dim, action_dim; model_size in {1, 5, 19, 48, 317}; ``dims`` overrides the
     table (tests, tiny models); ``dropout`` on each Q member's first layer (0.01 in the
-    paper; 0 makes an update deterministic given its noise). ``parameters()`` are the online networks only (the target Q
-    copy is buffers). See the module docstring for the DDP contract.
+    paper; 0 makes an update deterministic given its noise). ``parameters()`` are the online
+    networks only (the target Q copy is buffers). See the module docstring for training.
 
     Example:
         >>> model = WorldModel(obs_dim=24, action_dim=6, model_size=1)
@@ -265,11 +254,6 @@ class WorldModel(nn.Module):
         self.target_qs = QEnsemble(self.num_q, d + A, h, NUM_BINS, dropout=dropout, trainable=False)
         self.policy = PolicyPrior(d, h, A)
         self.reset_parameters()
-        # Read by DistributedDataParallel at wrap time: the policy is synced by its own DDP
-        # wrapper and the target copy is derived locally (module docstring).
-        self._ddp_params_and_buffers_to_ignore = [f"policy.{n}" for n, _ in self.policy.named_parameters()] + [
-            f"target_qs.{n}" for n, _ in self.target_qs.named_buffers()
-        ]
 
     def train(self, mode: bool = True) -> "WorldModel":
         """As ``nn.Module.train``, but the target Qs stay in eval mode: TD targets are made
@@ -314,7 +298,7 @@ class WorldModel(nn.Module):
         """Q ensemble. 'all': logits (Q, ..., K). 'min' / 'avg': scalar (..., 1), min or mean
         of 2 members drawn at random (without replacement, on z's device: no host sync), or of
         the given ``members`` (an index tensor (2,): the training loop draws them from a
-        generator shared by all ranks, so DDP ranks use the same pair, as one big batch would).
+        generator shared by all ranks, so all ranks use the same pair, as one big batch would).
         ``target`` uses the target copy; ``detach`` blocks gradients to Q parameters only
         (policy loss). Only the 2 drawn members are computed for 'min' / 'avg'."""
         if return_type not in ("all", "min", "avg"):
@@ -333,7 +317,7 @@ class WorldModel(nn.Module):
     # ---- target copy -------------------------------------------------------------------
     @torch.no_grad()
     def make_target(self) -> None:
-        """target <- online Q weights. Call after DDP wrapping (weights broadcast by then)."""
+        """target <- online Q weights. Call after rank 0's weights were broadcast."""
         for t, p in zip(self.target_qs.tensors(), self.qs.tensors()):
             t.copy_(p)
 
@@ -359,7 +343,7 @@ class WorldModel(nn.Module):
                 terminated: Optional[torch.Tensor] = None,
                 discount: Union[float, torch.Tensor, None] = None, members: Optional[torch.Tensor] = None,
                 eps: Optional[torch.Tensor] = None) -> dict[str, torch.Tensor]:
-        """Everything the world-model loss needs, in one call (the DDP entry point).
+        """Everything the world-model loss needs, in one call (what the learner differentiates).
 
         Args: obs (H+1, B, obs_dim), action (H, B, A); optional reward / terminated
         (H, B, 1) and discount to also return TD targets (``members``, ``eps``: see

@@ -1,0 +1,180 @@
+"""Compiled regions: one function of tensors compiled whole, and the checks that keep it whole.
+
+A *region* is a hot function (TD-MPC2's update or plan, PPO's rollout or minibatch step)
+written so that ``torch.compile(fullgraph=True)`` captures it as ONE graph: static shapes, no
+``.item()``/``.cpu()``/``.tolist()``, no Python branch on a tensor's value, randomness drawn
+as inputs or from the global generator. On CUDA such a graph is replayed as a CUDA graph
+(``mode="reduce-overhead"``): one launch instead of hundreds of kernels, which is what a
+small model acting every step is limited by. On the CPU the same code compiles the same way
+(CI checks it there: :func:`capture_graphs`, :func:`host_syncs`).
+
+A CUDA graph's outputs live in memory the next replay overwrites: callers :func:`keep` what
+they hold on to across calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+
+# Tensor methods that wait for the device (or leave it): none may appear inside a region.
+_SYNC_METHODS = {"item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "nonzero"}
+
+
+def region_mode(device: torch.device, world_size: int = 1) -> Optional[str]:
+    """The ``torch.compile`` mode of a region on ``device``: CUDA graphs on one CUDA device.
+
+    With several ranks the region holds collectives: NCCL inside a captured CUDA graph is
+    left out until measured (docs/benchmarks.md), so those regions compile without graphs.
+    """
+    if device.type == "cuda" and world_size == 1:
+        return "reduce-overhead"
+    return None
+
+
+def compile_region(fn: Callable, device: torch.device, world_size: int = 1) -> Callable:
+    """``fn`` compiled whole (``fullgraph=True``: a graph break is an error, not a slowdown)."""
+    return torch.compile(fn, fullgraph=True, dynamic=False, mode=region_mode(device, world_size))
+
+
+def step_begin(device: torch.device) -> None:
+    """Tell CUDA-graph trees that a new iteration starts (outputs of the previous may be reused)."""
+    if device.type == "cuda" and hasattr(torch.compiler, "cudagraph_mark_step_begin"):
+        torch.compiler.cudagraph_mark_step_begin()
+
+
+def keep(x: Any) -> Any:
+    """A copy of a region's output that the next replay cannot overwrite (tensors in any nesting)."""
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    if isinstance(x, dict):
+        return {k: keep(v) for k, v in x.items()}
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # NamedTuple
+        return type(x)(*(keep(v) for v in x))
+    if isinstance(x, (list, tuple)):
+        return type(x)(keep(v) for v in x)
+    return x
+
+
+# --------------------------------------------------------------------------- checks (tests, doctor)
+
+
+def capture_graphs(fn: Callable, *args: Any, **kwargs: Any) -> list[torch.fx.GraphModule]:
+    """Compile ``fn`` with ``fullgraph=True`` and a recording backend, call it once, return the
+    FX graphs Dynamo produced. Raises (``torch._dynamo.exc.Unsupported``) on any graph break:
+    ``.item()``, a Python branch on a tensor, an unsupported call."""
+    graphs: list[torch.fx.GraphModule] = []
+
+    def record(gm: torch.fx.GraphModule, example_inputs: Any) -> Callable:
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()  # a fresh trace, not a cached one from an earlier call
+    try:
+        torch.compile(fn, backend=record, fullgraph=True, dynamic=False)(*args, **kwargs)
+    finally:
+        torch._dynamo.reset()
+    return graphs
+
+
+def host_syncs(graphs: list[torch.fx.GraphModule]) -> list[str]:
+    """The nodes of ``graphs`` (subgraphs included) that copy to the host or read a value there."""
+    found = []
+    for graph_module in graphs:
+        for module in graph_module.modules():
+            graph = getattr(module, "graph", None)
+            if not isinstance(graph, torch.fx.Graph):
+                continue
+            for node in graph.nodes:
+                if node.op == "call_method" and node.target in _SYNC_METHODS:
+                    found.append(f"{node.target} ({node.name})")
+                elif node.op in ("call_method", "call_function") and _to_host(node):
+                    found.append(f"{node.target} to the CPU ({node.name})")
+    return found
+
+
+def _to_host(node: torch.fx.Node) -> bool:
+    """A ``.to(...)``/``copy`` call whose destination is the CPU (or a NumPy conversion)."""
+    target = getattr(node.target, "__name__", node.target)
+    if target not in ("to", "_to_copy", "copy", "new_tensor"):
+        return False
+    values = list(node.args[1:]) + list(node.kwargs.values())
+    for v in values:
+        if isinstance(v, torch.device) and v.type == "cpu":
+            return True
+        if isinstance(v, str) and v.split(":")[0] == "cpu":
+            return True
+    return False
+
+
+# --------------------------------------------------------------------------- an optimizer step inside a region
+#
+# ``torch.optim.Optimizer.step`` breaks the graph on purpose (its ``_use_grad`` wrapper), and
+# ``loss.backward()`` does too: a region computes gradients with ``torch.func.grad_and_value``
+# and applies Adam with the functions below, on the state of an ordinary ``torch.optim.Adam``
+# (so checkpoints keep its ``state_dict`` format and load into eager code alike).
+
+
+def adam_state(optimizer: torch.optim.Optimizer) -> list[tuple[dict[str, Any], list[torch.Tensor], list[dict]]]:
+    """Per param group: (group, params, states) with Adam's state created on the params' device.
+
+    Creates ``step`` (a 0-d tensor, on the parameter's device: a CPU scalar inside a CUDA
+    graph would keep the graph from being captured), ``exp_avg`` and ``exp_avg_sq`` where a
+    fresh optimizer has none; moves a loaded checkpoint's CPU ``step`` to the device.
+    """
+    groups = []
+    for group in optimizer.param_groups:
+        if group.get("amsgrad") or group.get("weight_decay") or group.get("maximize"):
+            raise ValueError("adam_state: only plain Adam (no amsgrad, weight_decay, maximize) runs in a region")
+        states = []
+        for p in group["params"]:
+            state = optimizer.state[p]
+            if not state:
+                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            elif state["step"].device != p.device:
+                state["step"] = state["step"].to(p.device, torch.float32)
+            states.append(state)
+        groups.append((group, list(group["params"]), states))
+    return groups
+
+
+def adam_(groups: list[tuple[dict[str, Any], list[torch.Tensor], list[dict]]], grads: list[torch.Tensor]) -> None:
+    """Adam (Kingma & Ba) in place, the arithmetic of ``torch.optim.Adam``; ``grads`` in the
+    order of ``adam_state``'s params. Bias corrections are tensors (no host read of ``step``);
+    ``_foreach`` ops keep the eager path to a few kernels per group, as torch's own Adam does."""
+    i = 0
+    with torch.no_grad():
+        for group, params, states in groups:
+            beta1, beta2 = group["betas"]
+            lr, eps = group["lr"], group["eps"]
+            g = grads[i:i + len(params)]
+            i += len(params)
+            steps = [s["step"] for s in states]
+            exp_avgs = [s["exp_avg"] for s in states]
+            exp_avg_sqs = [s["exp_avg_sq"] for s in states]
+            torch._foreach_add_(steps, 1)
+            torch._foreach_lerp_(exp_avgs, g, 1 - beta1)
+            torch._foreach_mul_(exp_avg_sqs, beta2)
+            torch._foreach_addcmul_(exp_avg_sqs, g, g, 1 - beta2)
+            # p -= lr * m / ((1 - beta1^t) * (sqrt(v) / sqrt(1 - beta2^t) + eps))
+            bias1 = [1 - torch.pow(beta1, t) for t in steps]
+            bias2_sqrt = [(1 - torch.pow(beta2, t)).sqrt() for t in steps]
+            denom = torch._foreach_div(torch._foreach_sqrt(exp_avg_sqs), bias2_sqrt)
+            torch._foreach_add_(denom, eps)
+            torch._foreach_mul_(denom, bias1)
+            update = torch._foreach_div(exp_avgs, denom)
+            torch._foreach_mul_(update, lr)
+            torch._foreach_sub_(params, update)
+    if i != len(grads):
+        raise ValueError(f"adam_: {len(grads)} gradients for {i} parameters")
+
+
+def clip_grads(grads: list[torch.Tensor], max_norm: float) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Scale ``grads`` to a total 2-norm of at most ``max_norm`` (``clip_grad_norm_``'s rule);
+    returns the scaled grads and the norm before clipping (a device tensor)."""
+    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    return [g * coef.to(g.dtype) for g in grads], total

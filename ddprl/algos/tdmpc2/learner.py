@@ -1,0 +1,214 @@
+"""TD-MPC2's learner on one rank: world model + policy, their optimizers, the Q scale, and
+one update as ONE function of tensors (REFERENCE.md "Losses").
+
+Why one function and not DDP + ``loss.backward()`` + ``optimizer.step()``: both of those
+break a compiled graph (DDP splits it at every gradient bucket, ``backward`` and
+``Optimizer.step`` break it on purpose), and an update of a 5M-parameter model is hundreds of
+small kernels, launch-bound on a GPU. So :class:`UpdateStep` computes gradients with
+``torch.func.grad`` and applies Adam itself (``ddprl.algos.graphs``); ``compile=true``
+captures the whole update, world model and policy, as one graph (a CUDA graph on one GPU).
+What DDP did is done by the runtime's two verbs: ``rt.broadcast_module`` (rank 0's weights
+at start) and ``rt.region_grad_mean`` (one all-reduce of a flat gradient buffer, traceable so
+it sits inside the region). N ranks on N batches still compute what one process computes
+on the joined batch (tests/test_tdmpc2_loop.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Optional
+
+import torch
+from torch.func import functional_call, grad
+
+from ddprl.algos.common import autocast_context
+from ddprl.algos.graphs import adam_, adam_state, clip_grads, compile_region, keep, step_begin
+from ddprl.algos.tdmpc2.buffer import TrajectoryBatch
+from ddprl.algos.tdmpc2.loss import policy_loss, world_model_loss
+from ddprl.algos.tdmpc2.math import RunningScale
+from ddprl.algos.tdmpc2.networks import ModelDims, WorldModel, dims_for_model_size
+from ddprl.checkpoint import strip_prefixes
+
+
+def model_dims(cfg: Any) -> ModelDims:
+    """The table's dims for ``model_size``, with any dim the config sets overriding it."""
+    table = dims_for_model_size(cfg.model_size)
+    return ModelDims(**{name: getattr(cfg, name) if getattr(cfg, name) is not None else getattr(table, name)
+                        for name in ModelDims.__dataclass_fields__})
+
+
+class UpdateNoise(NamedTuple):
+    """The randomness of one micro-batch update, drawn outside it so that it can be fixed.
+
+    The Q members come from a generator every rank seeds alike: all ranks use the same pair,
+    so N ranks on N batches compute what one process on the joined batch would.
+    """
+
+    members_td: torch.Tensor  # (2,) target-Q members whose min is the TD target
+    members_pi: torch.Tensor  # (2,) Q members averaged by the policy loss
+    eps_td: Optional[torch.Tensor] = None  # (H, B, A) policy noise at the next latents (None: rank's RNG)
+    eps_pi: Optional[torch.Tensor] = None  # (H+1, B, A) policy noise of the policy loss
+
+
+def draw_noise(shared: torch.Generator, num_q: int, device: torch.device) -> UpdateNoise:
+    """Q-member pairs from the shared generator (on ``device``: no host sync)."""
+    pairs = [torch.randperm(num_q, generator=shared, device=device)[:2] for _ in range(2)]
+    return UpdateNoise(pairs[0], pairs[1])
+
+
+class UpdateStep:
+    """One optimizer step of world model, then policy, on k stacked micro-batches.
+
+    World model: the gradient of each micro-batch's loss / k, summed, averaged over ranks,
+    clipped, one Adam step. Then the Q scale takes one EMA step on the first-latent Qs of
+    every micro-batch of every rank (gathered: the step one process takes on the whole batch;
+    REFERENCE.md: the scale is updated before the loss uses it). Policy: on the detached
+    latents of those passes, against the *updated* Qs, the same way; then the target Qs
+    soft-update. Returns the metrics of :attr:`names` as one device tensor.
+    """
+
+    def __init__(self, rt: Any, model: WorldModel, scale: RunningScale, wm_optim: torch.optim.Optimizer,
+                 pi_optim: torch.optim.Optimizer, cfg: Any):
+        self.rt, self.model, self.scale, self.cfg = rt, model, scale, cfg
+        self.wm_groups, self.pi_groups = adam_state(wm_optim), adam_state(pi_optim)
+        name_of = {id(p): n for n, p in model.named_parameters()}
+        # parameter names in the optimizers' order: gradients come back in that order
+        self.wm_names = [name_of[id(p)] for _, params, _ in self.wm_groups for p in params]
+        self.pi_names = [name_of[id(p)].removeprefix("policy.") for _, params, _ in self.pi_groups for p in params]
+        clip = cfg.grad_clip_norm > 0
+        self.names = (["train/loss", "train/consistency", "train/reward", "train/value"]
+                      + ["train/grad_norm"] * clip
+                      + ["train/pi_loss", "train/pi_q", "train/pi_entropy"] + ["train/pi_grad_norm"] * clip
+                      + ["train/pi_scale"])
+
+    def __call__(self, obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, terminated: torch.Tensor,
+                 members_td: torch.Tensor, members_pi: torch.Tensor, eps_td: Optional[torch.Tensor],
+                 eps_pi: Optional[torch.Tensor], discount: float) -> torch.Tensor:
+        """obs (k, H+1, B, O), action (k, H, B, A), reward/terminated (k, H, B, 1), members (k, 2),
+        eps_td (k, H, B, A) / eps_pi (k, H+1, B, A) or None (drawn from the global RNG)."""
+        model, cfg, rt, k = self.model, self.cfg, self.rt, obs.shape[0]
+        autocast = autocast_context(obs.device, cfg.precision)
+        params = dict(model.named_parameters())
+        metrics: dict[str, torch.Tensor] = {}
+
+        def add(name: str, value: torch.Tensor) -> None:
+            metrics[name] = metrics.get(name, 0.0) + value.detach().float() / k
+
+        # -- world model ------------------------------------------------------------------------
+        def wm_loss(wm_params: dict[str, torch.Tensor], i: int):
+            with autocast:
+                out = functional_call(model, wm_params, (obs[i], action[i], reward[i], terminated[i], discount,
+                                                         members_td[i], None if eps_td is None else eps_td[i]))
+            terms = world_model_loss(out, reward[i], cfg.rho, cfg.consistency_coef, cfg.reward_coef,
+                                     cfg.value_coef)
+            return terms["loss"] / k, (terms, out["z"].detach())
+
+        wm_params = {n: params[n] for n in self.wm_names}
+        wm_grads: Optional[list[torch.Tensor]] = None
+        latents = []
+        for i in range(k):
+            grads, (terms, z) = grad(wm_loss, has_aux=True)(wm_params, i)
+            grads = [grads[n] for n in self.wm_names]
+            wm_grads = grads if wm_grads is None else [a + b for a, b in zip(wm_grads, grads)]
+            latents.append(z)  # (H+1, B, d): the policy learns on these
+            for name in ("loss", "consistency", "reward", "value"):
+                add(f"train/{name}", terms[name])
+        wm_grads = rt.region_grad_mean(wm_grads)
+        if cfg.grad_clip_norm > 0:
+            wm_grads, metrics["train/grad_norm"] = clip_grads(wm_grads, cfg.grad_clip_norm)
+        adam_(self.wm_groups, wm_grads)
+
+        # -- the Q scale, on the policy noise the loss below uses ---------------------------------
+        eps = [eps_pi[i] if eps_pi is not None
+               else torch.randn(z.shape[:-1] + (model.action_dim,), device=z.device, dtype=z.dtype)
+               for i, z in enumerate(latents)]
+        with torch.no_grad(), autocast:
+            q_first = torch.cat([model.Q(z[0], model.policy(z[0], e[0])[0], "avg", members=members_pi[i]).flatten()
+                                 for i, (z, e) in enumerate(zip(latents, eps))])
+        self.scale.update(rt.region_all_gather(q_first.float()))
+
+        # -- policy -------------------------------------------------------------------------------
+        def pi_loss(pi_params: dict[str, torch.Tensor], i: int):
+            with autocast:
+                a, info = functional_call(model.policy, pi_params, (latents[i], eps[i]))
+                q = model.Q(latents[i], a, "avg", detach=True, members=members_pi[i])  # (H+1, B, 1)
+            terms = policy_loss(q, info["scaled_entropy"], self.scale.value, cfg.rho, cfg.entropy_coef)
+            return terms["loss"] / k, terms
+
+        pi_params = {n: params[f"policy.{n}"] for n in self.pi_names}
+        pi_grads: Optional[list[torch.Tensor]] = None
+        for i in range(k):
+            grads, terms = grad(pi_loss, has_aux=True)(pi_params, i)
+            grads = [grads[n] for n in self.pi_names]
+            pi_grads = grads if pi_grads is None else [a + b for a, b in zip(pi_grads, grads)]
+            for name in ("loss", "q", "entropy"):
+                add(f"train/pi_{name}", terms[name])
+        pi_grads = rt.region_grad_mean(pi_grads)
+        if cfg.grad_clip_norm > 0:
+            pi_grads, metrics["train/pi_grad_norm"] = clip_grads(pi_grads, cfg.grad_clip_norm)
+        adam_(self.pi_groups, pi_grads)
+        model.soft_update_target(cfg.tau)
+        metrics["train/pi_scale"] = self.scale.value.reshape(())
+        return torch.stack([metrics[name].float().reshape(()) for name in self.names])
+
+
+@dataclass
+class Learner:
+    """Everything one optimizer step touches, on one rank: the plain ``model`` (acting,
+    targets, checkpoints), the Q ``scale`` (identical on every rank), the two optimizers
+    (their state, in ``torch.optim.Adam``'s format) and ``step``, the update (compiled or not)."""
+
+    model: WorldModel
+    scale: RunningScale  # running 5-95% range of Q, identical on every rank (reduced)
+    wm_optim: torch.optim.Optimizer
+    pi_optim: torch.optim.Optimizer
+    step: Callable[..., torch.Tensor]
+    names: list[str]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": strip_prefixes(self.model.state_dict()), "wm_optimizer": self.wm_optim.state_dict(),
+                "pi_optimizer": self.pi_optim.state_dict(), "scale": self.scale.state_dict()}
+
+
+def build_learner(rt: Any, cfg: Any, obs_dim: int, action_dim: int,
+                  state: Optional[dict[str, Any]] = None) -> Learner:
+    """World model + policy on the rank's device, their optimizers, the Q scale, the update.
+
+    Fresh: rank 0's weights are broadcast, then the target Qs are copied from them (DESIGN.md
+    invariant 2). Resumed: every rank loads the same checkpoint, targets included.
+    """
+    model = WorldModel(obs_dim, action_dim, dims=model_dims(cfg), dropout=cfg.dropout)
+    if state is not None:
+        model.load_state_dict(state["model"])
+    model.to(rt.device)
+    rt.broadcast_module(model)
+    if state is None:
+        model.make_target()  # after the broadcast: rank 0's weights, not this rank's init
+    scale = RunningScale(tau=cfg.tau).to(rt.device)
+    wm_optim = torch.optim.Adam(model.world_model_param_groups(cfg.lr, cfg.enc_lr_scale), lr=cfg.lr)
+    pi_optim = torch.optim.Adam(model.policy.parameters(), lr=cfg.lr, eps=1e-5)
+    if state is not None:
+        wm_optim.load_state_dict(state["wm_optimizer"])
+        pi_optim.load_state_dict(state["pi_optimizer"])
+        scale.load_state_dict(state["scale"])
+    update_step = UpdateStep(rt, model, scale, wm_optim, pi_optim, cfg)
+    step = compile_region(update_step, rt.device, rt.world_size) if cfg.compile else update_step
+    return Learner(model, scale, wm_optim, pi_optim, step, update_step.names)
+
+
+def update(rt: Any, learner: Learner, batches: list[TrajectoryBatch], noises: list[UpdateNoise], cfg: Any,
+           discount: float) -> dict[str, torch.Tensor]:
+    """One optimizer step of world model, then policy, on k = len(batches) micro-batches
+    (:class:`UpdateStep`); returns the terms averaged over micro-batches as device tensors
+    (no host sync here)."""
+    def stacked(values: list[Optional[torch.Tensor]]) -> Optional[torch.Tensor]:
+        return None if values[0] is None else torch.stack(values)
+
+    learner.model.train()
+    step_begin(rt.device)
+    with torch.no_grad():  # gradients come from torch.func.grad inside; parameters change in place
+        values = learner.step(*(torch.stack(t) for t in zip(*batches)),
+                              torch.stack([n.members_td for n in noises]), torch.stack([n.members_pi for n in noises]),
+                              stacked([n.eps_td for n in noises]), stacked([n.eps_pi for n in noises]), discount)
+    values = keep(values)  # a CUDA graph's output is overwritten by its next replay
+    return dict(zip(learner.names, values))

@@ -1,0 +1,159 @@
+"""TD-MPC2's compiled regions on the CPU: one act (encode + MPPI) and one update (world model +
+policy + targets) each compile as ONE graph (``fullgraph=True``), hold no host read, and
+compute what the eager code computes for the same random numbers. On a GPU the same graphs
+are replayed as CUDA graphs (timed in benchmarks/tdmpc2_speed.py, not here).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("dm_control")
+
+from ddprl.algos.graphs import capture_graphs, host_syncs  # noqa: E402
+from ddprl.algos.tdmpc2.acting import Acting  # noqa: E402
+from ddprl.algos.tdmpc2.buffer import TrajectoryBatch  # noqa: E402
+from ddprl.algos.tdmpc2.learner import UpdateNoise, build_learner, model_dims, update  # noqa: E402
+from ddprl.algos.tdmpc2.networks import WorldModel  # noqa: E402
+from ddprl.algos.tdmpc2.planner import MPPI, MPPIConfig  # noqa: E402
+from ddprl.config import load_config  # noqa: E402
+from ddprl.runtime import launch  # noqa: E402
+
+# small widths, and a short horizon and few iterations: the graph (and its compile time on a
+# 2-core CPU) grows with the unrolled steps, not with the widths
+TINY = ["model_size=1", "enc_dim=32", "mlp_dim=32", "latent_dim=16", "num_q=3", "num_samples=32",
+        "num_elites=4", "num_pi_trajs=4", "iterations=2", "horizon=2", "batch_size=8", "dropout=0"]
+OBS, ACT, E = 5, 2, 2
+
+
+def tiny_cfg(*overrides: str):
+    return load_config(["algo=tdmpc2", "task=cartpole-balance", "world_size=1", "num_envs=1", "device=cpu",
+                        "dist_timeout=120", "progress=false", *TINY, *overrides])
+
+
+def tiny_model(cfg) -> WorldModel:
+    torch.manual_seed(0)
+    model = WorldModel(OBS, ACT, dims=model_dims(cfg), dropout=cfg.dropout)
+    with torch.no_grad():  # Q and reward heads that are not zero, so plans depend on them
+        model.qs.weight2.normal_(std=0.5)
+        model.reward_head[-1].weight.normal_(std=0.5)
+    return model
+
+
+# --------------------------------------------------------------------------- act
+
+
+def test_act_is_one_graph_without_host_reads():
+    cfg = tiny_cfg()
+    acting = Acting(tiny_model(cfg), cfg, discount=0.99)
+    obs, prev_mean = torch.randn(E, OBS), torch.zeros(cfg.horizon, E, ACT)
+    for eval_mode in (False, True):
+        graphs = capture_graphs(acting.act_fn, obs, prev_mean, eval_mode)
+        assert len(graphs) == 1 and host_syncs(graphs) == []
+
+
+def test_compiled_act_chooses_the_eager_action_for_the_same_noise():
+    cfg = tiny_cfg()
+    model = tiny_model(cfg)
+    eager, compiled = Acting(model, cfg, 0.99), Acting(model, cfg, 0.99, compile=True)
+    g = torch.Generator().manual_seed(1)
+    obs = torch.randn(3, E, OBS, generator=g)
+    for t in range(3):  # the second and third steps are warm-started from the previous plan
+        noise = eager.planner.draw_noise(E, obs[t], g)
+        a_eager, a_compiled = eager(obs[t], noise=noise), compiled(obs[t], noise=noise)
+        # float sums in another order (fused kernels): 1e-5 apart here; a different elite would be ~0.1
+        torch.testing.assert_close(a_compiled, a_eager, atol=1e-4, rtol=0)
+        torch.testing.assert_close(compiled.prev_mean, eager.prev_mean, atol=1e-4, rtol=0)
+        done = torch.tensor([t == 1, False])  # env 0's episode ends after step 1: its plan is forgotten
+        eager.episode_ended(done)
+        compiled.episode_ended(done)
+    assert not torch.allclose(a_eager, eager(obs[0], noise=eager.planner.draw_noise(E, obs[0], g)))  # noise matters
+
+
+def test_the_checks_catch_a_host_read_or_a_value_branch_in_a_region():
+    # a toy planner (z' = z + a) whose reward callable does what no region may do
+    def planner(reward_fn) -> MPPI:
+        return MPPI(lambda z, a: z + a, reward_fn, lambda z, a: torch.zeros(*z.shape[:-1], 1),
+                    lambda z, eps: torch.tanh(z + eps), action_dim=1, discount=0.99,
+                    cfg=MPPIConfig(horizon=2, iterations=2, num_samples=16, num_elites=4, num_pi_trajs=2))
+
+    def reward(z, a):
+        return -(z + a - 0.5).pow(2).sum(-1, keepdim=True)
+
+    z = torch.zeros(E, 1)
+    assert host_syncs(capture_graphs(planner(reward).plan, z)) == []
+    moved = host_syncs(capture_graphs(planner(lambda z, a: reward(z, a).cpu()).plan, z))
+    assert moved and all("cpu" in m for m in moved)
+    moved = host_syncs(capture_graphs(planner(lambda z, a: reward(z, a).to("cpu")).plan, z))
+    assert moved and all("CPU" in m for m in moved)
+    read = host_syncs(capture_graphs(planner(lambda z, a: reward(z, a) * reward(z, a).max().item()).plan, z))
+    assert any("item" in m for m in read)
+
+    def branching(z, a):
+        r = reward(z, a)
+        return r if r.mean() > 0 else -r  # a Python branch on a value: breaks the graph
+
+    with pytest.raises(Exception, match="(?i)data-dependent|graph break|unsupported"):
+        capture_graphs(planner(branching).plan, z)
+
+
+# --------------------------------------------------------------------------- update
+
+H, B = 2, 8
+
+
+def _data(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    terminated = torch.zeros(H, B, 1)
+    terminated[-1, ::3] = 1.0
+    return {"obs": torch.randn(H + 1, B, OBS, generator=g), "action": torch.rand(H, B, ACT, generator=g) * 2 - 1,
+            "reward": torch.rand(H, B, 1, generator=g) * 3, "terminated": terminated,
+            "eps_td": torch.randn(H, B, ACT, generator=g), "eps_pi": torch.randn(H + 1, B, ACT, generator=g)}
+
+
+def updates_and_graph(rt, cfg, out: str, steps: int) -> None:
+    """``steps`` updates on fixed data and noise; the state after, and the update's graphs."""
+    torch.manual_seed(0)
+    learner = build_learner(rt, cfg, OBS, ACT)
+    with torch.no_grad():
+        learner.model.qs.weight2.normal_(generator=torch.Generator().manual_seed(0))
+    learner.model.make_target()
+    data = _data()
+    batch = TrajectoryBatch(data["obs"], data["action"], data["reward"], data["terminated"])
+    members = [torch.tensor([2, 0]), torch.tensor([1, 2])]
+    metrics = []
+    for _ in range(steps):
+        metrics.append(update(rt, learner, [batch], [UpdateNoise(*members, data["eps_td"], data["eps_pi"])], cfg, 0.99))
+    result = {"state": {k: v.clone() for k, v in learner.model.state_dict().items()},
+              "scale": learner.scale.value.clone(), "metrics": metrics,
+              "adam": [s["exp_avg_sq"].clone() for s in learner.wm_optim.state.values()]}
+    if not cfg.compile:  # the update as Dynamo sees it (a copy of the learner: the step above is done)
+        args = (*(t.unsqueeze(0) for t in batch), members[0][None], members[1][None], data["eps_td"][None],
+                data["eps_pi"][None], 0.99)
+        with torch.no_grad():
+            graphs = build_learner(rt, cfg, OBS, ACT).step
+            captured = capture_graphs(graphs, *args)
+        result["graphs"], result["host_syncs"] = len(captured), host_syncs(captured)
+    torch.save(result, Path(out) / f"compile{int(cfg.compile)}.pt")
+
+
+def test_compiled_update_is_one_graph_and_equals_eager_after_steps(tmp_path):
+    for compile_ in (False, True):
+        cfg = tiny_cfg(f"compile={compile_}")
+        launch(functools.partial(updates_and_graph, out=str(tmp_path), steps=3), cfg)
+    eager, compiled = (torch.load(tmp_path / f"compile{c}.pt") for c in (0, 1))
+    assert eager["graphs"] == 1 and eager["host_syncs"] == []
+    for key, value in eager["state"].items():  # online, policy and target weights
+        torch.testing.assert_close(compiled["state"][key], value, atol=1e-5, rtol=1e-4, msg=key)
+    torch.testing.assert_close(compiled["scale"], eager["scale"], atol=1e-5, rtol=1e-5)
+    for a, b in zip(compiled["adam"], eager["adam"]):
+        torch.testing.assert_close(a, b, atol=1e-8, rtol=1e-3)
+    assert eager["scale"].item() > 1.0  # the Q scale moved: its statistic is part of the comparison
+    for name, value in eager["metrics"][-1].items():
+        torch.testing.assert_close(compiled["metrics"][-1][name], value, atol=1e-4, rtol=1e-4, msg=name)
+    # the updates really changed the model (equal no-ops would pass the checks above too)
+    assert eager["metrics"][0]["train/loss"] != eager["metrics"][-1]["train/loss"]
