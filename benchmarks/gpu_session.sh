@@ -9,11 +9,12 @@
 #   bash benchmarks/gpu_session.sh returns   # TD-MPC2 walker-run learning (as far as time allows)
 #   bash benchmarks/gpu_session.sh vmas      # QMIX on VMAS with thousands of envs (issue #10)
 #   bash benchmarks/gpu_session.sh jax       # engine=jax: brax/humanoid (MJX) steps/s (issue #11)
+#   bash benchmarks/gpu_session.sh regions   # compiled regions / CUDA graphs: TD-MPC2 and Snake (issue #12)
 #
 # Logs go to $OUT (the device tool's folder that comes back) or ./gpu-logs. ddprl runs from
 # the source tree (PYTHONPATH), with the machine's own PyTorch.
 set -uo pipefail
-phase=${1:?phase: check | snake | tdmpc2 | returns | vmas | jax}
+phase=${1:?phase: check | snake | tdmpc2 | returns | vmas | jax | regions}
 out=${OUT:-gpu-logs}
 mkdir -p "$out"
 if [ -d .whl ]; then
@@ -80,6 +81,19 @@ print('humanoid num_envs=$n compile_s', round(rows[0]['time/compile_s'], 1),
     done
     XLA_FLAGS= timeout 200 python3 -m ddprl train engine=jax task=gymnax/CartPole-v1 num_envs=2048 n_steps=32 \
       batch_size=8192 epochs=4 steps=2000000 eval_freq=262144 run_dir=/tmp/jaxcp progress=false 2>&1 | tail -2 | tee -a "$log"
+    ;;
+  regions)
+    # Issue #12 in one device command (< 10 min): the GPU tests of the regions (CUDA graphs
+    # recorded, replays equal to eager, no host sync in a replay), then the two tables.
+    # Targets: TD-MPC2 walker-run model_size 5 >= 183 agent steps/s (3x the official compiled
+    # code's 61), compile warm-up <= 60 s; Snake >= 1M end-to-end steps/s.
+    timeout 150 python3 -m pytest -q -m gpu tests/test_tdmpc2_regions.py tests/test_ppo_regions.py 2>&1 | tail -5 | tee -a "$log"
+    timeout 200 python3 benchmarks/tdmpc2_speed.py --devices cuda --sizes 5 --compile off on --updates 100 --acts 100 \
+      --task walker-run 2>&1 | tee -a "$log"
+    timeout 100 python3 benchmarks/tdmpc2_speed.py --devices cuda --sizes 5 --compile on --updates 100 --acts 100 \
+      --task dog-run 2>&1 | tee -a "$log"
+    timeout 120 python3 benchmarks/snake_throughput.py --devices cuda --num-envs 16384 65536 --gym-max-envs 0 \
+      --precisions bf16 --compile both --unroll 4 --iterations 3 2>&1 | tee -a "$log"
     ;;
   *)
     echo "unknown phase $phase" >&2; exit 2 ;;

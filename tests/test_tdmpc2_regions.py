@@ -6,6 +6,7 @@ are replayed as CUDA graphs (timed in benchmarks/tdmpc2_speed.py, not here).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -157,3 +158,59 @@ def test_compiled_update_is_one_graph_and_equals_eager_after_steps(tmp_path):
         torch.testing.assert_close(compiled["metrics"][-1][name], value, atol=1e-4, rtol=1e-4, msg=name)
     # the updates really changed the model (equal no-ops would pass the checks above too)
     assert eager["metrics"][0]["train/loss"] != eager["metrics"][-1]["train/loss"]
+
+
+# --------------------------------------------------------------------------- CUDA graphs (GPU only)
+
+
+def cuda_regions(rt, cfg, out: str) -> None:
+    """Act and update compiled on CUDA, replayed as CUDA graphs, against the eager code."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    eager_learner = build_learner(rt, dataclasses.replace(cfg, compile=False), OBS, ACT)
+    torch.manual_seed(0)
+    graph_learner = build_learner(rt, cfg, OBS, ACT)
+    data = {k: v.to(rt.device) for k, v in _data().items()}
+    batch = TrajectoryBatch(data["obs"], data["action"], data["reward"], data["terminated"])
+    fixed = UpdateNoise(torch.tensor([2, 0], device=rt.device), torch.tensor([1, 2], device=rt.device),
+                        data["eps_td"], data["eps_pi"])
+    for _ in range(4):  # the first calls record the graphs, the later ones replay them
+        eager_metrics = update(rt, eager_learner, [batch], [fixed], cfg, 0.99)
+        graph_metrics = update(rt, graph_learner, [batch], [fixed], cfg, 0.99)
+    eager_act = Acting(eager_learner.model, cfg, 0.99)
+    graph_act = Acting(graph_learner.model, cfg, 0.99, compile=True)
+    g = torch.Generator(device=rt.device).manual_seed(0)
+    obs = torch.randn(E, OBS, device=rt.device)
+    actions = []
+    for _ in range(4):
+        noise = eager_act.planner.draw_noise(E, obs, g)
+        actions.append((eager_act(obs, noise=noise), graph_act(obs, noise=noise)))
+    torch.cuda.set_sync_debug_mode("error")  # a replay must not wait for the host
+    try:
+        graph_metrics = update(rt, graph_learner, [batch], [fixed], cfg, 0.99)
+        graph_act(obs)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    eager_metrics = update(rt, eager_learner, [batch], [fixed], cfg, 0.99)  # 5 updates each
+    torch.save({"eager": {k: v.cpu() for k, v in eager_learner.model.state_dict().items()},
+                "graph": {k: v.cpu() for k, v in graph_learner.model.state_dict().items()},
+                "metrics": [{k: v.cpu() for k, v in m.items()} for m in (eager_metrics, graph_metrics)],
+                "actions": [(a.cpu(), b.cpu()) for a, b in actions],
+                "cudagraph_skips": int(counters["inductor"]["cudagraph_skips"])}, Path(out) / "cuda.pt")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_regions_replay_as_cuda_graphs_and_equal_eager(tmp_path):
+    cfg = load_config(["algo=tdmpc2", "task=cartpole-balance", "world_size=1", "num_envs=1", "device=cuda",
+                       "dist_timeout=120", "progress=false", *TINY, "compile=true"])
+    launch(functools.partial(cuda_regions, out=str(tmp_path)), cfg)
+    r = torch.load(tmp_path / "cuda.pt")
+    assert r["cudagraph_skips"] == 0  # both regions became CUDA graphs
+    for key, value in r["eager"].items():
+        torch.testing.assert_close(r["graph"][key], value, atol=1e-4, rtol=1e-3, msg=key)
+    for name, value in r["metrics"][0].items():
+        torch.testing.assert_close(r["metrics"][1][name], value, atol=1e-3, rtol=1e-3, msg=name)
+    for eager_action, graph_action in r["actions"]:  # replays return fresh actions, not overwritten ones
+        torch.testing.assert_close(graph_action, eager_action, atol=1e-3, rtol=0)

@@ -204,9 +204,9 @@ class Runtime:
             return
         with torch.no_grad():
             for tensor in list(module.parameters()) + list(module.buffers()):
-                comm = tensor.detach() if tensor.device == self._comm_device() else tensor.detach().to(self._comm_device())
+                comm = tensor.detach().to(self._comm_device())  # shares the storage when already there
                 dist.broadcast(comm, src=src)
-                if comm is not tensor:
+                if comm.data_ptr() != tensor.data_ptr():
                     tensor.copy_(comm)
 
     @staticmethod
