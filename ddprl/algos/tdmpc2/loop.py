@@ -65,7 +65,9 @@ def train(rt: Any, cfg: Any) -> None:
     local_num_envs = cfg.local_num_envs(rt.world_size)
     run = Run(rt, cfg)  # the checkpoint being resumed (if any), seeds, later the run directory
     # The env first: a task TD-MPC2 cannot learn fails here, before a run directory exists.
-    env = make_tdmpc2_env(cfg, local_num_envs, seed=run.env_seed, device=rt.device)
+    # The env steps on the CPU (MuJoCo) and its tensors stay there: only observations go to the
+    # device, to act. Recording episodes then never waits for the device's queued work.
+    env = make_tdmpc2_env(cfg, local_num_envs, seed=run.env_seed, device=torch.device("cpu"))
     obs_dim, action_dim = env.single_observation_space.shape[0], env.single_action_space.shape[0]
     episode_length = episode_length_of(cfg, env)
     discount = cfg.discount if cfg.discount is not None else discount_for_episode_length(episode_length)
@@ -145,26 +147,22 @@ def train(rt: Any, cfg: Any) -> None:
     micro_due = 0  # micro-batch updates owed by this rank (identical on every rank)
     sums: dict[str, torch.Tensor] = {}
     num_sums = 0
-    ep_stats = torch.zeros(2, device=rt.device)  # (sum of returns, episodes) since the last log
+    ep_stats = torch.zeros(2)  # (sum of returns, episodes) since the last log, on the CPU like the env's
     t_log, steps_at_log = time.perf_counter(), global_step
 
     while global_step < cfg.steps:
         # -- act: random while seeding, else plan (MPPI) or the policy prior ---------------------
         if global_step < random_until:
-            action = torch.rand(local_num_envs, action_dim, device=rt.device) * 2 - 1
+            action = torch.rand(local_num_envs, action_dim) * 2 - 1
         else:
-            action = acting(obs)
-        next_obs, reward, terminated, truncated, info = env.step(action)
-        done = terminated | truncated
-        acting.episode_ended(done)
-        for episode in recorder.add(action, reward, terminated, done, info["final_obs"], next_obs):
-            buffer.add_episode(*episode)
-        ep_stats += torch.stack([(info["episode_return"] * done).sum(), done.sum()]).float()
-        obs = next_obs
+            action = acting(obs.to(rt.device, non_blocking=True)).cpu()  # waits for the act only
         global_step += cfg.num_envs
         steps_since_restart += local_num_envs
 
         # -- learn: decided on global counters only, so every rank does the same ---------------
+        # Before the env step: on a GPU the update's kernels run while the CPU steps the env
+        # (the next act waits for them). Nothing is lost: this step's transition enters the
+        # buffer with its whole episode, later.
         if updating:
             micro_due += micro_per_iteration
         elif global_step >= learn_from:
@@ -188,6 +186,15 @@ def train(rt: Any, cfg: Any) -> None:
             num_sums += 1
             num_updates += 1
             micro_due -= cfg.sync_freq
+
+        # -- env step, recorded: episodes enter the buffer when they end ---------------------
+        next_obs, reward, terminated, truncated, info = env.step(action)
+        done = terminated | truncated
+        acting.episode_ended(done)
+        for episode in recorder.add(action, reward, terminated, done, info["final_obs"], next_obs):
+            buffer.add_episode(*episode)
+        ep_stats += torch.stack([(info["episode_return"] * done).sum(), done.sum()]).float()
+        obs = next_obs
 
         # -- bookkeeping: every number is global (DESIGN.md invariant 7) -------------------------
         last = global_step >= cfg.steps
