@@ -215,3 +215,39 @@ def qmix_wrapped_modules(rt, cfg, out: str) -> None:
     ddp = type(learner.model).__name__ == "DistributedDataParallel"
     synced = sorted({name.split(".")[1] for name, p in learner.model.named_parameters() if p.requires_grad})
     torch.save({"ddp": ddp, "synced": synced}, Path(out) / f"rank{rt.rank}.pt")
+
+
+def ppo_learn_compiled(rt, cfg, out: str, batch_path: str, steps: int = 1, backend: str = "inductor") -> None:
+    """``learn_compiled`` (each optimizer step one compiled graph, gradients averaged inside it by
+    ``rt.region_grad_mean``) on this rank's half of a fixed batch; saves what ``ppo_learn`` saves.
+
+    Rank 1 starts from other weights on purpose: ``rt.broadcast_module`` must replace them by
+    rank 0's, as DDP's construction does for the eager path. ``backend``: torch.compile's
+    (``aot_eager`` traces the same whole graph, collective included, without inductor's codegen).
+    """
+    from contextlib import nullcontext
+
+    from ddprl.algos.ppo import regions
+    from ddprl.algos.ppo.loop import learn_compiled
+    from ddprl.algos.ppo.regions import CompiledUpdate
+
+    if backend != "inductor":
+        regions.compile_region = lambda fn, device, world_size=1: torch.compile(fn, fullgraph=True, dynamic=False,
+                                                                                backend=backend)
+
+    data = torch.load(batch_path)
+    n = data["obs"].shape[0] // rt.world_size
+    local = {k: v[rt.rank * n:(rt.rank + 1) * n].clone() for k, v in data.items()}
+    agent = make_agent()
+    if rt.rank == 1:
+        with torch.no_grad():
+            for p in agent.parameters():
+                p.add_(1.0)
+    rt.broadcast_module(agent)
+    opt = torch.optim.Adam(agent.parameters(), lr=1e-2, eps=1e-5)
+    update = CompiledUpdate(rt, agent, opt, local, cfg, lambda x: x, nullcontext())
+    torch.manual_seed(100 + rt.rank)
+    metrics = [learn_compiled(rt, update, cfg) for _ in range(steps)]
+    checksums = rt.all_gather_object(float(sum(p.detach().double().sum() for p in agent.parameters())))
+    torch.save({"params": {k: v.clone() for k, v in agent.state_dict().items()}, "checksums": checksums,
+                "metrics": metrics}, Path(out) / f"rank{rt.rank}.pt")

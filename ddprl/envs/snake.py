@@ -199,15 +199,19 @@ class SnakeEnv:
         """Advance every game one move; ``actions`` (N,) ints in 0..3 (see module docs)."""
         # torch.compile cannot trace an explicit Generator, so the random draw stays outside
         # ``advance``, which is pure tensor code: compile that one (fullgraph=True works).
-        if not isinstance(actions, torch.Tensor):
-            actions = torch.as_tensor(actions)
+        actions = torch.as_tensor(actions).to(self.device, torch.long).reshape(self.num_envs)
         return self.advance(actions, self._draw())
 
+    # ``advance`` traces into one graph (PPO's compiled rollout, ddprl.algos.ppo.regions): the
+    # random draw is an argument, nothing is read on the host, and every state tensor is
+    # updated in place, so that a CUDA graph replays on the same addresses.
+    traceable_step = True
+
     def advance(self, actions: torch.Tensor, rnd: torch.Tensor):
-        """``step`` given this step's random integers ``rnd`` (3, N) from ``_draw``."""
-        n, g = self.num_envs, self.grid_size
-        a = actions.to(self.device, torch.long).reshape(n)
-        new_dir = torch.where(a == (self.direction + 2) % 4, self.direction, a)  # (N,)
+        """``step`` given ``actions`` (N,) int64 on the env's device and this step's random
+        integers ``rnd`` (3, N) from ``_draw`` (or :meth:`draw_into`)."""
+        g = self.grid_size
+        new_dir = torch.where(actions == (self.direction + 2) % 4, self.direction, actions)  # (N,)
         nr, nc = self.head_r + self._dr[new_dir], self.head_c + self._dc[new_dir]
         hit_wall = (nr < 0) | (nr >= g) | (nc < 0) | (nc >= g)
         # Clamped so the gather stays in bounds for wall hits; those games die regardless.
@@ -220,20 +224,20 @@ class SnakeEnv:
         alive, grow = ~dead, ~dead & eat
         move = alive & ~eat
 
-        self.body = (self.body - move[:, None].to(torch.int32)).clamp_(min=0)
-        self.length = self.length + grow.long()
+        self.body.sub_(move[:, None].to(torch.int32)).clamp_(min=0)
+        self.length.add_(grow.long())
         # Dead games write back the value they already had, leaving the board untouched.
         head_val = torch.where(alive, self.length.to(torch.int32), cell)
         self.body.scatter_(1, target[:, None], head_val[:, None])
-        self.head_r = torch.where(alive, nr, self.head_r)
-        self.head_c = torch.where(alive, nc, self.head_c)
-        self.direction = torch.where(alive, new_dir, self.direction)
+        self.head_r.copy_(torch.where(alive, nr, self.head_r))
+        self.head_c.copy_(torch.where(alive, nc, self.head_c))
+        self.direction.copy_(torch.where(alive, new_dir, self.direction))
 
         win = grow & (self.length == g * g)
-        self.food = torch.where(win, -1, self.food)  # a full board has nowhere to put food
+        self.food.copy_(torch.where(win, -1, self.food))  # a full board has nowhere to put food
         penalty = torch.full_like(self.ep_return, 0.0 - self.step_penalty)
         reward = torch.where(grow, 1.0, torch.where(dead, -1.0, penalty))  # (N,) float32
-        self.steps_since_food = torch.where(grow, 0, self.steps_since_food + 1)
+        self.steps_since_food.copy_(torch.where(grow, 0, self.steps_since_food + 1))
         terminated = dead | win
         truncated = move & (self.steps_since_food >= self.max_steps_without_food)
         done = terminated | truncated
@@ -242,9 +246,9 @@ class SnakeEnv:
         ep_score = self.ep_score + grow.long()
         final_obs = self.observe()
         self._start_new(done, rnd, new_food=grow)
-        self.ep_return = torch.where(done, 0.0, ep_return)
-        self.ep_length = torch.where(done, 0, ep_length)
-        self.ep_score = torch.where(done, 0, ep_score)
+        self.ep_return.copy_(torch.where(done, 0.0, ep_return))
+        self.ep_length.copy_(torch.where(done, 0, ep_length))
+        self.ep_score.copy_(torch.where(done, 0, ep_score))
         info: dict[str, Any] = {"final_obs": final_obs, "episode_return": ep_return,
                                 "episode_length": ep_length, "episode_score": ep_score}
         return self.observe(), reward, terminated, truncated, info
@@ -264,8 +268,8 @@ class SnakeEnv:
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> torch.Tensor:
         """Restore :meth:`state_dict`; returns the current observation."""
-        for k in self._STATE:
-            setattr(self, k, state[k].to(self.device))
+        for k in self._STATE:  # in place: a compiled rollout holds these very tensors
+            getattr(self, k).copy_(state[k])
         self._gen.set_state(state["generator"])
         return self.observe()
 
@@ -292,6 +296,16 @@ class SnakeEnv:
         return torch.randint(0, 2 ** 62, (3, self.num_envs), generator=self._gen,
                              device=self.device)
 
+    @property
+    def draw_shape(self) -> tuple[int, int]:
+        """Shape of one step's random integers ``rnd``: (3, N)."""
+        return (3, self.num_envs)
+
+    def draw_into(self, out: torch.Tensor) -> torch.Tensor:
+        """Fill ``out`` (K, 3, N) int64 with K steps' draws (``_draw``'s range) from this env's
+        generator, in place: the random inputs of K ``advance`` calls inside a compiled graph."""
+        return out.random_(0, 2 ** 62, generator=self._gen)
+
     def _start_new(self, mask: torch.Tensor, rnd: torch.Tensor,
                    new_food: torch.Tensor | None = None) -> None:
         """Respawn games where ``mask`` (N,) bool, then redraw food where respawned or
@@ -313,11 +327,11 @@ class SnakeEnv:
         self.body *= ~mask[:, None]
         kept = self.body.gather(1, cells)  # untouched games write their own values back
         self.body.scatter_(1, cells, torch.where(mask[:, None], lifetimes, kept))
-        self.head_r = torch.where(mask, hr, self.head_r)
-        self.head_c = torch.where(mask, hc, self.head_c)
-        self.direction = torch.where(mask, d, self.direction)
-        self.length = torch.where(mask, START_LENGTH, self.length)
-        self.steps_since_food = torch.where(mask, 0, self.steps_since_food)
+        self.head_r.copy_(torch.where(mask, hr, self.head_r))
+        self.head_c.copy_(torch.where(mask, hc, self.head_c))
+        self.direction.copy_(torch.where(mask, d, self.direction))
+        self.length.copy_(torch.where(mask, START_LENGTH, self.length))
+        self.steps_since_food.copy_(torch.where(mask, 0, self.steps_since_food))
         if new_food is not None:
             mask = mask | new_food
         # Uniform over free cells: k uniform in [0, #free), then the k-th free cell, i.e. the
@@ -326,7 +340,7 @@ class SnakeEnv:
         k = rnd[2] % n_free
         free_before = (self.body == 0).cumsum(1)  # (N, H*W)
         pick = (free_before <= k[:, None]).sum(1)
-        self.food = torch.where(mask, pick, self.food)
+        self.food.copy_(torch.where(mask, pick, self.food))
 
     # ------------------------------------------------------------------ test / debug helpers
     def set_state(self, i: int, body: Sequence[tuple[int, int]], direction: int, food,

@@ -32,6 +32,8 @@ class PPOConfig(RLConfig):
     env_kwargs: dict[str, Any] = key("extra keyword arguments for the environment constructor")
     eval_deterministic: bool = key("evaluate (and play) with the most likely action; false: sample from the policy")
     autoscale: bool = key("choose num_envs, n_steps and batch_size from the device's memory (keys you set win)")
+    compile_unroll: int = key("compile=true, on-device envs (snake): at most this many env steps per compiled rollout graph "
+                              "(a divisor of n_steps; more steps per graph: fewer launches, longer compile)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -44,6 +46,7 @@ class PPOConfig(RLConfig):
         _check(self.max_grad_norm >= 0, f"max_grad_norm={self.max_grad_norm} must be >= 0")
         _check(self.target_kl is None or self.target_kl > 0, f"target_kl={self.target_kl} must be > 0 or null")
         _check(self.policy in ("mlp", "cnn"), f"policy={self.policy!r} is not mlp or cnn")
+        _check(self.compile_unroll >= 1, f"compile_unroll={self.compile_unroll} must be >= 1")
 
     def check(self) -> None:
         """Checks across keys that training needs (after autoscale; eval and play skip them)."""

@@ -1,8 +1,10 @@
 """PPO with DDP: every rank collects its own rollout, one model learns from all of them.
 
 The whole algorithm is :func:`train`, read top to bottom; :func:`learn` is its update phase
-(epochs x minibatches, ``sync_freq`` accumulation, global-KL early stop). Neither touches
-the process group: collectives go through the runtime ``rt``.
+(epochs x minibatches, ``sync_freq`` accumulation, global-KL early stop), and
+:func:`learn_compiled` the same phase with each optimizer step one compiled graph
+(``compile=true``, ``ddprl.algos.ppo.regions``). None touches the process group: collectives
+go through the runtime ``rt``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from ddprl.algos.common import autocast_context, crossed
 from ddprl.algos.ppo.loss import ppo_loss
 from ddprl.algos.ppo.networks import ActorCritic
+from ddprl.algos.ppo.regions import TERMS, CompiledRollout, CompiledUpdate, plan, update_batch
 from ddprl.algos.ppo.rollout import RolloutBuffer, compute_gae
 from ddprl.checkpoint import strip_prefixes
 from ddprl.envs import make_env
@@ -88,6 +91,39 @@ def learn(rt: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer, sca
     return rt.all_reduce_mean(local)
 
 
+def learn_compiled(rt: Any, update: CompiledUpdate, cfg: Any) -> dict[str, float]:
+    """:func:`learn` with each optimizer step one replay of ``update``'s graph; returns global means.
+
+    The same minibatches (one ``randperm`` per epoch, cut in ``batch_size`` slices, grouped by
+    ``sync_freq``: a shorter last group compiles a second graph) and the same global-KL early
+    stop; the only host reads are the KL once per epoch and the metrics at the end.
+    """
+    n = update.batch["advantages"].shape[0]
+    num_minibatches = n // cfg.batch_size
+    k = cfg.sync_freq
+    device = update.batch["advantages"].device
+    update.sync_lr()
+    sums = torch.zeros(len(TERMS), device=device)
+    epochs_done = 0
+    for _ in range(cfg.epochs):
+        perm = torch.randperm(n, device=device)
+        minibatches = perm[:num_minibatches * cfg.batch_size].view(num_minibatches, cfg.batch_size)
+        epoch_sums = torch.zeros(len(TERMS), device=device)
+        for group_start in range(0, num_minibatches, k):
+            epoch_sums += update.step(minibatches[group_start:group_start + k]).sum(0)
+        sums += epoch_sums
+        epochs_done += 1
+        if cfg.target_kl is not None:
+            # Decided on the KL averaged over ranks (see learn): no rank leaves the loop alone.
+            global_kl = rt.all_reduce_mean(float(epoch_sums[TERMS.index("approx_kl")]) / max(1, num_minibatches))
+            if global_kl > cfg.target_kl:
+                break
+    count = max(1, epochs_done * num_minibatches)
+    local = {f"train/{name}": value / count for name, value in zip(TERMS, sums.tolist())}
+    local["train/epochs"] = float(epochs_done)
+    return rt.all_reduce_mean(local)
+
+
 def train(rt: Any, cfg: Any) -> None:
     """Train PPO on ``cfg.task`` for ``cfg.steps`` global agent steps (runs on every rank)."""
     # -- sizes: global in, local derived (DESIGN.md invariant 4) -------------------------------
@@ -108,9 +144,16 @@ def train(rt: Any, cfg: Any) -> None:
         obs_rms.load_state_dict(run.state["obs_rms"])
         return_scaler.stats.load_state_dict(run.state["reward_stats"])
         start_iteration = run.counters["iteration"]
-    model = rt.wrap(agent, compile=cfg.compile)
+    regions = plan(cfg, env)  # what compile=true runs as compiled graphs here (logged)
+    if regions.update:
+        # The update region averages gradients itself (rt.region_grad_mean): no DDP wrapper,
+        # so rank 0's weights are broadcast here, as DDP would at construction.
+        model = agent.to(rt.device)
+        rt.broadcast_module(model)
+    else:
+        model = rt.wrap(agent, compile=cfg.compile)
     policy = rt.unwrap(model)  # acting needs no gradient sync: skip the DDP forward
-    act = torch.compile(policy.act) if cfg.compile else policy.act
+    act = torch.compile(policy.act) if cfg.compile and not regions.unroll else policy.act
     checksum = rt.check_in_sync(model)
     log.info("parameters synchronised across %d rank(s) (checksum %.6f)", rt.world_size, checksum)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=1e-5, fused=True)  # one kernel for all params
@@ -158,6 +201,11 @@ def train(rt: Any, cfg: Any) -> None:
                            torch.long if agent.discrete else torch.float32, rt.device)
     autocast = autocast_context(rt.device, cfg.precision)
     zeros = torch.zeros(local_num_envs, device=rt.device)
+    # After a resume's optimizer state is loaded: the update region holds that state's tensors.
+    rollout_region = (CompiledRollout(env, policy, buffer, normalize, autocast, regions.unroll)
+                      if regions.unroll else None)
+    update_region = CompiledUpdate(rt, policy, optimizer, update_batch(buffer), cfg, normalize,
+                                   autocast) if regions.update else None
 
     for iteration in range(start_iteration, num_iterations):
         if cfg.anneal_lr:
@@ -168,24 +216,28 @@ def train(rt: Any, cfg: Any) -> None:
         ep_return_sum = torch.zeros((), device=rt.device)
         ep_count = torch.zeros((), device=rt.device)
         with torch.no_grad():
-            for t in range(cfg.n_steps):
-                with autocast:
-                    action, log_prob, value = act(normalize(obs))
-                next_obs, reward, terminated, truncated, info = env.step(action)
-                # V(final_obs) bootstraps truncated episodes (kept apart from terminated ones). On
-                # the CPU, skip the forward when nothing was truncated; on a GPU asking would cost
-                # a host sync, so always compute it.
-                if rt.device.type != "cpu" or bool(truncated.any()):
+            if rollout_region is not None:  # the same steps, `unroll` of them per graph replay
+                ep_return_sum, ep_count = rollout_region.collect()
+                obs = env.observe()
+            else:
+                for t in range(cfg.n_steps):
                     with autocast:
-                        final_values = policy.value(normalize(info["final_obs"])).float()
-                else:
-                    final_values = zeros
-                buffer.store(t, obs=obs, actions=action, log_probs=log_prob, values=value,
-                             rewards=reward, terminated=terminated, truncated=truncated, final_values=final_values)
-                done = terminated | truncated
-                ep_return_sum += (info["episode_return"] * done).sum()
-                ep_count += done.sum()
-                obs = next_obs
+                        action, log_prob, value = act(normalize(obs))
+                    next_obs, reward, terminated, truncated, info = env.step(action)
+                    # V(final_obs) bootstraps truncated episodes (kept apart from terminated ones). On
+                    # the CPU, skip the forward when nothing was truncated; on a GPU asking would cost
+                    # a host sync, so always compute it.
+                    if rt.device.type != "cpu" or bool(truncated.any()):
+                        with autocast:
+                            final_values = policy.value(normalize(info["final_obs"])).float()
+                    else:
+                        final_values = zeros
+                    buffer.store(t, obs=obs, actions=action, log_probs=log_prob, values=value,
+                                 rewards=reward, terminated=terminated, truncated=truncated, final_values=final_values)
+                    done = terminated | truncated
+                    ep_return_sum += (info["episode_return"] * done).sum()
+                    ep_count += done.sum()
+                    obs = next_obs
             with autocast:
                 next_values = policy.value(normalize(obs)).float()
         rollout = buffer.data
@@ -207,12 +259,16 @@ def train(rt: Any, cfg: Any) -> None:
 
         # -- update -------------------------------------------------------------------------------
         t_update_start = time.perf_counter()
-        batch = {
-            "obs": normalize(rollout.obs.flatten(0, 1)), "actions": rollout.actions.flatten(0, 1),
-            "log_probs": rollout.log_probs.flatten(), "values": rollout.values.flatten(),
-            "advantages": advantages.flatten(), "returns": returns.flatten(),
-        }
-        metrics = learn(rt, model, optimizer, scaler, batch, cfg)
+        if update_region is not None:  # reads the rollout storage in place, normalises inside
+            update_region.load(advantages.flatten(), returns.flatten())
+            metrics = learn_compiled(rt, update_region, cfg)
+        else:
+            batch = {
+                "obs": normalize(rollout.obs.flatten(0, 1)), "actions": rollout.actions.flatten(0, 1),
+                "log_probs": rollout.log_probs.flatten(), "values": rollout.values.flatten(),
+                "advantages": advantages.flatten(), "returns": returns.flatten(),
+            }
+            metrics = learn(rt, model, optimizer, scaler, batch, cfg)
         if cfg.norm_obs:  # after the update: rollout and update used the same statistics
             obs_rms.update(rollout.obs, reduce_sum=rt.all_reduce_sum)
         t_update = time.perf_counter() - t_update_start

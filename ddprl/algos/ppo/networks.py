@@ -87,6 +87,7 @@ class ActorCritic(nn.Module):
         obs_shape = tuple(obs_space.shape)
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         n_out = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
+        self.noise_shape = (n_out,)  # per sample, for act_with_noise
         if policy == "cnn":
             if len(obs_shape) != 3:
                 raise ValueError(f"policy=cnn needs C x H x W observations, got shape {obs_shape}")
@@ -124,6 +125,28 @@ class ActorCritic(nn.Module):
         if not self.discrete:
             log_prob = log_prob.sum(-1)
         return action, log_prob, self.critic(features).squeeze(-1).float()
+
+    def act_with_noise(self, obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``act`` with its random draw given, so that a compiled rollout takes it as an input.
+
+        ``noise`` (B, *noise_shape): for a discrete policy Exp(1) draws ``e``, and the action is
+        argmax(logits - log e), a sample of Categorical(logits) (the Gumbel-max trick: -log e is
+        Gumbel distributed); for a continuous one standard normal draws, action = mean + std * noise.
+        """
+        features = self.trunk(obs)
+        dist = self.distribution(features)
+        if self.discrete:
+            action = (dist.logits - noise.log()).argmax(-1)
+            log_prob = dist.log_prob(action)
+        else:
+            action = dist.mean + dist.stddev * noise
+            log_prob = dist.log_prob(action).sum(-1)
+        return action, log_prob, self.critic(features).squeeze(-1).float()
+
+    def fill_noise_(self, noise: torch.Tensor) -> torch.Tensor:
+        """Fill ``noise`` (..., *noise_shape) in place from the global generator with the draws
+        :meth:`act_with_noise` expects."""
+        return noise.exponential_() if self.discrete else noise.normal_()
 
     def eval_action(self, obs: torch.Tensor, deterministic: bool = True,
                     generator: torch.Generator | None = None) -> torch.Tensor:

@@ -1,0 +1,415 @@
+"""PPO's compiled regions (``compile=true``, ``ddprl.algos.ppo.regions``) on the CPU: each region is
+one graph without host reads, and compiled it computes what it computes eagerly; the update
+region equals the eager ``learn`` (one process and 2 gloo ranks); the loop runs and resumes on it.
+
+Compiling on a 2-core CPU is slow (15-40 s a region): only the tests named ``compiled`` run
+inductor, on tiny networks; the others trace (``capture_graphs``) or run the regions eagerly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import math
+
+import gymnasium as gym
+import pytest
+import torch
+
+import dist_fns
+from ddprl.algos.graphs import capture_graphs, host_syncs
+from ddprl.algos.ppo import regions
+from ddprl.algos.ppo.loop import learn, learn_compiled, train
+from ddprl.algos.ppo.networks import ActorCritic
+from ddprl.algos.ppo.regions import CompiledRollout, CompiledUpdate
+from ddprl.algos.ppo.rollout import RolloutBuffer
+from ddprl.cli import prepare_train
+from ddprl.config import load_config
+from ddprl.envs.snake import SnakeEnv
+from ddprl.metrics import read_metrics
+from ddprl.normalize import RunningMeanStd
+from ddprl.runtime import launch
+
+PRECISIONS = {"fp32": contextlib.nullcontext, "bf16": lambda: torch.autocast("cpu", dtype=torch.bfloat16)}
+
+
+class LocalRuntime:
+    """``rt`` of a world of one without a process group: the verbs ``learn`` and the regions call."""
+
+    world_size = 1
+    device = torch.device("cpu")
+
+    @staticmethod
+    def region_grad_mean(grads):
+        return grads
+
+    @staticmethod
+    def all_reduce_mean(value):
+        return value
+
+    @staticmethod
+    def no_sync(module, enabled=True):
+        return contextlib.nullcontext()
+
+
+def snake_rollout(compile=False, unroll=2, n_steps=4, num_envs=8, precision="fp32", norm_obs=False, env_cls=SnakeEnv,
+                  device="cpu"):
+    """A tiny Snake rollout region (5x5 board, a 1-conv CNN), with its env, policy and buffer."""
+    env = env_cls(num_envs, grid_size=5, seed=3, device=device)
+    torch.manual_seed(0)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, policy="cnn", policy_width=4,
+                         policy_depth=1, hidden_sizes=[16]).to(device)
+    obs_shape = tuple(env.single_observation_space.shape)
+    buffer = RolloutBuffer(n_steps, num_envs, obs_shape, (), torch.long, env.device)
+    normalize = lambda x: x  # noqa: E731
+    if norm_obs:
+        rms = RunningMeanStd(obs_shape).to(device)
+        rms.update(torch.rand(32, *obs_shape, device=device))
+        normalize = rms.normalize
+    rollout = CompiledRollout(env, policy, buffer, normalize, PRECISIONS[precision](), unroll, compile=compile)
+    return rollout
+
+
+def fixed_batch(n=96, seed=3):
+    """A flat PPO batch of ``n`` samples for a 4-d observation, 3 actions (what ``learn`` takes)."""
+    g = torch.Generator().manual_seed(seed)
+    return {"obs": torch.randn(n, 4, generator=g), "actions": torch.randint(0, 3, (n,), generator=g),
+            "log_probs": -1.1 + 0.1 * torch.randn(n, generator=g), "values": torch.randn(n, generator=g),
+            "advantages": torch.randn(n, generator=g), "returns": torch.randn(n, generator=g)}
+
+
+def mlp_agent():
+    torch.manual_seed(0)
+    return ActorCritic(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3), hidden_sizes=[16])
+
+
+def ppo_cfg(**keys):
+    base = {"num_envs": 8, "n_steps": 12, "batch_size": 32, "epochs": 2, "max_grad_norm": 0.5, "ent_coef": 0.01,
+            "world_size": 1}
+    base.update(keys)
+    return load_config([f"{k}={v}" for k, v in base.items()])
+
+
+def region_update(batch, cfg, compile=False, precision="fp32", normalize=lambda x: x, device="cpu"):
+    agent = mlp_agent().to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=1e-2, eps=1e-5)
+    region_batch = {k: v.to(device, copy=True) for k, v in batch.items()}
+    return agent, CompiledUpdate(LocalRuntime(), agent, optimizer, region_batch, cfg, normalize, PRECISIONS[precision](),
+                                 compile=compile)
+
+
+def eager_learn(batch, cfg, seed=5, lrs=(1e-2,)):
+    """The reference: ``learn`` with torch.optim.Adam, backward and clip_grad_norm_; once per lr."""
+    agent = mlp_agent()
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lrs[0], eps=1e-5)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    metrics = []
+    torch.manual_seed(seed)
+    for lr in lrs:
+        optimizer.param_groups[0]["lr"] = lr
+        metrics.append(learn(LocalRuntime(), agent, optimizer, scaler, batch, cfg))
+    return agent, metrics
+
+
+def assert_same_weights(a, b, atol):
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=atol, msg=name)
+
+
+# -- each region is one graph, without host reads ----------------------------------------------------
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_rollout_region_is_one_graph_without_host_reads(precision):
+    rollout = snake_rollout(precision=precision, norm_obs=True)
+    rollout.policy.fill_noise_(rollout.action_noise)
+    rollout.env.draw_into(rollout.env_noise)
+    with torch.no_grad():
+        graphs = capture_graphs(rollout.steps, rollout.action_noise, rollout.env_noise)
+    assert len(graphs) == 1
+    assert host_syncs(graphs) == []
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_update_region_is_one_graph_without_host_reads(precision):
+    batch = fixed_batch()
+    rms = RunningMeanStd((4,))
+    rms.update(batch["obs"])
+    _, update = region_update(batch, ppo_cfg(sync_freq=2), precision=precision, normalize=rms.normalize)
+    with torch.no_grad():
+        graphs = capture_graphs(update.step_eager, torch.randperm(96)[:64].view(2, 32))  # sync_freq=2: 2 minibatches
+    assert len(graphs) == 1
+    assert host_syncs(graphs) == []
+
+
+class UpdateReadingTheHost(CompiledUpdate):
+    def loss(self, params, idx):
+        loss, terms = super().loss(params, idx)
+        return loss, terms + terms.cpu()
+
+
+class SnakeReadingTheHost(SnakeEnv):
+    how = "item"
+
+    def advance(self, actions, rnd):
+        out = super().advance(actions, rnd)
+        if self.how == "item":
+            self.ep_return.add_(out[1].sum().item() * 0.0)
+        elif out[1].sum() > 100:  # a Python branch on a tensor's value
+            self.ep_return.add_(1.0)
+        return out
+
+
+@pytest.mark.parametrize("how", ["cpu", "item", "branch"])
+def test_the_checks_catch_a_host_read_put_into_a_region(how):
+    """``.cpu()`` or ``.item()`` in a copy of a region is listed by ``host_syncs``; a branch on a
+    tensor's value cannot be captured in one graph at all."""
+    if how == "cpu":
+        agent = mlp_agent()
+        update = UpdateReadingTheHost(LocalRuntime(), agent, torch.optim.Adam(agent.parameters()), fixed_batch(),
+                                      ppo_cfg(), lambda x: x, contextlib.nullcontext(), compile=False)
+        fn, args = update.step_eager, (torch.randperm(96)[:32].view(1, 32),)
+    else:
+        SnakeReadingTheHost.how = how
+        rollout = snake_rollout(env_cls=SnakeReadingTheHost)
+        fn, args = rollout.steps, (rollout.policy.fill_noise_(rollout.action_noise), rollout.env.draw_into(rollout.env_noise))
+    with torch.no_grad():
+        if how == "branch":
+            with pytest.raises(Exception, match="(?i)data-dependent|graph break|generic_jump|Unsupported"):
+                capture_graphs(fn, *args)
+            return
+        graphs = capture_graphs(fn, *args)
+    assert any(s.startswith(how) for s in host_syncs(graphs)), host_syncs(graphs)
+
+
+# -- the rollout region stores what a plain step loop stores ----------------------------------------
+
+def test_rollout_region_stores_what_a_step_loop_stores():
+    """Eagerly, the region's K unrolled steps per call, its buffer cursor and its episode sums
+    equal a plain loop of ``act_with_noise`` + ``env.advance`` on the same random draws."""
+    rollout = snake_rollout(unroll=2, n_steps=6, num_envs=16)
+    torch.manual_seed(1)
+    returns, count = rollout.collect()
+    returns, count = rollout.collect()  # the second rollout continues the games of the first
+
+    ref = snake_rollout(unroll=2, n_steps=6, num_envs=16)
+    env, policy, noise, rnd = ref.env, ref.policy, ref.action_noise, ref.env_noise
+    torch.manual_seed(1)
+    for _ in range(2):
+        stored, ep_return, ep_count = {k: [] for k in ref.buffer.data._fields}, 0.0, 0
+        for t in range(6):
+            if t % 2 == 0:  # the region draws its K steps' noise before each call
+                policy.fill_noise_(noise), env.draw_into(rnd)
+            obs = env.observe()
+            with torch.no_grad():
+                action, log_prob, value = policy.act_with_noise(obs, noise[t % 2])
+                _, reward, terminated, truncated, info = env.advance(action, rnd[t % 2])
+                final_values = policy.value(info["final_obs"])
+            for k, v in zip(ref.buffer.data._fields, (obs, action, log_prob, value, reward, terminated, truncated,
+                                                      final_values)):
+                stored[k].append(v)
+            done = terminated | truncated
+            ep_return += float((info["episode_return"] * done).sum())
+            ep_count += int(done.sum())
+    for k, got in zip(ref.buffer.data._fields, rollout.buffer.data):
+        torch.testing.assert_close(got, torch.stack(stored[k]), rtol=0, atol=0, msg=k)
+    assert ep_count > 0 and (float(returns), int(count)) == (pytest.approx(ep_return), ep_count)
+
+
+def test_act_with_noise_samples_the_policy():
+    """Gumbel-max on Exp(1) draws samples Categorical(logits); Box actions are mean + std * noise."""
+    torch.manual_seed(0)
+    net = ActorCritic(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(3), hidden_sizes=[8])
+    with torch.no_grad():
+        net.actor[-1].bias.copy_(torch.tensor([0.0, 1.0, -1.0]))
+    obs = torch.zeros(40_000, 3)
+    noise = net.fill_noise_(torch.empty(40_000, *net.noise_shape))
+    action, log_prob, _ = net.act_with_noise(obs, noise)
+    probs = net.distribution(net.trunk(obs[:1])).probs[0]
+    torch.testing.assert_close(torch.bincount(action, minlength=3).float() / len(action), probs, rtol=0, atol=0.01)
+    torch.testing.assert_close(log_prob, net(obs, action).log_prob)
+    cont = ActorCritic(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-1, 1, (2,)), hidden_sizes=[8])
+    with torch.no_grad():
+        cont.log_std.fill_(math.log(0.5))
+    noise = cont.fill_noise_(torch.empty(40_000, *cont.noise_shape))
+    action, log_prob, _ = cont.act_with_noise(obs, noise)
+    mean = cont.eval_action(obs)
+    torch.testing.assert_close(action, mean + 0.5 * noise)
+    torch.testing.assert_close(log_prob, cont(obs, action).log_prob)
+
+
+# -- the update region equals learn ------------------------------------------------------------------
+
+def test_update_region_equals_learn_with_accumulation_and_clipping():
+    """Eagerly, the region's gradients (torch.func), sync_freq accumulation (3 minibatches in
+    groups of 2: the last group is shorter), norm clip and Adam equal ``learn``'s backward,
+    no_sync accumulation, clip_grad_norm_ and torch.optim.Adam over 2 epochs."""
+    batch, cfg = fixed_batch(), ppo_cfg(sync_freq=2, epochs=2, max_grad_norm=0.05)
+    ref, ref_metrics = eager_learn(batch, cfg)
+    agent, update = region_update(batch, cfg)
+    torch.manual_seed(5)
+    metrics = learn_compiled(LocalRuntime(), update, cfg)
+    assert_same_weights(ref, agent, atol=1e-6)
+    assert metrics == pytest.approx(ref_metrics[0], rel=1e-5, abs=1e-6)
+    assert max((p - q).abs().max() for p, q in zip(mlp_agent().parameters(), agent.parameters())) > 1e-3  # it moved
+
+
+def test_compiled_update_equals_learn_and_follows_the_lr_without_recompiling():
+    """Compiled (inductor), 2 epochs x 3 optimizer steps, then 2 more epochs at another learning
+    rate (annealing): the weights equal ``learn``'s, and the new lr compiles nothing new."""
+    batch, cfg = fixed_batch(), ppo_cfg(epochs=2)
+    ref, ref_metrics = eager_learn(batch, cfg, lrs=(1e-2, 3e-3))
+    agent, update = region_update(batch, cfg, compile=True)
+    torch.manual_seed(5)
+    first = learn_compiled(LocalRuntime(), update, cfg)
+    update.optimizer.param_groups[0]["lr"] = 3e-3
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        second = learn_compiled(LocalRuntime(), update, cfg)
+    assert_same_weights(ref, agent, atol=1e-5)
+    assert [first, second] == [pytest.approx(m, rel=1e-4, abs=1e-6) for m in ref_metrics]
+
+
+# -- compiled == eager: the rollout region ------------------------------------------------------------
+
+def test_compiled_rollout_equals_eager():
+    """Compiled (inductor), 2 steps per graph, two rollouts of 4 steps: the stored rollout (and
+    the env state it leaves) equals the eager region's on the same random draws."""
+    runs = []
+    for compile in (False, True):
+        rollout = snake_rollout(compile=compile, unroll=2, n_steps=4, num_envs=16)
+        torch.manual_seed(1)
+        sums = [torch.stack(rollout.collect()) for _ in range(2)]
+        runs.append((rollout, sums))
+    (eager, eager_sums), (compiled, compiled_sums) = runs
+    for name, a, b in zip(eager.buffer.data._fields, eager.buffer.data, compiled.buffer.data):
+        if a.is_floating_point() and name != "obs":  # network outputs: inductor's own kernels
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5, msg=name)
+        else:  # the game and the sampled actions: exactly
+            assert torch.equal(a, b), name
+    assert all(torch.equal(a, b) for a, b in zip(eager_sums, compiled_sums))
+    assert torch.equal(eager.env.body, compiled.env.body) and torch.equal(eager.env.food, compiled.env.food)
+    assert int(compiled.cursor) == 4
+
+
+# -- data parallel: 2 gloo ranks on halves == one process on the whole batch ----------------------------
+
+def test_update_region_two_ranks_equal_one_process(tmp_path):
+    """Update regions on 2 ranks (gradients averaged inside the graph by a functional all-reduce,
+    rank 1's different initial weights replaced by ``rt.broadcast_module``), each on half the
+    batch == eager ``learn`` in one process on the whole batch, with the global norm clip acting
+    on every step. Captured whole (fullgraph) with the ``aot_eager`` backend: inductor's codegen
+    would add a minute of compiling per rank on 2 cores, and is covered by the one-rank tests."""
+    n = 64
+    batch = fixed_batch(n)
+    batch["actions"] %= 2  # dist_fns.make_agent has 2 actions
+    path = tmp_path / "batch.pt"
+    torch.save(batch, path)
+    common = {"epochs": 3, "max_grad_norm": 0.05, "num_envs": 4, "n_steps": 32, "dist_timeout": 120}
+    single = ppo_cfg(batch_size=n, **common)
+    ref_agent = dist_fns.make_agent()
+    optimizer = torch.optim.Adam(ref_agent.parameters(), lr=1e-2, eps=1e-5)
+    learn(LocalRuntime(), ref_agent, optimizer, torch.amp.GradScaler("cpu", enabled=False), batch, single)
+    cfg = ppo_cfg(batch_size=n // 2, **{**common, "world_size": 2})
+    launch(functools.partial(dist_fns.ppo_learn_compiled, out=str(tmp_path), batch_path=str(path),
+                             backend="aot_eager"), cfg)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    for name, p in ref_agent.state_dict().items():
+        torch.testing.assert_close(ranks[0]["params"][name], p, rtol=0, atol=1e-5, msg=name)
+        assert torch.equal(ranks[0]["params"][name], ranks[1]["params"][name]), name
+    assert ranks[0]["metrics"] == ranks[1]["metrics"]
+
+
+# -- the loop on the regions: runs, logs, resumes exactly ----------------------------------------------
+
+def test_plan_says_what_stays_out_of_the_graphs():
+    cfg = load_config(["task=snake", "compile=true", "n_steps=12", "compile_unroll=5"])
+    snake = SnakeEnv(2, grid_size=5)
+    assert regions.plan(cfg, snake) == regions.Plan(update=True, unroll=4)  # the largest divisor of 12 <= 5
+    assert regions.plan(load_config(["compile=true", "n_steps=7", "compile_unroll=4"]), snake).unroll == 1
+    assert regions.plan(load_config(["compile=false"]), snake) == regions.Plan(update=False, unroll=0)
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger, level = logging.getLogger("ddprl"), logging.getLogger("ddprl").level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        host_env = object()  # no traceable_step: a Gymnasium vector env, DMC
+        assert regions.plan(load_config(["compile=true", "precision=fp16"]), host_env) == regions.Plan(False, 0)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert lines == ["compile=true: torch.compile of the model; the update runs eagerly on the compiled model "
+                     "(precision=fp16: GradScaler skips steps on the host); the rollout compiles only the policy "
+                     "(object steps outside a graph)"]
+
+
+def test_train_on_regions_resumes_to_the_same_parameters(tmp_path, monkeypatch, capfd):
+    """``compile=true`` on Snake runs the loop on both regions (run eagerly here: the compiled ==
+    eager tests above cover inductor); interrupted and resumed == never interrupted."""
+    monkeypatch.setattr(regions, "compile_region", lambda fn, device, world_size=1: fn)
+    common = ["task=snake", "world_size=1", "num_envs=8", "n_steps=4", "batch_size=16", "epochs=2", "sync_freq=2",
+              "steps=96", "checkpoint_freq=64", "eval_episodes=0", "progress=false", "compile=true",
+              "policy=cnn", "policy_width=4", "policy_depth=1", "hidden_sizes=[16]", "env_kwargs={grid_size: 5}",
+              "norm_obs=true", "target_kl=1.0", "device=cpu"]
+    launch(train, prepare_train([*common, f"run_dir={tmp_path / 'a'}"], None))
+    assert "rollout as graphs of 2 env steps, update as one graph per optimizer step" in capfd.readouterr().err
+    records = read_metrics(tmp_path / "a")
+    assert [r["step"] for r in records] == [32, 64, 96]
+    assert all(math.isfinite(r["train/loss"]) and r["train/epochs"] >= 1 for r in records)
+    assert any("train/episode_return" in r for r in records)
+    mid = tmp_path / "a" / "checkpoints" / "step_64.pt"
+    launch(train, prepare_train([*common, f"resume={mid}", f"run_dir={tmp_path / 'b'}"], None))
+    full = torch.load(tmp_path / "a" / "checkpoints" / "step_96.pt", weights_only=True)["state"]
+    resumed = torch.load(tmp_path / "b" / "checkpoints" / "step_96.pt", weights_only=True)["state"]
+    for k in full["model"]:
+        assert torch.equal(full["model"][k], resumed["model"][k]), k
+
+
+# -- CUDA: the regions are replayed as CUDA graphs ------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_regions_replay_as_cuda_graphs_without_host_syncs():
+    """On one CUDA device both regions are recorded as CUDA graphs (none skipped: every tensor
+    they write is at a static address), their replays never wait for the device, and they
+    compute what their eager forms compute."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    rollouts = []
+    for compile in (False, True):
+        rollout = snake_rollout(compile=compile, unroll=2, n_steps=4, num_envs=64, device="cuda")
+        torch.manual_seed(1)
+        rollout.collect(), rollout.collect()  # compiles, warms up and records the graph
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            sums = torch.stack(rollout.collect())
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        rollouts.append((rollout.buffer.data, sums))
+    (eager, eager_sums), (compiled, compiled_sums) = rollouts
+    for name, a, b in zip(eager._fields, eager, compiled):
+        if a.is_floating_point() and name != "obs":
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4, msg=name)
+        else:
+            assert torch.equal(a, b), name
+    assert torch.equal(eager_sums, compiled_sums)
+
+    batch, cfg = fixed_batch(), ppo_cfg(epochs=2)
+    agents = []
+    for compile in (False, True):
+        agent, update = region_update(batch, cfg, compile=compile, device="cuda")
+        torch.manual_seed(5)
+        learn_compiled(LocalRuntime(), update, cfg)
+        idx = torch.randperm(96, device="cuda")[:32].view(1, 32)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            update.step(idx)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        agents.append(agent)
+    assert_same_weights(agents[0], agents[1], atol=1e-5)
+    assert counters["inductor"]["cudagraph_skips"] == 0
