@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import dist_fns
-from ddprl.algos.graphs import capture_graphs, host_syncs
+from ddprl.algos.graphs import capture_graphs, host_syncs, training_step_unsupported
 from ddprl.algos.ppo import regions
 from ddprl.algos.ppo.loop import learn, learn_compiled, train
 from ddprl.algos.ppo.networks import ActorCritic
@@ -30,6 +30,10 @@ from ddprl.envs.snake import SnakeEnv
 from ddprl.metrics import read_metrics
 from ddprl.normalize import RunningMeanStd
 from ddprl.runtime import launch
+
+# Regions need a torch whose Dynamo traces torch.func through modules (2.13 does, 2.4 does not):
+# there compile=true falls back (PPO) or is refused (TD-MPC2), and these checks have nothing to check.
+pytestmark = pytest.mark.skipif(training_step_unsupported() is not None, reason=str(training_step_unsupported()))
 
 PRECISIONS = {"fp32": contextlib.nullcontext, "bf16": lambda: torch.autocast("cpu", dtype=torch.bfloat16)}
 
@@ -95,8 +99,8 @@ def region_update(batch, cfg, compile=False, precision="fp32", normalize=lambda 
     agent = mlp_agent().to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=1e-2, eps=1e-5)
     region_batch = {k: v.to(device, copy=True) for k, v in batch.items()}
-    return agent, CompiledUpdate(LocalRuntime(), agent, optimizer, region_batch, cfg, normalize, PRECISIONS[precision](),
-                                 compile=compile)
+    return agent, CompiledUpdate(LocalRuntime(), agent, optimizer, region_batch, cfg, normalize,
+                                 PRECISIONS[precision](), compile=compile)
 
 
 def eager_learn(batch, cfg, seed=5, lrs=(1e-2,)):
@@ -172,7 +176,8 @@ def test_the_checks_catch_a_host_read_put_into_a_region(how):
     else:
         SnakeReadingTheHost.how = how
         rollout = snake_rollout(env_cls=SnakeReadingTheHost)
-        fn, args = rollout.steps, (rollout.policy.fill_noise_(rollout.action_noise), rollout.env.draw_into(rollout.env_noise))
+        noise = (rollout.policy.fill_noise_(rollout.action_noise), rollout.env.draw_into(rollout.env_noise))
+        fn, args = rollout.steps, noise
     with torch.no_grad():
         if how == "branch":
             with pytest.raises(Exception, match="(?i)data-dependent|graph break|generic_jump|Unsupported"):

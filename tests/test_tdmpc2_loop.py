@@ -19,6 +19,7 @@ import torch
 pytest.importorskip("dm_control")
 
 from conftest import run_cli  # noqa: E402
+from ddprl.algos.graphs import training_step_unsupported  # noqa: E402
 from ddprl.algos.tdmpc2.acting import (Acting, EpisodeRecorder, UnitBoxActions, episode_length_of,  # noqa: E402
                                        make_tdmpc2_env)
 from ddprl.algos.tdmpc2.buffer import TrajectoryBatch  # noqa: E402
@@ -435,6 +436,7 @@ def test_run_ddp_script_launches_torchrun(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(training_step_unsupported() is not None, reason=str(training_step_unsupported()))
 def test_compile_and_bf16_train_end_to_end(tmp_path):
     # the update and the act each one compiled region (tests/test_tdmpc2_regions.py); bf16 autocast
     # updates. num_q=2 as in model_size 1 (randperm(2)[:2] once broke inductor, see WorldModel.Q);

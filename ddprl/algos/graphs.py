@@ -14,6 +14,7 @@ they hold on to across calls.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Optional
 
 import torch
@@ -36,6 +37,30 @@ def region_mode(device: torch.device, world_size: int = 1) -> Optional[str]:
 def compile_region(fn: Callable, device: torch.device, world_size: int = 1) -> Callable:
     """``fn`` compiled whole (``fullgraph=True``: a graph break is an error, not a slowdown)."""
     return torch.compile(fn, fullgraph=True, dynamic=False, mode=region_mode(device, world_size))
+
+
+@functools.lru_cache(maxsize=None)
+def training_step_unsupported() -> Optional[str]:
+    """Why this torch cannot compile a training step whole (None when it can).
+
+    Feature detection, not a version table: Dynamo traces a tiny ``torch.func.grad`` of a
+    module through ``functional_call`` (what every update region does), graph only, no code
+    generated. torch 2.4 cannot (``NNModuleVariable``); 2.13 can.
+    """
+    layer = torch.nn.Linear(2, 1)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        def loss(params: dict[str, torch.Tensor]) -> torch.Tensor:
+            return torch.func.functional_call(layer, params, (x,)).sum()
+
+        return torch.func.grad(loss)(dict(layer.named_parameters()))["weight"]
+
+    try:
+        torch.compile(step, backend=lambda gm, inputs: gm.forward, fullgraph=True)(torch.ones(3, 2))
+    except Exception as e:  # noqa: BLE001 - whatever Dynamo raises, the answer is "cannot"
+        return (f"torch {torch.__version__} cannot compile a training step as one graph "
+                f"({type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''})")
+    return None
 
 
 def step_begin(device: torch.device) -> None:

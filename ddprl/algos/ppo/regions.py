@@ -28,7 +28,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 from torch.func import functional_call, grad_and_value
 
-from ddprl.algos.graphs import adam_, adam_state, clip_grads, compile_region, step_begin
+from ddprl.algos.graphs import adam_, adam_state, clip_grads, compile_region, step_begin, training_step_unsupported
 from ddprl.algos.ppo.loss import ppo_loss
 from ddprl.algos.ppo.networks import ActorCritic
 from ddprl.algos.ppo.rollout import RolloutBuffer
@@ -59,15 +59,16 @@ def plan(cfg: Any, env: Any) -> Plan:
     """
     if not cfg.compile:
         return Plan(update=False, unroll=0)
-    update = cfg.precision != "fp16"
+    unsupported = training_step_unsupported()  # an old torch: the eager update on the compiled model
+    update = cfg.precision != "fp16" and unsupported is None
     unroll, left_out = 0, []
     if getattr(env, "traceable_step", False):
         unroll = max(d for d in range(1, min(cfg.compile_unroll, cfg.n_steps) + 1) if cfg.n_steps % d == 0)
     else:
         left_out.append(f"the rollout compiles only the policy ({type(env).__name__} steps outside a graph)")
     if not update:
-        left_out.insert(0, "the update runs eagerly on the compiled model "
-                           "(precision=fp16: GradScaler skips steps on the host)")
+        why = unsupported or "precision=fp16: GradScaler skips steps on the host"
+        left_out.insert(0, f"the update runs eagerly on the compiled model ({why})")
     compiled = ([f"rollout as graphs of {unroll} env steps"] if unroll else []) + (
         ["update as one graph per optimizer step"] if update else [])
     log.info("compile=true: %s", "; ".join([", ".join(compiled) or "torch.compile of the model", *left_out]))

@@ -22,12 +22,14 @@ import torch
 from torch.func import functional_call, grad
 
 from ddprl.algos.common import autocast_context
-from ddprl.algos.graphs import adam_, adam_state, clip_grads, compile_region, keep, step_begin
+from ddprl.algos.graphs import (adam_, adam_state, clip_grads, compile_region, keep, step_begin,
+                                training_step_unsupported)
 from ddprl.algos.tdmpc2.buffer import TrajectoryBatch
 from ddprl.algos.tdmpc2.loss import policy_loss, world_model_loss
 from ddprl.algos.tdmpc2.math import RunningScale
 from ddprl.algos.tdmpc2.networks import ModelDims, WorldModel, dims_for_model_size
 from ddprl.checkpoint import strip_prefixes
+from ddprl.errors import UsageError
 
 
 def model_dims(cfg: Any) -> ModelDims:
@@ -177,6 +179,8 @@ def build_learner(rt: Any, cfg: Any, obs_dim: int, action_dim: int,
     Fresh: rank 0's weights are broadcast, then the target Qs are copied from them (DESIGN.md
     invariant 2). Resumed: every rank loads the same checkpoint, targets included.
     """
+    if cfg.compile and training_step_unsupported():
+        raise UsageError(f"{training_step_unsupported()}: use compile=false, or torch >= 2.13 for compile=true")
     model = WorldModel(obs_dim, action_dim, dims=model_dims(cfg), dropout=cfg.dropout)
     if state is not None:
         model.load_state_dict(state["model"])
