@@ -53,7 +53,7 @@ class JobConfig:
     batch_size: int = key("samples per update on each rank", 256)
     sync_freq: int = key("all-reduce gradients every k updates (accumulate locally in between)", 1)
     precision: str = key("fp32 | bf16 | fp16 (fp16 uses a gradient scaler)", "fp32")
-    compile: bool = key("torch.compile the networks", False)
+    compile: bool = key("torch.compile the hot paths (each algorithm's guide says which; CUDA graphs on one GPU)", False)
     # -- run directory, logs, checkpoints ----------------------------------------------------
     run_dir: str = key("run directory ('' -> runs/<algo>[-<task>]-<time>)", "")
     resume: str = key("'' | auto (latest.pt in run_dir) | path to a checkpoint", "")
