@@ -440,11 +440,11 @@ def test_run_ddp_script_launches_torchrun(tmp_path):
 def test_compile_and_bf16_train_end_to_end(tmp_path):
     # the update and the act each one compiled region (tests/test_tdmpc2_regions.py); bf16 autocast
     # updates. num_q=2 as in model_size 1 (randperm(2)[:2] once broke inductor, see WorldModel.Q);
-    # horizon 2: the regions unroll the horizon, and their compile time on 2 cores grows with it.
+    # horizon 2, 1 MPPI iteration: the regions unroll both, and compile time on 2 cores grows with them.
     run_dir = tmp_path / "compiled"
-    proc = run_cli(["train", "algo=tdmpc2", "task=cartpole-balance", *TINY, "num_q=2", "horizon=2", "world_size=1",
-                    "num_envs=1", "compile=true", "precision=bf16", "episode_length=20", "seed_steps=40", "steps=60",
-                    "eval_episodes=1", "log_freq=20", "checkpoint_freq=0", "progress=false", "device=cpu",
+    proc = run_cli(["train", "algo=tdmpc2", "task=cartpole-balance", *TINY, "num_q=2", "horizon=2", "iterations=1",
+                    "world_size=1", "num_envs=1", "compile=true", "precision=bf16", "episode_length=20", "seed_steps=40",
+                    "steps=60", "eval_episodes=1", "log_freq=20", "checkpoint_freq=0", "progress=false", "device=cpu",
                     f"run_dir={run_dir}"], timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = read_metrics(run_dir)[-1]

@@ -136,12 +136,11 @@ def updates_and_graph(rt, cfg, out: str, steps: int) -> None:
     result = {"state": {k: v.clone() for k, v in learner.model.state_dict().items()},
               "scale": learner.scale.value.clone(), "metrics": metrics,
               "adam": [s["exp_avg_sq"].clone() for s in learner.wm_optim.state.values()]}
-    if not cfg.compile:  # the update as Dynamo sees it (a copy of the learner: the step above is done)
+    if not cfg.compile:  # the update as Dynamo sees it (a fresh learner's region, never called here)
         args = (*(t.unsqueeze(0) for t in batch), members[0][None], members[1][None], data["eps_td"][None],
                 data["eps_pi"][None], 0.99)
         with torch.no_grad():
-            graphs = build_learner(rt, cfg, OBS, ACT).step
-            captured = capture_graphs(graphs, *args)
+            captured = capture_graphs(build_learner(rt, dataclasses.replace(cfg, compile=True), OBS, ACT).region, *args)
         result["graphs"], result["host_syncs"] = len(captured), host_syncs(captured)
     torch.save(result, Path(out) / f"compile{int(cfg.compile)}.pt")
 

@@ -63,6 +63,14 @@ def training_step_unsupported() -> Optional[str]:
     return None
 
 
+def mark_static(*tensors: torch.Tensor) -> None:
+    """Fixed addresses for CUDA graphs: tensors a region reads (and writes) in place, never
+    copied in per replay. A CUDA graph skips capture when a region mutates an input that is
+    not static (optimizer state, buffers kept outside modules)."""
+    for t in tensors:
+        torch._dynamo.mark_static_address(t)
+
+
 def step_begin(device: torch.device) -> None:
     """Tell CUDA-graph trees that a new iteration starts (outputs of the previous may be reused)."""
     if device.type == "cuda" and hasattr(torch.compiler, "cudagraph_mark_step_begin"):
@@ -139,6 +147,26 @@ def _to_host(node: torch.fx.Node) -> bool:
 # ``loss.backward()`` does too: a region computes gradients with ``torch.func.grad_and_value``
 # and applies Adam with the functions below, on the state of an ordinary ``torch.optim.Adam``
 # (so checkpoints keep its ``state_dict`` format and load into eager code alike).
+
+
+def grad_with_aux(fn: Callable, functional: bool) -> Callable:
+    """``fn(params: dict, *args) -> (loss, aux)`` to ``g(params, *args) -> (grads: dict, aux)``.
+
+    ``functional``: ``torch.func.grad``, which Dynamo traces into a region. Otherwise plain
+    ``torch.autograd.grad`` on the same function: the same numbers for eager code, without
+    the per-op cost of the functorch transform (measured: a small TD-MPC2 update on a CPU,
+    38 ms with ``torch.func.grad`` against 23 ms with autograd).
+    """
+    if functional:
+        return torch.func.grad(fn, has_aux=True)
+
+    def eager(params: dict[str, torch.Tensor], *args: Any) -> tuple[dict[str, torch.Tensor], Any]:
+        with torch.enable_grad():
+            loss, aux = fn(params, *args)
+            grads = torch.autograd.grad(loss, list(params.values()))
+        return dict(zip(params, grads)), aux
+
+    return eager
 
 
 def adam_state(optimizer: torch.optim.Optimizer) -> list[tuple[dict[str, Any], list[torch.Tensor], list[dict]]]:

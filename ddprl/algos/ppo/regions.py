@@ -28,7 +28,8 @@ from typing import Any, Callable, NamedTuple
 import torch
 from torch.func import functional_call, grad_and_value
 
-from ddprl.algos.graphs import adam_, adam_state, clip_grads, compile_region, step_begin, training_step_unsupported
+from ddprl.algos.graphs import (adam_, adam_state, clip_grads, compile_region, mark_static, step_begin,
+                                training_step_unsupported)
 from ddprl.algos.ppo.loss import ppo_loss
 from ddprl.algos.ppo.networks import ActorCritic
 from ddprl.algos.ppo.rollout import RolloutBuffer
@@ -36,12 +37,6 @@ from ddprl.algos.ppo.rollout import RolloutBuffer
 log = logging.getLogger("ddprl")
 
 TERMS = ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac")  # columns of a step's output
-
-
-def mark_static(*tensors: torch.Tensor) -> None:
-    """Fixed addresses for CUDA graphs: read (and written) in place, never copied in per replay."""
-    for t in tensors:
-        torch._dynamo.mark_static_address(t)
 
 
 class Plan(NamedTuple):

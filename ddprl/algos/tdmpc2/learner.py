@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Optional
 
 import torch
-from torch.func import functional_call, grad
+from torch.func import functional_call
 
 from ddprl.algos.common import autocast_context
-from ddprl.algos.graphs import (adam_, adam_state, clip_grads, compile_region, keep, step_begin,
-                                training_step_unsupported)
+from ddprl.algos.graphs import (adam_, adam_state, clip_grads, compile_region, grad_with_aux, keep, mark_static,
+                                step_begin, training_step_unsupported)
 from ddprl.algos.tdmpc2.buffer import TrajectoryBatch
 from ddprl.algos.tdmpc2.loss import policy_loss, world_model_loss
 from ddprl.algos.tdmpc2.math import RunningScale
@@ -70,9 +70,13 @@ class UpdateStep:
     """
 
     def __init__(self, rt: Any, model: WorldModel, scale: RunningScale, wm_optim: torch.optim.Optimizer,
-                 pi_optim: torch.optim.Optimizer, cfg: Any):
+                 pi_optim: torch.optim.Optimizer, cfg: Any, functional: bool = True):
         self.rt, self.model, self.scale, self.cfg = rt, model, scale, cfg
+        self.functional = functional  # torch.func gradients (compiled) or autograd (eager: faster there)
         self.wm_groups, self.pi_groups = adam_state(wm_optim), adam_state(pi_optim)
+        # everything the region updates in place stays where it is (CUDA graphs: see mark_static)
+        optimizer_state = [t for _, _, states in self.wm_groups + self.pi_groups for s in states for t in s.values()]
+        mark_static(*optimizer_state, *model.buffers(), *scale.buffers())
         name_of = {id(p): n for n, p in model.named_parameters()}
         # parameter names in the optimizers' order: gradients come back in that order
         self.wm_names = [name_of[id(p)] for _, params, _ in self.wm_groups for p in params]
@@ -82,6 +86,11 @@ class UpdateStep:
                       + ["train/grad_norm"] * clip
                       + ["train/pi_loss", "train/pi_q", "train/pi_entropy"] + ["train/pi_grad_norm"] * clip
                       + ["train/pi_scale"])
+
+    def call(self, module: torch.nn.Module, params: dict[str, torch.Tensor], *args: Any) -> Any:
+        """``module(*args)`` as a function of ``params`` (for ``torch.func``); eager, the
+        parameters are the module's own, so the plain call is the same and cheaper."""
+        return functional_call(module, params, args) if self.functional else module(*args)
 
     def __call__(self, obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, terminated: torch.Tensor,
                  members_td: torch.Tensor, members_pi: torch.Tensor, eps_td: Optional[torch.Tensor],
@@ -99,8 +108,8 @@ class UpdateStep:
         # -- world model ------------------------------------------------------------------------
         def wm_loss(wm_params: dict[str, torch.Tensor], i: int):
             with autocast:
-                out = functional_call(model, wm_params, (obs[i], action[i], reward[i], terminated[i], discount,
-                                                         members_td[i], None if eps_td is None else eps_td[i]))
+                out = self.call(model, wm_params, obs[i], action[i], reward[i], terminated[i], discount,
+                                members_td[i], None if eps_td is None else eps_td[i])
             terms = world_model_loss(out, reward[i], cfg.rho, cfg.consistency_coef, cfg.reward_coef,
                                      cfg.value_coef)
             return terms["loss"] / k, (terms, out["z"].detach())
@@ -109,7 +118,7 @@ class UpdateStep:
         wm_grads: Optional[list[torch.Tensor]] = None
         latents = []
         for i in range(k):
-            grads, (terms, z) = grad(wm_loss, has_aux=True)(wm_params, i)
+            grads, (terms, z) = grad_with_aux(wm_loss, self.functional)(wm_params, i)
             grads = [grads[n] for n in self.wm_names]
             wm_grads = grads if wm_grads is None else [a + b for a, b in zip(wm_grads, grads)]
             latents.append(z)  # (H+1, B, d): the policy learns on these
@@ -132,7 +141,7 @@ class UpdateStep:
         # -- policy -------------------------------------------------------------------------------
         def pi_loss(pi_params: dict[str, torch.Tensor], i: int):
             with autocast:
-                a, info = functional_call(model.policy, pi_params, (latents[i], eps[i]))
+                a, info = self.call(model.policy, pi_params, latents[i], eps[i])
                 q = model.Q(latents[i], a, "avg", detach=True, members=members_pi[i])  # (H+1, B, 1)
             terms = policy_loss(q, info["scaled_entropy"], self.scale.value, cfg.rho, cfg.entropy_coef)
             return terms["loss"] / k, terms
@@ -140,7 +149,7 @@ class UpdateStep:
         pi_params = {n: params[f"policy.{n}"] for n in self.pi_names}
         pi_grads: Optional[list[torch.Tensor]] = None
         for i in range(k):
-            grads, terms = grad(pi_loss, has_aux=True)(pi_params, i)
+            grads, terms = grad_with_aux(pi_loss, self.functional)(pi_params, i)
             grads = [grads[n] for n in self.pi_names]
             pi_grads = grads if pi_grads is None else [a + b for a, b in zip(pi_grads, grads)]
             for name in ("loss", "q", "entropy"):
@@ -164,7 +173,8 @@ class Learner:
     scale: RunningScale  # running 5-95% range of Q, identical on every rank (reduced)
     wm_optim: torch.optim.Optimizer
     pi_optim: torch.optim.Optimizer
-    step: Callable[..., torch.Tensor]
+    region: UpdateStep  # the update as one function of tensors (torch.func gradients when compiled)
+    step: Callable[..., torch.Tensor]  # what the loop calls: ``region`` compiled, or ``region`` itself
     names: list[str]
 
     def state_dict(self) -> dict[str, Any]:
@@ -195,9 +205,9 @@ def build_learner(rt: Any, cfg: Any, obs_dim: int, action_dim: int,
         wm_optim.load_state_dict(state["wm_optimizer"])
         pi_optim.load_state_dict(state["pi_optimizer"])
         scale.load_state_dict(state["scale"])
-    update_step = UpdateStep(rt, model, scale, wm_optim, pi_optim, cfg)
-    step = compile_region(update_step, rt.device, rt.world_size) if cfg.compile else update_step
-    return Learner(model, scale, wm_optim, pi_optim, step, update_step.names)
+    region = UpdateStep(rt, model, scale, wm_optim, pi_optim, cfg, functional=cfg.compile)
+    step = compile_region(region, rt.device, rt.world_size) if cfg.compile else region
+    return Learner(model, scale, wm_optim, pi_optim, region, step, region.names)
 
 
 def update(rt: Any, learner: Learner, batches: list[TrajectoryBatch], noises: list[UpdateNoise], cfg: Any,
