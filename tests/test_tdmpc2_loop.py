@@ -443,8 +443,8 @@ def test_compile_and_bf16_train_end_to_end(tmp_path):
     # horizon 2, 1 MPPI iteration: the regions unroll both, and compile time on 2 cores grows with them.
     run_dir = tmp_path / "compiled"
     proc = run_cli(["train", "algo=tdmpc2", "task=cartpole-balance", *TINY, "num_q=2", "horizon=2", "iterations=1",
-                    "world_size=1", "num_envs=1", "compile=true", "precision=bf16", "episode_length=20", "seed_steps=40",
-                    "steps=60", "eval_episodes=1", "log_freq=20", "checkpoint_freq=0", "progress=false", "device=cpu",
+                    "world_size=1", "num_envs=1", "compile=true", "precision=bf16", "episode_length=20",
+                    "seed_steps=40", "steps=60", "eval_episodes=1", "log_freq=20", "checkpoint_freq=0", "progress=false", "device=cpu",
                     f"run_dir={run_dir}"], timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = read_metrics(run_dir)[-1]
