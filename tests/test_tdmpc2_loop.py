@@ -162,10 +162,11 @@ def test_acting_warm_start_is_forgotten_at_episode_end():
 OBS, ACT, B, H = 5, 2, 16, 3
 
 
-def _batch_and_noise(seed: int = 0) -> dict[str, torch.Tensor]:
+def _batch_and_noise(seed: int = 0, H: int = H, B: int = B, every: int = 5) -> dict[str, torch.Tensor]:
+    """A fixed batch (H steps, B sub-trajectories, every ``every``-th terminated) and its update's noise."""
     g = torch.Generator().manual_seed(seed)
     terminated = torch.zeros(H, B, 1)
-    terminated[-1, ::5] = 1.0
+    terminated[-1, ::every] = 1.0
     return {"obs": torch.randn(H + 1, B, OBS, generator=g), "action": torch.rand(H, B, ACT, generator=g) * 2 - 1,
             "reward": torch.rand(H, B, 1, generator=g) * 3, "terminated": terminated,
             "eps_td": torch.randn(H, B, ACT, generator=g), "eps_pi": torch.randn(H + 1, B, ACT, generator=g),

@@ -23,6 +23,7 @@ from ddprl.algos.tdmpc2.networks import WorldModel  # noqa: E402
 from ddprl.algos.tdmpc2.planner import MPPI, MPPIConfig  # noqa: E402
 from ddprl.config import load_config  # noqa: E402
 from ddprl.runtime import launch  # noqa: E402
+from test_tdmpc2_loop import _batch_and_noise  # noqa: E402
 
 # Regions need a torch whose Dynamo traces torch.func through modules (2.13 does, 2.4 does not):
 # there compile=true falls back (PPO) or is refused (TD-MPC2), and these checks have nothing to check.
@@ -111,13 +112,8 @@ def test_the_checks_catch_a_host_read_or_a_value_branch_in_a_region():
 H, B = 2, 8
 
 
-def _data(seed: int = 0) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    terminated = torch.zeros(H, B, 1)
-    terminated[-1, ::3] = 1.0
-    return {"obs": torch.randn(H + 1, B, OBS, generator=g), "action": torch.rand(H, B, ACT, generator=g) * 2 - 1,
-            "reward": torch.rand(H, B, 1, generator=g) * 3, "terminated": terminated,
-            "eps_td": torch.randn(H, B, ACT, generator=g), "eps_pi": torch.randn(H + 1, B, ACT, generator=g)}
+def _data() -> dict[str, torch.Tensor]:
+    return _batch_and_noise(H=H, B=B, every=3)  # the loop tests' batch, shorter: compile time grows with H
 
 
 def updates_and_graph(rt, cfg, out: str, steps: int) -> None:
@@ -129,10 +125,11 @@ def updates_and_graph(rt, cfg, out: str, steps: int) -> None:
     learner.model.make_target()
     data = _data()
     batch = TrajectoryBatch(data["obs"], data["action"], data["reward"], data["terminated"])
-    members = [torch.tensor([2, 0]), torch.tensor([1, 2])]
+    members = [data["members_td"], data["members_pi"]]
     metrics = []
     for _ in range(steps):
-        metrics.append(update(rt, learner, [batch], [UpdateNoise(*members, data["eps_td"], data["eps_pi"])], cfg, 0.99))
+        noise = UpdateNoise(*members, data["eps_td"], data["eps_pi"])
+        metrics.append(learner.metrics(update(rt, learner, [batch], [noise], cfg, 0.99)))
     result = {"state": {k: v.clone() for k, v in learner.model.state_dict().items()},
               "scale": learner.scale.value.clone(), "metrics": metrics,
               "adam": [s["exp_avg_sq"].clone() for s in learner.wm_optim.state.values()]}
@@ -179,8 +176,8 @@ def cuda_regions(rt, cfg, out: str) -> None:
     fixed = UpdateNoise(torch.tensor([2, 0], device=rt.device), torch.tensor([1, 2], device=rt.device),
                         data["eps_td"], data["eps_pi"])
     for _ in range(4):  # the first calls record the graphs, the later ones replay them
-        eager_metrics = update(rt, eager_learner, [batch], [fixed], cfg, 0.99)
-        graph_metrics = update(rt, graph_learner, [batch], [fixed], cfg, 0.99)
+        eager_metrics = eager_learner.metrics(update(rt, eager_learner, [batch], [fixed], cfg, 0.99))
+        graph_metrics = graph_learner.metrics(update(rt, graph_learner, [batch], [fixed], cfg, 0.99))
     eager_act = Acting(eager_learner.model, cfg, 0.99)
     graph_act = Acting(graph_learner.model, cfg, 0.99, compile=True)
     g = torch.Generator(device=rt.device).manual_seed(0)
@@ -191,11 +188,11 @@ def cuda_regions(rt, cfg, out: str) -> None:
         actions.append((eager_act(obs, noise=noise), graph_act(obs, noise=noise)))
     torch.cuda.set_sync_debug_mode("error")  # a replay must not wait for the host
     try:
-        graph_metrics = update(rt, graph_learner, [batch], [fixed], cfg, 0.99)
+        graph_metrics = graph_learner.metrics(update(rt, graph_learner, [batch], [fixed], cfg, 0.99))
         graph_act(obs)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    eager_metrics = update(rt, eager_learner, [batch], [fixed], cfg, 0.99)  # 5 updates each
+    eager_metrics = eager_learner.metrics(update(rt, eager_learner, [batch], [fixed], cfg, 0.99))  # 5 updates each
     torch.save({"eager": {k: v.cpu() for k, v in eager_learner.model.state_dict().items()},
                 "graph": {k: v.cpu() for k, v in graph_learner.model.state_dict().items()},
                 "metrics": [{k: v.cpu() for k, v in m.items()} for m in (eager_metrics, graph_metrics)],

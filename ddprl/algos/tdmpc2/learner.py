@@ -177,6 +177,10 @@ class Learner:
     step: Callable[..., torch.Tensor]  # what the loop calls: ``region`` compiled, or ``region`` itself
     names: list[str]
 
+    def metrics(self, values: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The update's metrics tensor as a dict of named 0-d tensors."""
+        return dict(zip(self.names, values))
+
     def state_dict(self) -> dict[str, Any]:
         return {"model": strip_prefixes(self.model.state_dict()), "wm_optimizer": self.wm_optim.state_dict(),
                 "pi_optimizer": self.pi_optim.state_dict(), "scale": self.scale.state_dict()}
@@ -213,16 +217,15 @@ def build_learner(rt: Any, cfg: Any, obs_dim: int, action_dim: int,
 def update(rt: Any, learner: Learner, batches: list[TrajectoryBatch], noises: list[UpdateNoise], cfg: Any,
            discount: float) -> dict[str, torch.Tensor]:
     """One optimizer step of world model, then policy, on k = len(batches) micro-batches
-    (:class:`UpdateStep`); returns the terms averaged over micro-batches as device tensors
-    (no host sync here)."""
+    (:class:`UpdateStep`); returns the terms averaged over micro-batches as ONE device tensor
+    in ``learner.names`` order (no host sync here; ``learner.metrics`` names them)."""
     def stacked(values: list[Optional[torch.Tensor]]) -> Optional[torch.Tensor]:
         return None if values[0] is None else torch.stack(values)
 
     learner.model.train()
     step_begin(rt.device)
-    with torch.no_grad():  # gradients come from torch.func.grad inside; parameters change in place
+    with torch.no_grad():  # the region takes its own gradients (grad_with_aux); parameters change in place
         values = learner.step(*(torch.stack(t) for t in zip(*batches)),
                               torch.stack([n.members_td for n in noises]), torch.stack([n.members_pi for n in noises]),
                               stacked([n.eps_td for n in noises]), stacked([n.eps_pi for n in noises]), discount)
-    values = keep(values)  # a CUDA graph's output is overwritten by its next replay
-    return dict(zip(learner.names, values))
+    return keep(values)  # a CUDA graph's output is overwritten by its next replay

@@ -15,8 +15,8 @@ Schedule (docs/tdmpc2.md explains the choices):
   from the shared global step counter, so every rank makes the same number of updates (and
   collectives) whatever its episodes do. When seeding ends, the updates for all seed steps
   are made at once (the paper's pretraining burst), then the regular ones.
-- ``sync_freq = k``: one optimizer step per k micro-batches; gradients are accumulated under
-  ``no_sync`` and all-reduced on the k-th. Effective batch = batch_size x world_size x k.
+- ``sync_freq = k``: one optimizer step per k micro-batches; their gradients are summed
+  locally and all-reduced once. Effective batch = batch_size x world_size x k.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def train(rt: Any, cfg: Any) -> None:
     # updating: the buffers are filled and updates run (decided alike on every rank)
     updating = buffers_restored and pretrained
     micro_due = 0  # micro-batch updates owed by this rank (identical on every rank)
-    sums: dict[str, torch.Tensor] = {}
+    sum_terms = None  # the updates' metrics summed since the last log (one device tensor)
     num_sums = 0
     ep_stats = torch.zeros(2)  # (sum of returns, episodes) since the last log, on the CPU like the env's
     t_log, steps_at_log = time.perf_counter(), global_step
@@ -181,8 +181,7 @@ def train(rt: Any, cfg: Any) -> None:
                        for _ in range(cfg.sync_freq)]
             noises = [draw_noise(shared, model.num_q, rt.device) for _ in range(cfg.sync_freq)]
             terms = update(rt, learner, batches, noises, cfg, discount)
-            for name, value in terms.items():
-                sums[name] = sums.get(name, 0.0) + value
+            sum_terms = terms if sum_terms is None else sum_terms + terms  # one add, not one per metric
             num_sums += 1
             num_updates += 1
             micro_due -= cfg.sync_freq
@@ -204,7 +203,8 @@ def train(rt: Any, cfg: Any) -> None:
             elapsed = time.perf_counter() - t_log
             local_fps = (global_step - steps_at_log) / rt.world_size / max(elapsed, 1e-9)
             # num_sums is the same on every rank (updates follow the global counter): no rank skips this
-            metrics = rt.all_reduce_mean({k: v / num_sums for k, v in sums.items()}) if num_sums else {}
+            mean_terms = dict(zip(learner.names, (sum_terms / num_sums).tolist())) if num_sums else {}
+            metrics = rt.all_reduce_mean(mean_terms)
             episodes = rt.all_reduce_sum(ep_stats)
             metrics["time/global_fps"] = rt.all_reduce_sum(local_fps)
             metrics["train/updates"] = float(num_updates)
@@ -215,7 +215,7 @@ def train(rt: Any, cfg: Any) -> None:
             if evaluating:
                 metrics.update(run_eval())
             run.log(global_step, metrics)
-            sums, num_sums, ep_stats = {}, 0, torch.zeros_like(ep_stats)
+            sum_terms, num_sums, ep_stats = None, 0, torch.zeros_like(ep_stats)
             t_log, steps_at_log = time.perf_counter(), global_step
         if crossed(global_step, cfg.num_envs, cfg.checkpoint_freq) or last:
             save(global_step, score=metrics.get("eval/return_mean") if evaluating else None)
