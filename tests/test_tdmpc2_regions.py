@@ -1,7 +1,8 @@
-"""TD-MPC2's compiled regions on the CPU: one act (encode + MPPI) and one update (world model +
-policy + targets) each compile as ONE graph (``fullgraph=True``), hold no host read, and
-compute what the eager code computes for the same random numbers. On a GPU the same graphs
-are replayed as CUDA graphs (timed in benchmarks/tdmpc2_speed.py, not here).
+"""TD-MPC2's compiled regions on the CPU: the act's three (encode + plan start, one MPPI
+iteration, the final draw) and the update (world model + policy + targets) each compile as ONE
+graph (``fullgraph=True``), hold no host read, and compute what the eager code computes for
+the same random numbers. On a GPU the same graphs are replayed as CUDA graphs (timed in
+benchmarks/tdmpc2_speed.py, not here).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 pytest.importorskip("dm_control")
 
@@ -53,11 +55,18 @@ def tiny_model(cfg) -> WorldModel:
 # --------------------------------------------------------------------------- act
 
 
-def test_act_is_one_graph_without_host_reads():
+def test_act_regions_are_one_graph_each_without_host_reads():
     cfg = tiny_cfg()
     acting = Acting(tiny_model(cfg), cfg, discount=0.99)
     obs, prev_mean = torch.randn(E, OBS), torch.zeros(cfg.horizon, E, ACT)
-    for eval_mode in (False, True):
+    start = acting.start_fn(obs, prev_mean, None)
+    elites = acting.planner.iterate(*start)
+    pieces = [(acting.start_fn, (obs, prev_mean, None)), (acting.planner.iterate, tuple(start)),
+              (acting.planner.finish, (elites, False)), (acting.planner.finish, (elites, True))]
+    for fn, args in pieces:  # what compile=true compiles, one by one
+        graphs = capture_graphs(fn, *args)
+        assert len(graphs) == 1 and host_syncs(graphs) == [], fn
+    for eval_mode in (False, True):  # and the whole act traces as one graph too
         graphs = capture_graphs(acting.act_fn, obs, prev_mean, eval_mode)
         assert len(graphs) == 1 and host_syncs(graphs) == []
 
@@ -68,6 +77,7 @@ def test_compiled_act_chooses_the_eager_action_for_the_same_noise():
     eager, compiled = Acting(model, cfg, 0.99), Acting(model, cfg, 0.99, compile=True)
     g = torch.Generator().manual_seed(1)
     obs = torch.randn(3, E, OBS, generator=g)
+    graphs_before = counters["stats"]["unique_graphs"]
     for t in range(3):  # the second and third steps are warm-started from the previous plan
         noise = eager.planner.draw_noise(E, obs[t], g)
         a_eager, a_compiled = eager(obs[t], noise=noise), compiled(obs[t], noise=noise)
@@ -77,6 +87,8 @@ def test_compiled_act_chooses_the_eager_action_for_the_same_noise():
         done = torch.tensor([t == 1, False])  # env 0's episode ends after step 1: its plan is forgotten
         eager.episode_ended(done)
         compiled.episode_ended(done)
+    # start, iterate, finish: the iteration compiled once and replayed (not recompiled) every time
+    assert counters["stats"]["unique_graphs"] - graphs_before == 3
     assert not torch.allclose(a_eager, eager(obs[0], noise=eager.planner.draw_noise(E, obs[0], g)))  # noise matters
 
 
@@ -165,8 +177,6 @@ def test_compiled_update_is_one_graph_and_equals_eager_after_steps(tmp_path):
 
 def cuda_regions(rt, cfg, out: str) -> None:
     """Act and update compiled on CUDA, replayed as CUDA graphs, against the eager code."""
-    from torch._dynamo.utils import counters
-
     torch.manual_seed(0)
     eager_learner = build_learner(rt, dataclasses.replace(cfg, compile=False), OBS, ACT)
     torch.manual_seed(0)
@@ -186,6 +196,8 @@ def cuda_regions(rt, cfg, out: str) -> None:
     for _ in range(4):
         noise = eager_act.planner.draw_noise(E, obs, g)
         actions.append((eager_act(obs, noise=noise), graph_act(obs, noise=noise)))
+    for _ in range(3):  # the regions that draw their own noise: compiled, warmed up, recorded
+        graph_act(obs)
     torch.cuda.set_sync_debug_mode("error")  # a replay must not wait for the host
     try:
         graph_metrics = graph_learner.metrics(update(rt, graph_learner, [batch], [fixed], cfg, 0.99))

@@ -212,10 +212,13 @@ def adam_(groups: list[tuple[dict[str, Any], list[torch.Tensor], list[dict]]], g
             torch._foreach_lerp_(exp_avgs, g, 1 - beta1)
             torch._foreach_mul_(exp_avg_sqs, beta2)
             torch._foreach_addcmul_(exp_avg_sqs, g, g, 1 - beta2)
-            # p -= lr * m / ((1 - beta1^t) * (sqrt(v) / sqrt(1 - beta2^t) + eps))
-            bias1 = [1 - torch.pow(beta1, t) for t in steps]
-            bias2_sqrt = [(1 - torch.pow(beta2, t)).sqrt() for t in steps]
-            denom = torch._foreach_div(torch._foreach_sqrt(exp_avg_sqs), bias2_sqrt)
+            # p -= lr * m / ((1 - beta1^t) * (sqrt(v) / sqrt(1 - beta2^t) + eps)). The params of a
+            # group always step together (here every param gets a gradient), so one step counter
+            # gives the group's bias corrections: 4 ops, not 4 per parameter (graph size, compile time).
+            t = steps[0]
+            bias1, bias2_sqrt = 1 - torch.pow(beta1, t), (1 - torch.pow(beta2, t)).sqrt()
+            denom = torch._foreach_sqrt(exp_avg_sqs)
+            torch._foreach_div_(denom, bias2_sqrt)
             torch._foreach_add_(denom, eps)
             torch._foreach_mul_(denom, bias1)
             update = torch._foreach_div(exp_avgs, denom)

@@ -20,7 +20,7 @@ import torch
 
 from ddprl.algos.tdmpc2.networks import WorldModel
 from ddprl.algos.graphs import compile_region, keep, step_begin
-from ddprl.algos.tdmpc2.planner import MPPI, MPPIConfig, PlanNoise, mppi_iterations
+from ddprl.algos.tdmpc2.planner import MPPI, MPPIConfig, PlanNoise, PlanStart, mppi_iterations
 from ddprl.envs import make_env
 from ddprl.envs.dmc import parse_dmc_task
 from ddprl.errors import UsageError
@@ -165,10 +165,11 @@ class Acting:
     new episode starts from a blank plan. ``mpc=false``: the policy prior (its mean in eval).
     The model is switched to eval mode (no Q dropout) while acting.
 
-    ``compile=True``: encoding and planning are one compiled region (``ddprl.algos.graphs``):
-    one graph on the CPU, a CUDA graph on a GPU. Its outputs are copied before the next call
-    can overwrite them; the warm-start mean is always a tensor (zeros for a new episode), so
-    one graph serves every step.
+    ``compile=True``: the act runs as compiled regions (``ddprl.algos.graphs``; CUDA graphs
+    on a GPU): encode + :meth:`MPPI.start` one, :meth:`MPPI.iterate` one (replayed for every
+    iteration), :meth:`MPPI.finish` one; the policy prior alone (``mpc=false``) one. Outputs
+    are copied before the next call can overwrite them; the warm-start mean is always a
+    tensor (zeros for a new episode), so the same graphs serve every step.
     """
 
     def __init__(self, model: WorldModel, cfg: Any, discount: float, compile: bool = False):
@@ -179,7 +180,13 @@ class Acting:
         self.horizon = cfg.horizon
         self.prev_mean: Optional[torch.Tensor] = None  # (H, E, A) last plan's mean
         self.device = next(model.parameters()).device
-        self._act = compile_region(self.act_fn, self.device) if compile else self.act_fn
+
+        def region(fn):
+            return compile_region(fn, self.device) if compile else fn
+
+        self._start, self._prior = region(self.start_fn), region(self.prior_fn)
+        self._iterate = region(self.planner.iterate) if self.planner else None
+        self._finish = region(self.planner.finish) if self.planner else None
 
     def episode_ended(self, done: torch.Tensor) -> None:
         """Forget the plan of envs whose episode just ended: done (E,) bool."""
@@ -188,14 +195,22 @@ class Acting:
             keep_mean = (~done.to(self.prev_mean.device)).to(self.prev_mean.dtype)
             self.prev_mean = self.prev_mean * keep_mean[None, :, None]
 
+    def start_fn(self, obs: torch.Tensor, prev_mean: torch.Tensor, pi_prior: Optional[torch.Tensor]) -> PlanStart:
+        """Region: obs (E, obs_dim), prev_mean (H, E, A) -> where the plan's iterations start."""
+        return self.planner.start(self.model.encode(obs), prev_mean, pi_prior)
+
+    def prior_fn(self, obs: torch.Tensor, prev_mean: torch.Tensor, eval_mode: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Region (``mpc=false``): the policy prior's action (its mean in eval), prev_mean as is."""
+        action, info = self.model.pi(self.model.encode(obs))
+        return (info["mean"] if eval_mode else action), prev_mean
+
     def act_fn(self, obs: torch.Tensor, prev_mean: torch.Tensor, eval_mode: bool,
                noise: Optional[PlanNoise] = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The region: obs (E, obs_dim), prev_mean (H, E, A) -> action (E, A), plan mean (H, E, A)."""
-        z = self.model.encode(obs)  # (E, d)
+        """One act: obs (E, obs_dim), prev_mean (H, E, A) -> action (E, A), plan mean (H, E, A)."""
         if self.planner is None:
-            action, info = self.model.pi(z)
-            return (info["mean"] if eval_mode else action), prev_mean
-        plan = self.planner.plan(z, prev_mean, eval_mode, noise=noise)
+            return self._prior(obs, prev_mean, eval_mode)
+        start = self._start(obs, prev_mean, None if noise is None else noise.pi_prior)
+        plan = self.planner.refine(start, eval_mode, noise, self._iterate, self._finish)
         return plan.action, plan.mean
 
     @torch.no_grad()
@@ -207,7 +222,7 @@ class Acting:
         if self.prev_mean is None or self.prev_mean.shape[1] != E:
             self.prev_mean = torch.zeros(self.horizon, E, self.model.action_dim, device=obs.device, dtype=obs.dtype)
         step_begin(self.device)
-        action, self.prev_mean = keep(self._act(obs, self.prev_mean, eval_mode, noise))
+        action, self.prev_mean = keep(self.act_fn(obs, self.prev_mean, eval_mode, noise))
         return action
 
 

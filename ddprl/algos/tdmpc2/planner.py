@@ -10,14 +10,20 @@ It plans for E independent start latents at once (one per environment of this ra
 keeps every step on the device: no ``.item()``, no host-side branching on tensor values
 (the elite draw is a Gumbel-max, not ``torch.multinomial``).
 
+One plan is three functions of tensors with static shapes, no host read and no branch on a
+tensor's value: :meth:`MPPI.start` (the policy prior's trajectories, the warm-started mean),
+:meth:`MPPI.iterate` (one iteration: sample, value, refit on the elites), called
+``iterations`` times, and :meth:`MPPI.finish` (the executed elite and its exploration noise).
+``torch.compile(fullgraph=True)`` captures each whole (``ddprl.algos.graphs``; a CUDA graph on
+a GPU) and :meth:`plan` too. Compiled, the iteration is ONE graph replayed I times rather than
+I unrolled copies: the graph compiler's time grows faster than the graph (measured on the CPU,
+docs/tdmpc2.md), and a replay costs microseconds.
+
 Randomness: every random number of a plan is one field of :class:`PlanNoise` (action
-samples, policy-prior noise, the terminal Q members, the elite draw, exploration noise). It
-is drawn inside :meth:`MPPI.plan` from the global RNG, which a compiled region turns into
-graph-safe random kernels, or passed in, drawn by :meth:`MPPI.draw_noise` from a
-``torch.Generator``: then eager and compiled plans see the same numbers and choose the same
-action (tests). ``plan`` is one function of tensors with static shapes, no host read and
-no branch on a tensor's value: ``torch.compile(fullgraph=True)`` captures it whole
-(``ddprl.algos.graphs``), a CUDA graph on a GPU.
+samples, policy-prior noise, the terminal Q members, the elite draw, exploration noise). Each
+piece draws its share from the global RNG, which a compiled region turns into graph-safe
+random kernels, or is given it, drawn by :meth:`MPPI.draw_noise` from a ``torch.Generator``:
+then eager and compiled plans see the same numbers and choose the same action (tests).
 """
 
 from __future__ import annotations
@@ -82,6 +88,24 @@ class PlanNoise(NamedTuple):
     members: Optional[Tensor]  # (I, 2) Q members of the terminal value (None: value_fn takes none)
     elite_u: Tensor  # (E, K) U(0, 1): the Gumbel-max draw of the executed elite
     explore: Tensor  # (E, A) N(0, 1): exploration noise on the executed action
+
+
+class PlanStart(NamedTuple):
+    """What every iteration of one plan starts from (:meth:`MPPI.start`)."""
+
+    z0: Tensor  # (E, d) start latents
+    prior: Optional[Tensor]  # (H, E, P, A) the policy prior's trajectories (None when P == 0)
+    mean: Tensor  # (H, E, A) warm-started sampling mean
+    std: Tensor  # (H, E, A) sampling std
+
+
+class Elites(NamedTuple):
+    """One iteration's result (:meth:`MPPI.iterate`): the refit distribution and its elites."""
+
+    mean: Tensor  # (H, E, A)
+    std: Tensor  # (H, E, A)
+    score: Tensor  # (E, K) normalised elite weights
+    actions: Tensor  # (H, E, K, A) elite trajectories
 
 
 class MPPI:
@@ -158,7 +182,6 @@ class MPPI:
         terminal = self.value_fn(z, terminal_a) if members is None else self.value_fn(z, terminal_a, members)
         return value + gamma * terminal
 
-    @torch.no_grad()
     def plan(self, z0: Tensor, prev_mean: Optional[Tensor] = None, eval_mode: bool = False,
              generator: Optional[torch.Generator] = None, noise: Optional[PlanNoise] = None) -> Plan:
         """Plan from latents z0 (E, d); returns the action (E, A) to take now.
@@ -166,51 +189,96 @@ class MPPI:
         ``prev_mean`` (H, E, A): the previous step's ``Plan.mean`` (None or zeros at an
         episode's first step); it is shifted one step forward to warm-start the sampling mean.
         ``eval_mode``: no exploration noise on the executed action. ``noise``: this plan's
-        random numbers (:meth:`draw_noise`); None draws them from ``generator`` or the global RNG.
+        random numbers (:meth:`draw_noise`); None draws them from ``generator``, or each piece
+        from the global RNG.
         """
-        c, A = self.cfg, self.action_dim
-        H, N, P, K = c.horizon, c.num_samples, c.num_pi_trajs, c.num_elites
-        E = z0.shape[0]
-        if noise is None:
-            noise = self.draw_noise(E, z0, generator)
-        # (E, N, d) -> flattened (E*N, d) rows for the callables
-        z = z0.unsqueeze(1).expand(E, N, z0.shape[-1]).reshape(E * N, -1)
+        if noise is None and generator is not None:
+            noise = self.draw_noise(z0.shape[0], z0, generator)
+        return self.refine(self.start(z0, prev_mean, None if noise is None else noise.pi_prior), eval_mode, noise)
 
-        prior = []
+    def refine(self, start: PlanStart, eval_mode: bool, noise: Optional[PlanNoise] = None,
+               iterate: Optional[Callable[..., Elites]] = None, finish: Optional[Callable[..., Tensor]] = None) -> Plan:
+        """The iterations and the final draw after :meth:`start`. ``iterate`` / ``finish``:
+        these methods (None) or the same compiled (``Acting``): I calls of ONE graph."""
+        iterate, finish = iterate or self.iterate, finish or self.finish
+        mean, std = start.mean, start.std
+        for i in range(self.cfg.iterations):
+            drawn = (None, None, None) if noise is None else (
+                noise.samples[i], noise.pi_terminal[i], None if noise.members is None else noise.members[i])
+            elites = iterate(start.z0, start.prior, mean, std, *drawn)
+            mean, std = elites.mean, elites.std
+        action = finish(elites, eval_mode, *((None, None) if noise is None else (noise.elite_u, noise.explore)))
+        return Plan(action=action, mean=mean, std=std)
+
+    @torch.no_grad()
+    def start(self, z0: Tensor, prev_mean: Optional[Tensor] = None, pi_prior: Optional[Tensor] = None) -> PlanStart:
+        """Before the first iteration: the policy prior's trajectories and the warm-started
+        sampling mean and std. z0 (E, d); ``pi_prior`` (H, E*P, A) noise (None: global RNG)."""
+        c, A = self.cfg, self.action_dim
+        H, P, E = c.horizon, c.num_pi_trajs, z0.shape[0]
+        prior = None
         if P > 0:  # policy-prior proposals: roll the prior through the dynamics
+            if pi_prior is None:
+                pi_prior = torch.randn(H, E * P, A, device=z0.device, dtype=z0.dtype)
             zp = z0.unsqueeze(1).expand(E, P, z0.shape[-1]).reshape(E * P, -1)
+            actions = []
             for t in range(H):
-                a = self.pi_fn(zp, noise.pi_prior[t])
-                prior.append(a.reshape(E, P, A))
+                a = self.pi_fn(zp, pi_prior[t])
+                actions.append(a.reshape(E, P, A))
                 if t < H - 1:
                     zp = self.next_fn(zp, a)
-        prior_actions = torch.stack(prior) if P > 0 else None  # (H, E, P, A)
+            prior = torch.stack(actions)  # (H, E, P, A)
 
         # warm start: last plan, one step later; new tail at 0
         mean = torch.zeros(H, E, A, device=z0.device, dtype=z0.dtype)
         if prev_mean is not None:
             mean = torch.cat([prev_mean[1:], mean[-1:]])
         std = torch.full((H, E, A), c.max_std, device=z0.device, dtype=z0.dtype)
+        return PlanStart(z0, prior, mean, std)
 
-        for i in range(c.iterations):
-            sampled = (mean.unsqueeze(2) + std.unsqueeze(2) * noise.samples[i]).clamp(-1, 1)
-            actions = sampled if prior_actions is None else torch.cat([prior_actions, sampled], 2)  # (H, E, N, A)
-            members = None if noise.members is None else noise.members[i]
-            value = self._trajectory_value(z, actions.reshape(H, E * N, A), noise.pi_terminal[i], members)
-            value = torch.nan_to_num(value.reshape(E, N), nan=float("-inf"))  # a diverged rollout never wins
-            elite_value, elite_idx = value.topk(K, dim=1)  # (E, K)
-            elite_actions = actions.gather(2, elite_idx[None, :, :, None].expand(H, E, K, A))  # (H, E, K, A)
-            # weights exp(temperature * (V - V_max)) normalised per start latent: (E, K)
-            score = torch.exp(c.temperature * (elite_value - elite_value.max(1, keepdim=True).values))
-            score = score / score.sum(1, keepdim=True)
-            w = score[None, :, :, None]  # (1, E, K, 1)
-            mean = (w * elite_actions).sum(2)  # (H, E, A)
-            std = (w * (elite_actions - mean.unsqueeze(2)).pow(2)).sum(2).sqrt().clamp(c.min_std, c.max_std)
+    @torch.no_grad()
+    def iterate(self, z0: Tensor, prior: Optional[Tensor], mean: Tensor, std: Tensor, samples: Optional[Tensor] = None,
+                pi_terminal: Optional[Tensor] = None, members: Optional[Tensor] = None) -> Elites:
+        """One MPPI iteration: sample around (mean, std), value every trajectory, refit on the
+        elites. Noise (None: global RNG): samples (H, E, N-P, A), pi_terminal (E*N, A),
+        members (2,) Q members of the terminal value."""
+        c, A = self.cfg, self.action_dim
+        H, N, P, K, E = c.horizon, c.num_samples, c.num_pi_trajs, c.num_elites, z0.shape[0]
+        if samples is None:
+            samples = torch.randn(H, E, N - P, A, device=z0.device, dtype=z0.dtype)
+        if pi_terminal is None:
+            pi_terminal = torch.randn(E * N, A, device=z0.device, dtype=z0.dtype)
+        if members is None and self.num_q is not None:  # 2 distinct members: argsort of uniforms
+            members = torch.rand(self.num_q, device=z0.device).argsort()[:2]
+        z = z0.unsqueeze(1).expand(E, N, z0.shape[-1]).reshape(E * N, -1)  # one row per trajectory
+        sampled = (mean.unsqueeze(2) + std.unsqueeze(2) * samples).clamp(-1, 1)
+        actions = sampled if prior is None else torch.cat([prior, sampled], 2)  # (H, E, N, A)
+        value = self._trajectory_value(z, actions.reshape(H, E * N, A), pi_terminal, members)
+        value = torch.nan_to_num(value.reshape(E, N), nan=float("-inf"))  # a diverged rollout never wins
+        elite_value, elite_idx = value.topk(K, dim=1)  # (E, K)
+        elite_actions = actions.gather(2, elite_idx[None, :, :, None].expand(H, E, K, A))  # (H, E, K, A)
+        # weights exp(temperature * (V - V_max)) normalised per start latent: (E, K)
+        score = torch.exp(c.temperature * (elite_value - elite_value.max(1, keepdim=True).values))
+        score = score / score.sum(1, keepdim=True)
+        w = score[None, :, :, None]  # (1, E, K, 1)
+        mean = (w * elite_actions).sum(2)  # (H, E, A)
+        std = (w * (elite_actions - mean.unsqueeze(2)).pow(2)).sum(2).sqrt().clamp(c.min_std, c.max_std)
+        return Elites(mean, std, score, elite_actions)
 
-        # one elite drawn by weight (Gumbel-max: a categorical draw without a host sync)
-        gumbel = -torch.log(-torch.log(noise.elite_u.clamp_min(1e-20)).clamp_min(1e-20))
-        pick = (score.log() + gumbel).argmax(1)  # (E,)
-        first = elite_actions[0].gather(1, pick[:, None, None].expand(E, 1, A)).squeeze(1)  # (E, A)
+    @torch.no_grad()
+    def finish(self, elites: Elites, eval_mode: bool, elite_u: Optional[Tensor] = None,
+               explore: Optional[Tensor] = None) -> Tensor:
+        """The action to take: one elite of the last iteration drawn by weight, its first step,
+        plus exploration noise unless ``eval_mode``. elite_u (E, K) U(0, 1), explore (E, A) N(0, 1)."""
+        E, K, A = elites.score.shape[0], self.cfg.num_elites, self.action_dim
+        if elite_u is None:
+            elite_u = torch.rand(E, K, device=elites.score.device, dtype=elites.score.dtype)
+        # Gumbel-max: a categorical draw without a host sync
+        gumbel = -torch.log(-torch.log(elite_u.clamp_min(1e-20)).clamp_min(1e-20))
+        pick = (elites.score.log() + gumbel).argmax(1)  # (E,)
+        first = elites.actions[0].gather(1, pick[:, None, None].expand(E, 1, A)).squeeze(1)  # (E, A)
         if not eval_mode:
-            first = first + std[0] * noise.explore
-        return Plan(action=first.clamp(-1, 1), mean=mean, std=std)
+            if explore is None:
+                explore = torch.randn_like(first)
+            first = first + elites.std[0] * explore
+        return first.clamp(-1, 1)
