@@ -28,7 +28,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 from torch.func import functional_call, grad_and_value
 
-from ddprl.algos.graphs import (adam_, adam_state, clip_grads, compile_region, mark_static, step_begin,
+from ddprl.algos.graphs import (FlatAdam, clip_grads, compile_region, mark_static, step_begin,
                                 training_step_unsupported)
 from ddprl.algos.ppo.loss import ppo_loss
 from ddprl.algos.ppo.networks import ActorCritic
@@ -160,16 +160,13 @@ class CompiledUpdate:
                  cfg: Any, normalize: Callable, autocast: contextlib.AbstractContextManager, compile: bool = True):
         self.rt, self.policy, self.optimizer, self.batch = rt, policy, optimizer, batch
         self.normalize, self.autocast, self.cfg = normalize, autocast, cfg
-        groups = adam_state(optimizer)
-        device = groups[0][1][0].device
         # The learning rate as a device tensor: a Python float would be baked into the graph and
         # recompile it at every annealed value.
-        self.lrs = [torch.tensor(float(group["lr"]), device=device) for group, _, _ in groups]
-        self.groups = [({**group, "lr": lr}, params, states) for (group, params, states), lr in zip(groups, self.lrs)]
+        self.adam = FlatAdam(optimizer, lr_tensors=True)
+        device = self.adam.params[0].device
         names = {id(p): name for name, p in policy.named_parameters()}
-        self.params = {names[id(p)]: p for _, params, _ in groups for p in params}  # adam_'s order
-        mark_static(*self.lrs, *batch.values(),
-                    *(t for _, _, states in groups for state in states for t in state.values()))
+        self.params = {names[id(p)]: p for p in self.adam.params}  # the optimizer's order
+        mark_static(*self.adam.tensors(), *batch.values())
         self.grad_and_terms = grad_and_value(self.loss, has_aux=True)
         self.region = compile_region(self.step_eager, device, rt.world_size) if compile else self.step_eager
 
@@ -192,10 +189,10 @@ class CompiledUpdate:
             grads = list(grads.values())
             total = grads if total is None else [a + g for a, g in zip(total, grads)]
             rows.append(terms)
-        grads = self.rt.region_grad_mean([g / k for g in total])
+        grads = self.rt.region_grad_mean([g / k for g in self.adam.flatten(total)])
         if self.cfg.max_grad_norm > 0:
             grads, _ = clip_grads(grads, self.cfg.max_grad_norm)
-        adam_(self.groups, grads)
+        self.adam.step_(grads)
         return torch.stack(rows)
 
     @torch.no_grad()
@@ -212,5 +209,4 @@ class CompiledUpdate:
     @torch.no_grad()
     def sync_lr(self) -> None:
         """Copy each param group's (annealed) ``lr`` into the tensor the region reads."""
-        for lr, group in zip(self.lrs, self.optimizer.param_groups):
-            lr.fill_(float(group["lr"]))
+        self.adam.sync_lr()

@@ -22,7 +22,7 @@ import torch
 from torch.func import functional_call
 
 from ddprl.algos.common import autocast_context
-from ddprl.algos.graphs import (adam_, adam_state, clip_grads, compile_region, grad_with_aux, keep, mark_static,
+from ddprl.algos.graphs import (FlatAdam, clip_grads, compile_region, grad_with_aux, keep, mark_static,
                                 step_begin, training_step_unsupported)
 from ddprl.algos.tdmpc2.buffer import TrajectoryBatch
 from ddprl.algos.tdmpc2.loss import policy_loss, world_model_loss
@@ -73,14 +73,13 @@ class UpdateStep:
                  pi_optim: torch.optim.Optimizer, cfg: Any, functional: bool = True):
         self.rt, self.model, self.scale, self.cfg = rt, model, scale, cfg
         self.functional = functional  # torch.func gradients (compiled) or autograd (eager: faster there)
-        self.wm_groups, self.pi_groups = adam_state(wm_optim), adam_state(pi_optim)
+        self.wm_adam, self.pi_adam = FlatAdam(wm_optim), FlatAdam(pi_optim)
         # everything the region updates in place stays where it is (CUDA graphs: see mark_static)
-        optimizer_state = [t for _, _, states in self.wm_groups + self.pi_groups for s in states for t in s.values()]
-        mark_static(*optimizer_state, *model.buffers(), *scale.buffers())
+        mark_static(*self.wm_adam.tensors(), *self.pi_adam.tensors(), *model.buffers(), *scale.buffers())
         name_of = {id(p): n for n, p in model.named_parameters()}
         # parameter names in the optimizers' order: gradients come back in that order
-        self.wm_names = [name_of[id(p)] for _, params, _ in self.wm_groups for p in params]
-        self.pi_names = [name_of[id(p)].removeprefix("policy.") for _, params, _ in self.pi_groups for p in params]
+        self.wm_names = [name_of[id(p)] for p in self.wm_adam.params]
+        self.pi_names = [name_of[id(p)].removeprefix("policy.") for p in self.pi_adam.params]
         clip = cfg.grad_clip_norm > 0
         self.names = (["train/loss", "train/consistency", "train/reward", "train/value"]
                       + ["train/grad_norm"] * clip
@@ -124,10 +123,10 @@ class UpdateStep:
             latents.append(z)  # (H+1, B, d): the policy learns on these
             for name in ("loss", "consistency", "reward", "value"):
                 add(f"train/{name}", terms[name])
-        wm_grads = rt.region_grad_mean(wm_grads)
+        wm_grads = rt.region_grad_mean(self.wm_adam.flatten(wm_grads))
         if cfg.grad_clip_norm > 0:
             wm_grads, metrics["train/grad_norm"] = clip_grads(wm_grads, cfg.grad_clip_norm)
-        adam_(self.wm_groups, wm_grads)
+        self.wm_adam.step_(wm_grads)
 
         # -- the Q scale, on the policy noise the loss below uses ---------------------------------
         eps = [eps_pi[i] if eps_pi is not None
@@ -154,10 +153,10 @@ class UpdateStep:
             pi_grads = grads if pi_grads is None else [a + b for a, b in zip(pi_grads, grads)]
             for name in ("loss", "q", "entropy"):
                 add(f"train/pi_{name}", terms[name])
-        pi_grads = rt.region_grad_mean(pi_grads)
+        pi_grads = rt.region_grad_mean(self.pi_adam.flatten(pi_grads))
         if cfg.grad_clip_norm > 0:
             pi_grads, metrics["train/pi_grad_norm"] = clip_grads(pi_grads, cfg.grad_clip_norm)
-        adam_(self.pi_groups, pi_grads)
+        self.pi_adam.step_(pi_grads)
         model.soft_update_target(cfg.tau)
         metrics["train/pi_scale"] = self.scale.value.reshape(())
         return torch.stack([metrics[name].float().reshape(()) for name in self.names])
