@@ -255,8 +255,8 @@ class FlatAdam:
                 exp_avg.lerp_(g, 1 - beta1)
                 exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
                 # p -= lr * m / ((1 - beta1^t) * (sqrt(v) / sqrt(1 - beta2^t) + eps))
-                denom = (exp_avg_sq.sqrt() / (1 - torch.pow(beta2, t)).sqrt() + group["eps"]) * (1 - torch.pow(beta1, t))
-                update = exp_avg / denom * group["lr"]
+                bias1, bias2_sqrt = 1 - torch.pow(beta1, t), (1 - torch.pow(beta2, t)).sqrt()
+                update = exp_avg / ((exp_avg_sq.sqrt() / bias2_sqrt + group["eps"]) * bias1) * group["lr"]
                 torch._foreach_sub_(group["params"], [u.view_as(p) for u, p in
                                                       zip(update.split(group["sizes"]), group["params"])])
 

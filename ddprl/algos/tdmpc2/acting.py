@@ -184,9 +184,11 @@ class Acting:
         def region(fn):
             return compile_region(fn, self.device) if compile else fn
 
-        self._start, self._prior = region(self.start_fn), region(self.prior_fn)
-        self._iterate = region(self.planner.iterate) if self.planner else None
-        self._finish = region(self.planner.finish) if self.planner else None
+        if self.planner is None:
+            self._prior = region(self.prior_fn)
+        else:
+            self._start, self._iterate, self._finish = (region(self.start_fn), region(self.planner.iterate),
+                                                        region(self.planner.finish))
 
     def episode_ended(self, done: torch.Tensor) -> None:
         """Forget the plan of envs whose episode just ended: done (E,) bool."""
@@ -199,7 +201,8 @@ class Acting:
         """Region: obs (E, obs_dim), prev_mean (H, E, A) -> where the plan's iterations start."""
         return self.planner.start(self.model.encode(obs), prev_mean, pi_prior)
 
-    def prior_fn(self, obs: torch.Tensor, prev_mean: torch.Tensor, eval_mode: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def prior_fn(self, obs: torch.Tensor, prev_mean: torch.Tensor,
+                 eval_mode: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Region (``mpc=false``): the policy prior's action (its mean in eval), prev_mean as is."""
         action, info = self.model.pi(self.model.encode(obs))
         return (info["mean"] if eval_mode else action), prev_mean
