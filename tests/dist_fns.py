@@ -219,7 +219,7 @@ def qmix_wrapped_modules(rt, cfg, out: str) -> None:
 
 def ppo_learn_compiled(rt, cfg, out: str, batch_path: str, steps: int = 1, backend: str = "inductor") -> None:
     """``learn_compiled`` (each optimizer step one compiled graph, gradients averaged inside it by
-    ``rt.region_grad_mean``) on this rank's half of a fixed batch; saves what ``ppo_learn`` saves.
+    ``rt.region_mean``) on this rank's half of a fixed batch; saves what ``ppo_learn`` saves.
 
     Rank 1 starts from other weights on purpose: ``rt.broadcast_module`` must replace them by
     rank 0's, as DDP's construction does for the eager path. ``backend``: torch.compile's

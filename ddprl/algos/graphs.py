@@ -185,6 +185,9 @@ class FlatAdam:
     ``lr_tensors``: the learning rates as device tensors that :meth:`sync_lr` refreshes from
     ``optimizer.param_groups`` (annealing without recompiling); otherwise constants.
 
+    Gradients travel as ONE flat tensor over every group (:meth:`flatten`): micro-batches add
+    up, ranks average it and the norm clip scales it as one tensor each.
+
     >>> w = torch.nn.Parameter(torch.ones(3))
     >>> adam = FlatAdam(torch.optim.Adam([w], lr=0.1))
     >>> adam.step_(adam.flatten([torch.ones(3)]))
@@ -232,22 +235,17 @@ class FlatAdam:
         for flat, group in zip(self.groups, self.optimizer.param_groups):
             flat["lr"].fill_(float(group["lr"]))
 
-    def flatten(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Gradients in :attr:`params` order -> one flat gradient per param group."""
+    def flatten(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """Gradients in :attr:`params` order -> one flat tensor (the groups one after another)."""
         if len(grads) != len(self.params):
             raise ValueError(f"FlatAdam: {len(grads)} gradients for {len(self.params)} parameters")
-        flats, i = [], 0
-        for group in self.groups:
-            n = len(group["params"])
-            flats.append(torch.cat([g.reshape(-1) for g in grads[i:i + n]]))
-            i += n
-        return flats
+        return torch.cat([g.reshape(-1) for g in grads])
 
-    def step_(self, flat_grads: list[torch.Tensor]) -> None:
-        """One Adam step from :meth:`flatten`'s gradients (clipped or averaged as they are).
+    def step_(self, flat_grad: torch.Tensor) -> None:
+        """One Adam step from a :meth:`flatten`'d gradient (clipped or averaged as it is).
         Bias corrections are tensors: no host read of ``step``."""
         with torch.no_grad():
-            for group, g in zip(self.groups, flat_grads):
+            for group, g in zip(self.groups, flat_grad.split([g["exp_avg"].numel() for g in self.groups])):
                 beta1, beta2 = group["betas"]
                 exp_avg, exp_avg_sq = group["exp_avg"], group["exp_avg_sq"]
                 group["step"].add_(1)
@@ -261,9 +259,9 @@ class FlatAdam:
                                                       zip(update.split(group["sizes"]), group["params"])])
 
 
-def clip_grads(grads: list[torch.Tensor], max_norm: float) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Scale ``grads`` to a total 2-norm of at most ``max_norm`` (``clip_grad_norm_``'s rule);
-    returns the scaled grads and the norm before clipping (a device tensor)."""
-    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+def clip_grad(flat_grad: torch.Tensor, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale a flat gradient to a 2-norm of at most ``max_norm`` (``clip_grad_norm_``'s rule);
+    returns the scaled gradient and the norm before clipping (a device tensor)."""
+    total = torch.linalg.vector_norm(flat_grad.float())
     coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
-    return [g * coef.to(g.dtype) for g in grads], total
+    return flat_grad * coef.to(flat_grad.dtype), total

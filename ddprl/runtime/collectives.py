@@ -109,12 +109,16 @@ class Runtime:
 
     def broadcast_buffers(self, module: nn.Module, src: int = 0) -> None:
         """Overwrite every buffer of ``module`` with rank ``src``'s (in place)."""
-        for buffer in module.buffers():
-            comm = buffer.detach() if buffer.device == self._comm_device() else buffer.detach().to(self._comm_device())
-            dist.broadcast(comm, src=src)
-            if comm is not buffer:
-                with torch.no_grad():
-                    buffer.copy_(comm)
+        self._broadcast_(list(module.buffers()), src)
+
+    def _broadcast_(self, tensors: list[torch.Tensor], src: int) -> None:
+        """Overwrite ``tensors`` with rank ``src``'s, in place, through the backend's device."""
+        with torch.no_grad():
+            for tensor in tensors:
+                comm = tensor.detach().to(self._comm_device())  # shares the storage when already there
+                dist.broadcast(comm, src=src)
+                if comm.data_ptr() != tensor.data_ptr():
+                    tensor.copy_(comm)
 
     def seeds(self, seed: int) -> Seeds:
         """This rank's seeds for every purpose (``ddprl.runtime.seeding``)."""
@@ -173,26 +177,20 @@ class Runtime:
 
     # -- collectives a compiled region may hold (traceable: functional collectives) -----------
 
-    def region_grad_mean(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Mean over ranks of a list of gradients, in ONE all-reduce of a flat buffer (what DDP
-        does with its buckets), traceable so that it can sit inside a compiled region
-        (``ddprl.algos.graphs``). A world of one: the list comes back as it is.
+    def region_mean(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Mean over ranks of ``tensor`` (a flat gradient: ONE all-reduce, what DDP does with its
+        buckets), traceable so that it can sit inside a compiled region (``ddprl.algos.graphs``).
+        A world of one: ``tensor`` itself.
 
-        >>> grads = rt.region_grad_mean(grads)     # doctest: +SKIP
+        >>> flat_grad = rt.region_mean(flat_grad)     # doctest: +SKIP
         """
         if self.world_size == 1:
-            return grads
-        flat = torch.cat([g.reshape(-1).float() for g in grads])
-        flat = funcol.all_reduce(flat, "sum", self._group()) / self.world_size
-        out, offset = [], 0
-        for g in grads:
-            out.append(flat[offset:offset + g.numel()].view_as(g).to(g.dtype))
-            offset += g.numel()
-        return out
+            return tensor
+        return (funcol.all_reduce(tensor.float(), "sum", self._group()) / self.world_size).to(tensor.dtype)
 
     def region_all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Every rank's ``tensor`` concatenated along dim 0 in rank order, traceable (see
-        :meth:`region_grad_mean`). A world of one: ``tensor`` itself."""
+        :meth:`region_mean`). A world of one: ``tensor`` itself."""
         if self.world_size == 1:
             return tensor
         return _funcol_all_gather(tensor.contiguous(), 0, self._group())
@@ -200,14 +198,8 @@ class Runtime:
     def broadcast_module(self, module: nn.Module, src: int = 0) -> None:
         """Overwrite ``module``'s parameters and buffers with rank ``src``'s (what DDP does at
         construction), for modules a compiled region updates without a DDP wrapper."""
-        if self.world_size == 1:
-            return
-        with torch.no_grad():
-            for tensor in list(module.parameters()) + list(module.buffers()):
-                comm = tensor.detach().to(self._comm_device())  # shares the storage when already there
-                dist.broadcast(comm, src=src)
-                if comm.data_ptr() != tensor.data_ptr():
-                    tensor.copy_(comm)
+        if self.world_size > 1:
+            self._broadcast_(list(module.parameters()) + list(module.buffers()), src)
 
     @staticmethod
     def _group() -> Any:

@@ -146,7 +146,7 @@ def train(rt: Any, cfg: Any) -> None:
         start_iteration = run.counters["iteration"]
     regions = plan(cfg, env)  # what compile=true runs as compiled graphs here (logged)
     if regions.update:
-        # The update region averages gradients itself (rt.region_grad_mean): no DDP wrapper,
+        # The update region averages gradients itself (rt.region_mean): no DDP wrapper,
         # so rank 0's weights are broadcast here, as DDP would at construction.
         model = agent.to(rt.device)
         rt.broadcast_module(model)

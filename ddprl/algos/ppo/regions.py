@@ -10,7 +10,7 @@ compiled whole with ``fullgraph=True`` and, on one CUDA device, replayed as a CU
   draws (the policy's noise, the env's integers) are filled in place before each replay, from
   the training generator and the env's own generator: inputs, not random ops inside the graph.
 - :class:`CompiledUpdate`: one optimizer step — ``sync_freq`` minibatches' gradients
-  (``torch.func``), their mean over ranks (``rt.region_grad_mean``, one all-reduce), the norm
+  (``torch.func``), their mean over ranks (``rt.region_mean``, one all-reduce), the norm
   clip and Adam on the state of the ordinary ``torch.optim.Adam`` (checkpoints unchanged).
 
 Everything a region reads or writes across calls lives at a fixed address, marked static:
@@ -28,7 +28,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 from torch.func import functional_call, grad_and_value
 
-from ddprl.algos.graphs import (FlatAdam, clip_grads, compile_region, mark_static, step_begin,
+from ddprl.algos.graphs import (FlatAdam, clip_grad, compile_region, mark_static, step_begin,
                                 training_step_unsupported)
 from ddprl.algos.ppo.loss import ppo_loss
 from ddprl.algos.ppo.networks import ActorCritic
@@ -183,16 +183,16 @@ class CompiledUpdate:
     def step_eager(self, idx: torch.Tensor) -> torch.Tensor:
         """The region (see the class docstring); ``step`` is its compiled form."""
         k = idx.shape[0]
-        total, rows = None, []
+        total, rows = None, []  # the flat gradient summed over the k minibatches
         for j in range(k):  # unrolled: k is fixed per graph
             grads, (_, terms) = self.grad_and_terms(self.params, idx[j])
-            grads = list(grads.values())
-            total = grads if total is None else [a + g for a, g in zip(total, grads)]
+            flat = self.adam.flatten(list(grads.values()))
+            total = flat if total is None else total + flat
             rows.append(terms)
-        grads = self.rt.region_grad_mean([g / k for g in self.adam.flatten(total)])
+        grad = self.rt.region_mean(total / k)
         if self.cfg.max_grad_norm > 0:
-            grads, _ = clip_grads(grads, self.cfg.max_grad_norm)
-        self.adam.step_(grads)
+            grad, _ = clip_grad(grad, self.cfg.max_grad_norm)
+        self.adam.step_(grad)
         return torch.stack(rows)
 
     @torch.no_grad()

@@ -8,7 +8,7 @@ small kernels, launch-bound on a GPU. So :class:`UpdateStep` computes gradients 
 ``torch.func.grad`` and applies Adam itself (``ddprl.algos.graphs``); ``compile=true``
 captures the whole update, world model and policy, as one graph (a CUDA graph on one GPU).
 What DDP did is done by the runtime's two verbs: ``rt.broadcast_module`` (rank 0's weights
-at start) and ``rt.region_grad_mean`` (one all-reduce of a flat gradient buffer, traceable so
+at start) and ``rt.region_mean`` (one all-reduce of the flat gradient, traceable so
 it sits inside the region). N ranks on N batches still compute what one process computes
 on the joined batch (tests/test_tdmpc2_loop.py).
 """
@@ -22,7 +22,7 @@ import torch
 from torch.func import functional_call
 
 from ddprl.algos.common import autocast_context
-from ddprl.algos.graphs import (FlatAdam, clip_grads, compile_region, grad_with_aux, keep, mark_static,
+from ddprl.algos.graphs import (FlatAdam, clip_grad, compile_region, grad_with_aux, keep, mark_static,
                                 step_begin, training_step_unsupported)
 from ddprl.algos.tdmpc2.buffer import TrajectoryBatch
 from ddprl.algos.tdmpc2.loss import policy_loss, world_model_loss
@@ -114,19 +114,19 @@ class UpdateStep:
             return terms["loss"] / k, (terms, out["z"].detach())
 
         wm_params = {n: params[n] for n in self.wm_names}
-        wm_grads: Optional[list[torch.Tensor]] = None
+        wm_grad: Optional[torch.Tensor] = None  # flat, summed over the micro-batches
         latents = []
         for i in range(k):
             grads, (terms, z) = grad_with_aux(wm_loss, self.functional)(wm_params, i)
-            grads = [grads[n] for n in self.wm_names]
-            wm_grads = grads if wm_grads is None else [a + b for a, b in zip(wm_grads, grads)]
+            flat = self.wm_adam.flatten([grads[n] for n in self.wm_names])
+            wm_grad = flat if wm_grad is None else wm_grad + flat
             latents.append(z)  # (H+1, B, d): the policy learns on these
             for name in ("loss", "consistency", "reward", "value"):
                 add(f"train/{name}", terms[name])
-        wm_grads = rt.region_grad_mean(self.wm_adam.flatten(wm_grads))
+        wm_grad = rt.region_mean(wm_grad)
         if cfg.grad_clip_norm > 0:
-            wm_grads, metrics["train/grad_norm"] = clip_grads(wm_grads, cfg.grad_clip_norm)
-        self.wm_adam.step_(wm_grads)
+            wm_grad, metrics["train/grad_norm"] = clip_grad(wm_grad, cfg.grad_clip_norm)
+        self.wm_adam.step_(wm_grad)
 
         # -- the Q scale, on the policy noise the loss below uses ---------------------------------
         eps = [eps_pi[i] if eps_pi is not None
@@ -146,17 +146,17 @@ class UpdateStep:
             return terms["loss"] / k, terms
 
         pi_params = {n: params[f"policy.{n}"] for n in self.pi_names}
-        pi_grads: Optional[list[torch.Tensor]] = None
+        pi_grad: Optional[torch.Tensor] = None
         for i in range(k):
             grads, terms = grad_with_aux(pi_loss, self.functional)(pi_params, i)
-            grads = [grads[n] for n in self.pi_names]
-            pi_grads = grads if pi_grads is None else [a + b for a, b in zip(pi_grads, grads)]
+            flat = self.pi_adam.flatten([grads[n] for n in self.pi_names])
+            pi_grad = flat if pi_grad is None else pi_grad + flat
             for name in ("loss", "q", "entropy"):
                 add(f"train/pi_{name}", terms[name])
-        pi_grads = rt.region_grad_mean(self.pi_adam.flatten(pi_grads))
+        pi_grad = rt.region_mean(pi_grad)
         if cfg.grad_clip_norm > 0:
-            pi_grads, metrics["train/pi_grad_norm"] = clip_grads(pi_grads, cfg.grad_clip_norm)
-        self.pi_adam.step_(pi_grads)
+            pi_grad, metrics["train/pi_grad_norm"] = clip_grad(pi_grad, cfg.grad_clip_norm)
+        self.pi_adam.step_(pi_grad)
         model.soft_update_target(cfg.tau)
         metrics["train/pi_scale"] = self.scale.value.reshape(())
         return torch.stack([metrics[name].float().reshape(()) for name in self.names])
