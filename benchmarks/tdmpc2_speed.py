@@ -8,8 +8,9 @@ Measures the pieces of one agent step of the training loop with the paper's sett
 ``update`` (buffer sample + world-model and policy steps, in a process group of one) and one
 ``Acting`` call (encode + MPPI with warm start) on one env, and the env's own step.
 ``agent steps/s`` = 1000 / (update + act + env step) ms: what one rank sustains after
-seeding, one update per agent step. ``compile on``: the update and the act are each one
-compiled region (CUDA graphs on a GPU); compile time is excluded (warm-up) and printed apart.
+seeding, one update per agent step. ``compile on``: the update is one compiled region and
+the act three (the MPPI iteration one graph, replayed; CUDA graphs on a GPU); compile time
+is excluded (warm-up) and printed apart.
 
 References (the official code, model_size 5): REFERENCE.md, 2-core CPU, walker-run, no compile:
 484 ms per update, 496 ms per act. Issue #12, one H100, torch 2.11, walker-run: eager 35.8 ms

@@ -439,14 +439,14 @@ def test_run_ddp_script_launches_torchrun(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(training_step_unsupported() is not None, reason=str(training_step_unsupported()))
 def test_compile_and_bf16_train_end_to_end(tmp_path):
-    # the update and the act each one compiled region (tests/test_tdmpc2_regions.py); bf16 autocast
+    # the update one compiled region, the act three (tests/test_tdmpc2_regions.py); bf16 autocast
     # updates. num_q=2 as in model_size 1 (randperm(2)[:2] once broke inductor, see WorldModel.Q);
-    # horizon 2, 1 MPPI iteration: the regions unroll both, and compile time on 2 cores grows with them.
+    # horizon 2, 1 MPPI iteration: the graphs unroll the horizon, and compile time on 2 cores grows with it.
     run_dir = tmp_path / "compiled"
     proc = run_cli(["train", "algo=tdmpc2", "task=cartpole-balance", *TINY, "num_q=2", "horizon=2", "iterations=1",
                     "world_size=1", "num_envs=1", "compile=true", "precision=bf16", "episode_length=20",
-                    "seed_steps=40", "steps=60", "eval_episodes=1", "log_freq=20", "checkpoint_freq=0", "progress=false", "device=cpu",
-                    f"run_dir={run_dir}"], timeout=900)
+                    "seed_steps=40", "steps=60", "eval_episodes=1", "log_freq=20", "checkpoint_freq=0",
+                    "progress=false", "device=cpu", f"run_dir={run_dir}"], timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     last = read_metrics(run_dir)[-1]
     assert last["train/updates"] == 40 + 20 and math.isfinite(last["train/loss"]) and "eval/return_mean" in last
