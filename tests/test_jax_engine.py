@@ -185,13 +185,15 @@ def test_process_identity_follows_the_launchers():
 
     from ddprl.jax.runtime import process_identity
 
-    cfg = SimpleNamespace(world_size=4, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port="29600")
+    cfg_auto = SimpleNamespace(world_size=4, nnodes=2, node_rank=1, master_addr="auto", master_port="auto")
     torchrun = {"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "29511"}
-    assert process_identity(cfg, torchrun) == (3, 4, "10.0.0.9:29512")  # torchrun's store holds 29511
+    assert process_identity(cfg_auto, torchrun) == (3, 4, "10.0.0.9:29512")  # torchrun's store holds 29511
     slurm = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "4242",
-             "MASTER_ADDR": "node7"}
-    cfg_auto = SimpleNamespace(**{**vars(cfg), "master_port": "auto"})
-    assert process_identity(cfg_auto, slurm) == (1, 2, "node7:24242")  # the port from the job id
+             "SLURM_NODEID": "1", "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_NODELIST": "node[7-8]"}
+    assert process_identity(cfg_auto, {**slurm, "MASTER_ADDR": "node7-ib"}) == (1, 2, "node7-ib:24242")
+    # no MASTER_ADDR: the node list's first host; the port from the job id
+    assert process_identity(cfg_auto, slurm) == (1, 2, "node7:24242")
+    cfg = SimpleNamespace(**{**vars(cfg_auto), "master_addr": "10.0.0.1", "master_port": "29600"})
     # spawn: node 1 of 2, two processes per node, the second of them
     assert process_identity(cfg, {}, local_index=1) == (3, 4, "10.0.0.1:29600")
 

@@ -15,6 +15,7 @@ from torch import nn
 import dist_fns
 from ddprl.config import load_config
 from ddprl.errors import UsageError
+from ddprl.runtime.placement import expand_hostlist, slurm_tasks_per_node
 from ddprl.runtime import (RankFailed, check_port_free, choose_device_and_backend, detect_launcher, launch,
                            placement_from_env, unwrap)
 
@@ -47,9 +48,54 @@ def test_placement_uses_global_rank_not_local_rank():
     p = placement_from_env(cfg, slurm)
     assert (p.launcher, p.rank, p.local_rank, p.world_size, p.master_addr) == ("slurm", 5, 1, 8, "node01")
     assert p.master_port == 20000 + 1234  # every task derives the same port from the job id
-    spawn_cfg = load_config(["device=cpu", "world_size=4", "nnodes=2", "node_rank=1", "master_port=29600"])
+    spawn_cfg = load_config(["device=cpu", "world_size=4", "nnodes=2", "node_rank=1", "master_addr=10.0.0.1",
+                           "master_port=29600"])
     p = placement_from_env(spawn_cfg, {}, local_rank=1)
     assert (p.rank, p.local_rank, p.world_size) == (3, 1, 4)
+
+
+SRUN_2_NODES = {  # what a 2-node `srun --ntasks-per-node=2` gives task 3 (no MASTER_ADDR exported)
+    "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_PROCID": "3",
+    "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_NTASKS_PER_NODE": "2",
+    "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_ID": "777",
+    "SLURM_STEP_ID": "0"}
+
+
+def test_slurm_rendezvous_follows_the_node_list_without_master_addr(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")  # no scontrol: the pure-Python expansion answers
+    p = placement_from_env(load_config(["device=cpu"]), SRUN_2_NODES)
+    assert (p.rank, p.local_rank, p.world_size, p.local_world_size) == (3, 1, 4, 2)
+    assert (p.master_addr, p.master_port) == ("gpu07", 20777)
+    # the user's keys win over the launcher's information
+    p = placement_from_env(load_config(["device=cpu", "master_addr=head", "master_port=31000"]), SRUN_2_NODES)
+    assert (p.master_addr, p.master_port) == ("head", 31000)
+    p = placement_from_env(load_config(["device=cpu"]), {**SRUN_2_NODES, "MASTER_ADDR": "ib-gpu07", "MASTER_PORT": "4000"})
+    assert (p.master_addr, p.master_port) == ("ib-gpu07", 4000)
+
+
+def test_expand_slurm_host_lists():
+    assert expand_hostlist("gpu[07-08,11]") == ["gpu07", "gpu08", "gpu11"]
+    assert expand_hostlist("node1") == ["node1"]
+    assert expand_hostlist("a[1-2],b[09-10],c") == ["a1", "a2", "b09", "b10", "c"]
+    assert expand_hostlist("rack[1-2]-n[3,5]") == ["rack1-n3", "rack1-n5", "rack2-n3", "rack2-n5"]
+    assert expand_hostlist("n[098-101]") == ["n098", "n099", "n100", "n101"]
+    assert slurm_tasks_per_node({"SLURM_NTASKS_PER_NODE": "4(x2)"}) == [4, 4]
+    assert slurm_tasks_per_node({"SLURM_TASKS_PER_NODE": "2(x3),1"}) == [2, 2, 2, 1]
+    p = placement_from_env(load_config(["device=cpu"]), {**SRUN_2_NODES, "SLURM_NTASKS": "7", "SLURM_PROCID": "6",
+                                                         "SLURM_NODEID": "3", "SLURM_STEP_TASKS_PER_NODE": "2(x3),1"})
+    assert p.local_world_size == 1
+    with pytest.raises(UsageError, match="host list"):
+        expand_hostlist("gpu[a-b]")
+
+
+def test_rendezvous_conflicts_are_refused():
+    torchrun = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29555"}
+    with pytest.raises(UsageError, match="torchrun sets the rendezvous"):
+        placement_from_env(load_config(["device=cpu", "master_addr=10.0.0.2"]), torchrun)
+    assert placement_from_env(load_config(["device=cpu", "master_port=29555"]), torchrun).master_port == 29555
+    with pytest.raises(UsageError, match="needs master_addr"):
+        placement_from_env(load_config(["device=cpu", "world_size=4", "nnodes=2", "master_port=29600"]), {},
+                           local_rank=0)
 
 
 def test_device_and_backend_rules():

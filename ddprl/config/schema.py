@@ -44,8 +44,10 @@ class JobConfig:
     node_rank: int = key("index of this machine in a spawn-mode multi-node job", 0)
     device: str = key("auto | cpu | cuda (rank -> cuda:LOCAL_RANK)", "auto")
     backend: str = key("auto | nccl | gloo (auto: NCCL when every rank owns a GPU)", "auto")
-    master_addr: str = key("address of rank 0's machine", "127.0.0.1")
-    master_port: str = key("port of the rendezvous; auto picks a free one (single node)", "auto")
+    master_addr: str = key("host of rank 0: auto = the launcher's (torchrun, SLURM's first node, MASTER_ADDR), "
+                           "this machine on one node; name it for a multi-node spawn", "auto")
+    master_port: str = key("port of the rendezvous: auto = the launcher's, or a free one (single node), "
+                           "or 20000 + job id mod 20000 under SLURM", "auto")
     dist_timeout: float = key("seconds before a stuck collective fails the job", 300.0)
     nccl_preset: str = key("none | nvlink | ib: NCCL variables for the interconnect (variables you exported win)",
                            "none")

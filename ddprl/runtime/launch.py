@@ -26,7 +26,7 @@ from ddprl.runtime import collectives
 from ddprl.runtime.collectives import Runtime
 from ddprl.runtime.nccl import apply_nccl_preset
 from ddprl.runtime.placement import (Placement, check_port_free, choose_device_and_backend, detect_launcher,
-                                     free_port, placement_from_env, resolved_config)
+                                     free_port, placement_from_env, resolved_config, spawn_master_addr)
 
 log = logging.getLogger("ddprl")
 
@@ -71,6 +71,7 @@ def spawn_sizes(cfg: Any) -> None:
         raise UsageError(f"world_size={cfg.world_size} must be a multiple of nnodes={cfg.nnodes}")
     if not 0 <= cfg.node_rank < cfg.nnodes:
         raise UsageError(f"node_rank={cfg.node_rank} must be in [0, nnodes={cfg.nnodes})")
+    spawn_master_addr(cfg)  # several nodes need master_addr named
 
 
 def spawn_port(cfg: Any) -> int:
@@ -83,7 +84,7 @@ def spawn_port(cfg: Any) -> int:
     else:
         port = int(cfg.master_port)
         if cfg.node_rank == 0:
-            check_port_free(cfg.master_addr if cfg.nnodes > 1 else "127.0.0.1", port)
+            check_port_free(spawn_master_addr(cfg), port)
     return port
 
 

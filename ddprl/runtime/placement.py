@@ -6,6 +6,8 @@ Pure functions of the environment variables and the config: unit-tested without 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import socket
 import subprocess
 from dataclasses import dataclass
@@ -42,18 +44,109 @@ def detect_launcher(environ: Mapping[str, str] = os.environ) -> str:
     return "spawn"
 
 
-def _slurm_master_addr(environ: Mapping[str, str]) -> str:
-    """First host of the job's node list (``scontrol`` expands ranges like ``node[01-04]``)."""
-    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST", "")
-    if not nodelist:
-        return "127.0.0.1"
-    try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.split()[0]
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return nodelist.split(",")[0].split("[")[0]
+def expand_hostlist(hostlist: str) -> list[str]:
+    """SLURM's compact host list as host names: ``gpu[07-08,11],login1`` → gpu07 gpu08 gpu11 login1.
+
+    The pure-Python reading of ``scontrol show hostnames``: comma-separated entries, each with
+    any number of bracket groups of numbers and ranges (zero padding kept: ``[07-10]``).
+
+    >>> expand_hostlist("gpu[07-08,11]")
+    ['gpu07', 'gpu08', 'gpu11']
+    >>> expand_hostlist("r[1-2]n[1-2],x")
+    ['r1n1', 'r1n2', 'r2n1', 'r2n2', 'x']
+    """
+    hosts: list[str] = []
+    for entry in _split_outside_brackets(hostlist.strip()):
+        names = [""]
+        for literal, group in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", entry):
+            if not literal and not group:
+                continue
+            choices = [literal + n for n in _expand_ranges(group, hostlist)] if group else [literal]
+            names = [name + c for name in names for c in choices]
+        hosts.extend(n for n in names if n)
+    return hosts
+
+
+def _split_outside_brackets(text: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p for p in parts if p]
+
+
+def _expand_ranges(group: str, hostlist: str) -> list[str]:
+    out = []
+    for item in group.split(","):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?(?::(\d+))?", item.strip())
+        if not m:
+            raise UsageError(f"cannot read the SLURM host list {hostlist!r} (bracket item {item!r})")
+        lo, hi, stride = m.group(1), m.group(2) or m.group(1), int(m.group(3) or 1)
+        out.extend(str(n).zfill(len(lo)) for n in range(int(lo), int(hi) + 1, stride))
+    return out
+
+
+def slurm_hosts(environ: Mapping[str, str]) -> list[str]:
+    """The hosts of this SLURM step (else job), in SLURM's order: ``scontrol`` when present (it
+    knows site-specific syntax), the pure-Python expansion otherwise."""
+    hostlist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", "")
+    if not hostlist:
+        return []
+    if shutil.which("scontrol"):
+        try:
+            out = subprocess.run(["scontrol", "show", "hostnames", hostlist], capture_output=True, text=True, timeout=30)
+            if out.returncode == 0 and out.stdout.split():
+                return out.stdout.split()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return expand_hostlist(hostlist)
+
+
+def slurm_tasks_per_node(environ: Mapping[str, str]) -> list[int]:
+    """Tasks on each node of the step: SLURM writes ``4(x2)`` for 4,4 and ``2(x3),1`` for 2,2,2,1.
+
+    >>> slurm_tasks_per_node({"SLURM_NTASKS_PER_NODE": "2(x3),1"})
+    [2, 2, 2, 1]
+    """
+    text = (environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
+            or environ.get("SLURM_NTASKS_PER_NODE", ""))
+    counts: list[int] = []
+    for item in filter(None, text.split(",")):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
+        if not m:
+            raise UsageError(f"cannot read SLURM's tasks per node {text!r}")
+        counts.extend([int(m.group(1))] * int(m.group(2) or 1))
+    return counts
+
+
+def _slurm_rendezvous(cfg: Any, environ: Mapping[str, str]) -> tuple[int, str, int]:
+    """(tasks on this node, master address, master port) of an srun task.
+
+    Address: ``master_addr=`` given by the user, else an exported MASTER_ADDR, else the first
+    host of the step's node list. Port: ``master_port=``, else MASTER_PORT, else 20000 + job id
+    mod 20000 (every task derives the same one without talking).
+    """
+    world_size = int(environ["SLURM_NTASKS"])
+    per_node = slurm_tasks_per_node(environ)
+    node = int(environ.get("SLURM_NODEID", "0"))
+    local_world_size = per_node[node] if node < len(per_node) else world_size
+    addr = cfg.master_addr if cfg.master_addr != "auto" else environ.get("MASTER_ADDR", "")
+    if not addr:
+        hosts = slurm_hosts(environ)
+        if not hosts:
+            raise UsageError("under SLURM, neither master_addr=, MASTER_ADDR nor SLURM_JOB_NODELIST names rank 0's "
+                             "host; pass master_addr=<host>")
+        addr = hosts[0]
+    if str(cfg.master_port) != "auto":
+        port = int(cfg.master_port)
+    elif environ.get("MASTER_PORT"):
+        port = int(environ["MASTER_PORT"])
+    else:
+        port = 20000 + int(environ.get("SLURM_JOB_ID", "0")) % 20000
+    return local_world_size, addr, port
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -131,6 +224,12 @@ def rendezvous_from_env(cfg: Any, environ: Mapping[str, str] = os.environ,
     """This process's place from the launcher's variables (or the spawner's arguments)."""
     launcher = detect_launcher(environ)
     if launcher == "torchrun":
+        # torchrun's agent serves the rendezvous store at MASTER_ADDR:MASTER_PORT: the workers
+        # must meet there, so another address given to ddprl cannot be honoured.
+        for name, value in (("master_addr", cfg.master_addr), ("master_port", cfg.master_port)):
+            if str(value) != "auto" and str(value) != environ.get(name.upper()):
+                raise UsageError(f"{name}={value} under torchrun: torchrun sets the rendezvous; give it "
+                                 f"--{name.replace('_', '-')} instead and leave {name} out")
         rank, world_size = int(environ["RANK"]), int(environ["WORLD_SIZE"])
         local_rank = int(environ.get("LOCAL_RANK", "0"))
         local_world_size = int(environ.get("LOCAL_WORLD_SIZE", str(world_size)))
@@ -138,18 +237,25 @@ def rendezvous_from_env(cfg: Any, environ: Mapping[str, str] = os.environ,
     elif launcher == "slurm":
         rank, world_size = int(environ["SLURM_PROCID"]), int(environ["SLURM_NTASKS"])
         local_rank = int(environ.get("SLURM_LOCALID", "0"))
-        local_world_size = int(environ.get("SLURM_NTASKS_PER_NODE", str(world_size)).split("(")[0])
-        addr = environ.get("MASTER_ADDR") or (cfg.master_addr if cfg.master_addr != "auto" else _slurm_master_addr(environ))
-        port_setting = environ.get("MASTER_PORT") or str(cfg.master_port)
-        # Every task must agree on the port without talking: derive it from the job id.
-        port = int(port_setting) if port_setting != "auto" else 20000 + int(environ.get("SLURM_JOB_ID", "0")) % 20000
+        local_world_size, addr, port = _slurm_rendezvous(cfg, environ)
     else:
         assert local_rank is not None, "spawn mode needs the local rank from the spawner"
         local_world_size = cfg.world_size // cfg.nnodes
         rank = cfg.node_rank * local_world_size + local_rank
         world_size = cfg.world_size
-        addr, port = cfg.master_addr, int(cfg.master_port)
+        addr, port = spawn_master_addr(cfg), int(cfg.master_port)
     return Rendezvous(launcher, rank, local_rank, world_size, local_world_size, addr, port)
+
+
+def spawn_master_addr(cfg: Any) -> str:
+    """Rank 0's address in a spawn-mode job: this machine's loopback on one node; on several
+    nodes the user must name it (nothing else could tell the nodes the same host)."""
+    if cfg.master_addr != "auto":
+        return cfg.master_addr
+    if cfg.nnodes > 1:
+        raise UsageError(f"nnodes={cfg.nnodes} needs master_addr=<rank 0's host> on every node "
+                         "(the same name or address each node can reach)")
+    return "127.0.0.1"
 
 
 def placement_from_env(cfg: Any, environ: Mapping[str, str] = os.environ, local_rank: int | None = None) -> Placement:
