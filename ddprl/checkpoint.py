@@ -35,6 +35,14 @@ FORMAT_VERSION = 2
 _cached: tuple[tuple[str, int, int], dict[str, Any]] | None = None
 
 
+class UnreadableCheckpoint(UsageError):
+    """A checkpoint file that cannot be read at all (missing, truncated, corrupt, not ddprl's)."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
 def strip_prefixes(state_dict: dict[str, Any]) -> dict[str, Any]:
     """Remove wrapper prefixes (``module.``, ``_orig_mod.``) from the *front* of keys only.
 
@@ -118,7 +126,7 @@ def load_checkpoint(path: str | Path, expect_algo: str | None = None) -> dict[st
     global _cached
     path = Path(path)
     if not path.is_file():
-        raise UsageError(f"checkpoint {path} does not exist")
+        raise UnreadableCheckpoint(f"checkpoint {path} does not exist", "missing")
     stat = path.stat()
     cache_key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
     if _cached is not None and _cached[0] == cache_key:
@@ -127,10 +135,10 @@ def load_checkpoint(path: str | Path, expect_algo: str | None = None) -> dict[st
         try:
             data = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # truncated, corrupt, or not a torch file at all
-            raise UsageError(f"checkpoint {path} cannot be read "
-                             f"({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+            reason = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}"
+            raise UnreadableCheckpoint(f"checkpoint {path} cannot be read ({reason})", reason) from None
         if not isinstance(data, dict) or "format_version" not in data:
-            raise UsageError(f"{path} is not a ddprl checkpoint (no format_version)")
+            raise UnreadableCheckpoint(f"{path} is not a ddprl checkpoint (no format_version)", "no format_version")
         _cached = (cache_key, data)
     if data["format_version"] != FORMAT_VERSION:
         raise UsageError(f"{path} has checkpoint format_version {data['format_version']}; this ddprl reads "

@@ -9,7 +9,8 @@
 
 Algorithms come from ``ddprl.registry``: nothing here knows one by name.
 
-Exit codes: 0 done; 2 bad input (one line ``ddprl: error: ...``); 1 failure at run time.
+Exit codes: 0 done; 2 bad input (one line ``ddprl: error: ...``); 1 failure at run time; 75
+preempted (a signal stopped the job after a checkpoint: the same command with resume=auto goes on).
 """
 
 from __future__ import annotations
@@ -280,7 +281,11 @@ def entry() -> None:
     """The ``ddprl`` command: run ``main`` and end the process with its exit code."""
     from ddprl.runtime import exit_process
 
-    exit_process(main())
+    try:
+        code = main()
+    except SystemExit as e:  # a rank's exit code raised through launch (2: bad input, 75: preempted)
+        code = e.code if isinstance(e.code, int) else 1
+    exit_process(code)
 
 
 def main(argv: list[str] | None = None) -> int:

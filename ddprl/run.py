@@ -11,6 +11,7 @@ Every algorithm's loop uses :class:`Run` the same way, so saving and resuming ar
     run.open(total_steps)                      # collective: directory, config.yaml, metrics, TensorBoard
     run.log(step, metrics)                     # every rank calls; rank 0 writes
     run.save(step, state={...}, counters={...}, own={"env": ...}, score=eval_return)   # collective
+    if run.stop_requested(): run.preempted(step)     # collective, at step boundaries (after a save)
     run.close()
 
 Rank 0 names and creates the directory and broadcasts its path: one directory per job.
@@ -24,16 +25,19 @@ import os
 import random
 import re
 import shutil
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
 
-from ddprl.checkpoint import forget_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from ddprl.checkpoint import (UnreadableCheckpoint, forget_checkpoint, load_checkpoint, rng_state, save_checkpoint,
+                              set_rng_state)
 from ddprl.config import save_yaml, to_dict
 from ddprl.errors import UsageError
 from ddprl.metrics import MetricsLogger
+from ddprl.runtime.preemption import Preempted, StopCheck
 
 log = logging.getLogger("ddprl")
 
@@ -64,23 +68,46 @@ def open_run_dir(rt: Any, cfg: Any) -> Path:
 def resolve_resume(resume: str, run_dir: str, algo: str) -> Path | None:
     """The checkpoint to resume from, checked before any process starts (None: fresh start).
 
-    ``resume=auto`` takes ``<run_dir>/checkpoints/latest.pt`` when it exists and starts fresh
-    otherwise (so a requeued SLURM job just re-runs the same command).
+    ``resume=auto`` takes the newest checkpoint of ``<run_dir>/checkpoints`` that loads
+    (latest.pt, else the step files newest first; one warning names those skipped) and starts
+    fresh when there is none, so a requeued or restarted job just re-runs the same command.
     """
     if not resume:
         return None
     if resume == "auto":
         if not run_dir:
             raise UsageError("resume=auto needs run_dir=<the run's directory>")
-        latest = Path(run_dir) / "checkpoints" / "latest.pt"
-        if not latest.exists():
-            log.info("resume=auto: no %s yet, starting fresh", latest)
-            return None
-        path = latest
-    else:
-        path = Path(resume)
+        return newest_loadable(Path(run_dir) / "checkpoints", algo)
+    path = Path(resume)
     load_checkpoint(path, expect_algo=algo)  # raises a UsageError for missing/truncated/foreign files
     return path.resolve()
+
+
+def newest_loadable(checkpoint_dir: Path, algo: str) -> Path | None:
+    """latest.pt, else the newest ``step_<N>.pt`` that loads; None when nothing does.
+
+    A file that cannot be read (truncated, corrupt: a crash or a full disk) is skipped with one
+    warning; a readable checkpoint of another algorithm is still an error (a wrong run_dir).
+    """
+    candidates = [checkpoint_dir / "latest.pt"] + [p for _, p in reversed(Checkpointer(checkpoint_dir.parent).step_files())]
+    skipped = []
+    for path in candidates:
+        if not path.exists():
+            continue
+        try:
+            load_checkpoint(path, expect_algo=algo)
+        except UnreadableCheckpoint as e:
+            skipped.append(f"{path.name} ({e.reason})")
+            continue
+        if skipped:
+            log.warning("resume=auto: skipped %s; resuming from %s", ", ".join(skipped), path)
+        return path.resolve()
+    if skipped:
+        log.warning("resume=auto: no checkpoint in %s loads (skipped %s); starting fresh", checkpoint_dir,
+                    ", ".join(skipped))
+    else:
+        log.info("resume=auto: no checkpoint in %s yet, starting fresh", checkpoint_dir)
+    return None
 
 
 def run_dir_of_checkpoint(path: Path) -> Path:
@@ -132,6 +159,14 @@ class Checkpointer:
                     old.unlink(missing_ok=True)  # latest.pt and best.pt are links of their own
         return path
 
+    def point_latest_at(self, path: Path) -> None:
+        """Make latest.pt the checkpoint being resumed when it is another file of this directory
+        (resume=auto skipped a damaged newest one, or the user named an older step)."""
+        latest = self.dir / "latest.pt"
+        if path.parent.resolve() == self.dir.resolve() and path.name != "latest.pt" and path.exists():
+            if not (latest.exists() and os.path.samefile(latest, path)):
+                _link(path, latest)
+
     def drop_after(self, step: int) -> list[Path]:
         """Remove step checkpoints past ``step`` (a resumed run abandons that future)."""
         dropped = [p for n, p in self.step_files() if n > step]
@@ -155,6 +190,8 @@ class Run:
         self.seeds = rt.seeds(cfg.seed)
         self.best: dict[str, Any] | None = self.checkpoint.get("best") if self.checkpoint else None
         self.dir: Path | None = None
+        self._stop_check = StopCheck(rt)
+        self._started = time.perf_counter()
         # Per-rank randomness (action sampling, minibatch order, init on rank 0 before the
         # broadcast). A resumed run starts from a stream of its resume step, never step 0's.
         seed_generators(self.seeds.torch(self.step))
@@ -214,6 +251,7 @@ class Run:
         if self.resumed and self.rt.is_main:
             for p in self.checkpointer.drop_after(self.step):
                 log.info("dropped %s: past the resumed checkpoint's step %d", p.name, self.step)
+            self.checkpointer.point_latest_at(Path(self.cfg.resume))
         self.logger = MetricsLogger(self.dir, self.cfg, self.rt.is_main, total_steps=total_steps,
                                     start_step=self.step, resumed=self.resumed)
         return self.dir
@@ -249,5 +287,27 @@ class Run:
                    "counters": dict(counters or {}), "state": state, "best": self.best}
         return self.checkpointer.save(self.rt, step, payload, {"rng": rng_state(), **(own or {})}, is_best)
 
+    def stop_requested(self) -> bool:
+        """Collective, called by every rank at every step boundary: whether a signal (SIGTERM,
+        SIGUSR1) reached any rank. Most calls return at once; about once a second the ranks
+        compare flags (``ddprl.runtime.preemption``). When True, save a checkpoint at this
+        step and call :meth:`preempted`."""
+        return self._stop_check()
+
+    def preempted(self, step: int) -> NoReturn:
+        """Collective, after the checkpoint of ``step`` is saved: close the sinks, leave together
+        and raise :class:`Preempted` (the job's exit code is then 75)."""
+        self.close()
+        self.rt.barrier()  # no rank leaves (and lets a launcher kill the others) before rank 0 wrote
+        if self.rt.is_main:
+            log.warning("stopped by %s at step %d, checkpoint saved: run the same command with resume=auto "
+                        "run_dir=%s to continue", self._stop_check.signal, step, self.dir)
+        raise Preempted(f"stopped by {self._stop_check.signal} at step {step}")
+
     def close(self) -> None:
         self.logger.close()
+        check = self._stop_check
+        if self.rt.is_main and check.reductions:
+            wall = time.perf_counter() - self._started
+            log.info("stop-signal checks: %d, %.1f ms in all (%.3f%% of the run's %.0f s)", check.reductions,
+                     check.reduce_s * 1e3, 100 * check.reduce_s / max(wall, 1e-9), wall)

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ddprl.errors import UsageError
-from ddprl.runtime import Seeds, detect_launcher, exit_process, setup_logging, spawn
+from ddprl.runtime import Seeds, detect_launcher, exit_process, preemption, setup_logging, spawn
 from ddprl.runtime.launch import spawn_port, spawn_sizes
 from ddprl.runtime.placement import rendezvous_from_env
 
@@ -205,6 +205,7 @@ def _child(local_index: int, fn: Callable, cfg: Any) -> None:
 
 def _run_process(fn: Callable, cfg: Any, process_id: int, num_processes: int, coordinator: str) -> Any:
     setup_logging(process_id)
+    previous_handlers = preemption.install_handlers()  # SIGTERM/SIGUSR1: stop at a step boundary, saved
     try:
         start_jax(cfg, process_id, num_processes, coordinator)
         rt = JaxRuntime(cfg)
@@ -219,6 +220,10 @@ def _run_process(fn: Callable, cfg: Any, process_id: int, num_processes: int, co
         else:
             log.error("process %d: %s", process_id, e)
         sys.exit(2)
+    except preemption.Preempted:  # every process saved and left together (Run.preempted)
+        sys.exit(preemption.PREEMPTED_EXIT_CODE)
     except BaseException:
         log.error("process %d failed:\n%s", process_id, traceback.format_exc())
         raise
+    finally:
+        preemption.restore_handlers(previous_handlers)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import os
 from typing import Any
 
 import torch
@@ -45,16 +46,16 @@ class Runtime:
         self.timeout = datetime.timedelta(seconds=dist_timeout)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        # Under torchrun, env:// reuses the store its agent already serves on MASTER_PORT.
-        init_method = ("env://" if placement.launcher == "torchrun"
-                       else f"tcp://{_url_host(placement.master_addr)}:{placement.master_port}")
-        dist.init_process_group(
-            backend=self.backend,
-            init_method=init_method,
-            rank=self.rank,
-            world_size=self.world_size,
-            timeout=self.timeout,
-        )
+        store = elastic_attempt_store(dist_timeout) if placement.launcher == "torchrun" else None
+        if store is not None:
+            dist.init_process_group(backend=self.backend, store=store, rank=self.rank, world_size=self.world_size,
+                                    timeout=self.timeout)
+        else:
+            # Under torchrun, env:// reuses the store its agent already serves on MASTER_PORT.
+            init_method = ("env://" if placement.launcher == "torchrun"
+                           else f"tcp://{_url_host(placement.master_addr)}:{placement.master_port}")
+            dist.init_process_group(backend=self.backend, init_method=init_method, rank=self.rank,
+                                    world_size=self.world_size, timeout=self.timeout)
 
     # -- modules ---------------------------------------------------------------------------
 
@@ -272,6 +273,28 @@ def unwrap(module: nn.Module) -> nn.Module:
 
 # torch >= 2.6 names it all_gather_single; 2.4-2.5 have only all_gather_tensor (same arguments)
 _funcol_all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+
+
+def elastic_attempt_store(dist_timeout: float) -> Any:
+    """Under torchrun with restarts: the agent's store, keyed apart for this attempt (else None).
+
+    torchrun's c10d rendezvous shares one store with its workers for the whole job, and a
+    process group writes the same keys in every attempt: workers restarted after a failure
+    read the dead attempt's addresses (gloo: "connectFullMesh failed ... Connection refused";
+    NCCL: a stale unique id; pytorch/pytorch#135712). Keys under the attempt number keep
+    attempts apart. The number is each agent's own restart count: on several nodes the agents
+    of healthy nodes do not count a restart, so there export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+    to torchrun instead (a fresh store each attempt; docs/distributed.md, "Clusters").
+    """
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or int(env.get("TORCHELASTIC_MAX_RESTARTS", "0")) == 0:
+        return None
+    if env.get("RANK") == "0" and env.get("WORLD_SIZE") != env.get("LOCAL_WORLD_SIZE"):
+        log.warning("torchrun restarts on several nodes: export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 to torchrun "
+                    "on every node, or a restart of one node's workers may hang in the rendezvous")
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
+                          timeout=datetime.timedelta(seconds=dist_timeout))
+    return dist.PrefixStore(f"ddprl/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def _url_host(addr: str) -> str:

@@ -12,7 +12,9 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import logging
+import multiprocessing.connection
 import os
+import signal
 import sys
 import time
 import traceback
@@ -22,7 +24,7 @@ import torch
 import torch.multiprocessing as mp
 
 from ddprl.errors import UsageError
-from ddprl.runtime import collectives
+from ddprl.runtime import collectives, preemption
 from ddprl.runtime.collectives import Runtime
 from ddprl.runtime.nccl import apply_nccl_preset
 from ddprl.runtime.placement import (Placement, check_port_free, choose_device_and_backend, detect_launcher,
@@ -126,6 +128,7 @@ def _child(local_rank: int, fn: Callable, cfg: Any, dist_timeout: float) -> None
 
 def _run_rank(placement: Placement, fn: Callable, cfg: Any, dist_timeout: float) -> Any:
     setup_logging(placement.rank)
+    previous_handlers = preemption.install_handlers()  # SIGTERM/SIGUSR1: stop at a step boundary, saved
     nccl_set = apply_nccl_preset(getattr(cfg, "nccl_preset", "none"))
     if nccl_set:
         log.info("nccl_preset=%s set %s", cfg.nccl_preset, " ".join(f"{k}={v}" for k, v in nccl_set.items()))
@@ -148,6 +151,8 @@ def _run_rank(placement: Placement, fn: Callable, cfg: Any, dist_timeout: float)
         else:  # bad input seen by this rank alone would otherwise go unsaid
             log.error("rank %d: %s", rt.rank, e)
         sys.exit(2)
+    except preemption.Preempted:  # every rank saved and left together (Run.preempted)
+        sys.exit(preemption.PREEMPTED_EXIT_CODE)
     except BaseException as e:
         log.error("rank %d failed:\n%s", rt.rank, traceback.format_exc())
         if _is_peer_failure(e):
@@ -157,6 +162,7 @@ def _run_rank(placement: Placement, fn: Callable, cfg: Any, dist_timeout: float)
         raise
     finally:
         rt.close()
+        preemption.restore_handlers(previous_handlers)
 
 
 def _is_peer_failure(e: BaseException) -> bool:
@@ -193,17 +199,42 @@ def spawn(child: Callable[..., None], args: tuple, nprocs: int) -> None:
     """Start ``child(local_index, *args)`` in ``nprocs`` fresh processes and wait for all.
 
     When one fails the others are stopped: exit code 2 (bad input found inside a process)
-    becomes ``SystemExit(2)``, any other failure :class:`RankFailed` naming the process.
+    becomes ``SystemExit(2)``, 75 (preempted, saved) ``SystemExit(75)``, any other failure
+    :class:`RankFailed` naming the process. A SIGTERM or SIGUSR1 sent to this process is passed
+    on to every child, which stop together at a step boundary with a checkpoint.
     """
+    context = mp.start_processes(child, args=args, nprocs=nprocs, join=False, start_method="spawn")
+
+    def forward(signum: int, frame: Any) -> None:
+        for process in context.processes:
+            if process.is_alive() and process.pid is not None:
+                try:
+                    os.kill(process.pid, signum)
+                except ProcessLookupError:  # ended in between
+                    pass
+
+    previous = {sig: signal.signal(sig, forward) for sig in preemption.STOP_SIGNALS}
     try:
-        mp.start_processes(child, args=args, nprocs=nprocs, join=True, start_method="spawn")
+        # Preempted ranks leave together (after a barrier), some an instant before the others:
+        # wait for all of them rather than have the join stop the late ones as if they had failed.
+        pending = list(context.processes)
+        while pending:
+            multiprocessing.connection.wait([p.sentinel for p in pending])
+            pending = [p for p in pending if p.exitcode is None]
+            if any(p.exitcode not in (None, 0, preemption.PREEMPTED_EXIT_CODE) for p in context.processes):
+                break  # a failure: the join below stops the others and reports it
+        while not context.join():
+            pass
     except mp.ProcessExitedException as e:
-        if e.exit_code == 2:
-            raise SystemExit(2) from None
+        if e.exit_code in (2, preemption.PREEMPTED_EXIT_CODE):
+            raise SystemExit(e.exit_code) from None
         raise RankFailed(f"rank {e.error_index} exited with code {e.exit_code}") from None
     except mp.ProcessRaisedException as e:
         last = [line for line in str(e).strip().splitlines() if line.strip()]
         raise RankFailed(f"rank {e.error_index} failed: {last[-1] if last else 'unknown error'}") from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def runs_in_this_process(cfg: Any) -> bool:

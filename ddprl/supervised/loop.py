@@ -202,11 +202,15 @@ def fit(rt: Any, cfg: Any, task: Task) -> FitResult:
             # The row before its checkpoint: a job killed between the two resumes from the
             # previous checkpoint and writes the row again, never skips it.
             run.log(step, row)
-        if improved or last or (cfg.checkpoint_freq and epoch % cfg.checkpoint_freq == 0):
+        # Checked once per epoch: a supervised checkpoint marks an epoch's end (resume starts an epoch).
+        preempted = not last and run.stop_requested()  # collective: a SIGTERM/SIGUSR1 reached some rank
+        if improved or last or preempted or (cfg.checkpoint_freq and epoch % cfg.checkpoint_freq == 0):
             run.save(step, state={"model": strip_prefixes(plain.state_dict()), "optimizer": optimizer.state_dict(),
                                   "scheduler": scheduler.state_dict() if scheduler is not None else None,
                                   "scaler": scaler.state_dict(), "early_stopping": stopper.state_dict()},
                      counters={"epoch": epoch}, score=score)
+        if preempted:
+            run.preempted(step)  # every rank leaves here together; exit code 75
         if last:  # the test metrics are of best.pt, saved just above
             if "test" in datasets:
                 row.update(test_best(rt, cfg, run, task, plain, datasets["test"], autocast, monitor))

@@ -291,8 +291,11 @@ def train(rt: Any, cfg: Any) -> None:
         if crossed(global_step, steps_per_iteration, cfg.eval_freq) or (last and cfg.eval_episodes > 0):
             metrics.update(run_eval(global_step))
         run.log(global_step, metrics)
-        if crossed(global_step, steps_per_iteration, cfg.checkpoint_freq) or last:
+        preempted = not last and run.stop_requested()  # collective: a SIGTERM/SIGUSR1 reached some rank
+        if crossed(global_step, steps_per_iteration, cfg.checkpoint_freq) or last or preempted:
             save(global_step, iteration + 1, score=metrics.get("eval/return_mean"))
+        if preempted:
+            run.preempted(global_step)  # every rank leaves here together; exit code 75
 
     run.close()
     env.close()

@@ -248,8 +248,11 @@ def train(rt: Any, cfg: Any) -> None:
             run.log(global_step, metrics)
         else:
             run.progress(global_step)
-        if crossed(global_step, steps_per_iteration, cfg.checkpoint_freq) or last:
+        preempted = not last and run.stop_requested()  # collective: a SIGTERM/SIGUSR1 reached some rank
+        if crossed(global_step, steps_per_iteration, cfg.checkpoint_freq) or last or preempted:
             save(global_step, score=metrics.get("eval/return_mean") if evaluating else None)
+        if preempted:
+            run.preempted(global_step)  # every rank leaves here together; exit code 75
 
     run.close()
     env.close()

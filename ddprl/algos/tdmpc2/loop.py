@@ -217,8 +217,11 @@ def train(rt: Any, cfg: Any) -> None:
             run.log(global_step, metrics)
             sum_terms, num_sums, ep_stats = None, 0, torch.zeros_like(ep_stats)
             t_log, steps_at_log = time.perf_counter(), global_step
-        if crossed(global_step, cfg.num_envs, cfg.checkpoint_freq) or last:
+        preempted = not last and run.stop_requested()  # collective: a SIGTERM/SIGUSR1 reached some rank
+        if crossed(global_step, cfg.num_envs, cfg.checkpoint_freq) or last or preempted:
             save(global_step, score=metrics.get("eval/return_mean") if evaluating else None)
+        if preempted:
+            run.preempted(global_step)  # every rank leaves here together; exit code 75
 
     run.close()
     env.close()

@@ -1,0 +1,99 @@
+"""Preemption: a signal to any rank (or to the launcher) ends the job at a step boundary, saved.
+
+Clusters end jobs with a signal: SLURM sends SIGTERM at the time limit or on preemption (and
+SIGUSR1 some seconds before, with ``sbatch --signal=USR1@SECONDS``); torchrun forwards the
+SIGTERM it gets to its workers; ``ddprl train world_size=N`` forwards it to its processes.
+
+In a rank, the handler only sets a flag: nothing is decided locally, since a rank that stopped
+alone would leave its peers waiting in a collective. At step boundaries every rank calls
+:meth:`StopCheck.__call__`, which every so often reduces the flags over the ranks (one small
+collective); when any rank was signalled, all of them learn it at the same step, save one
+collective checkpoint there and leave with :data:`PREEMPTED_EXIT_CODE`. A second signal only
+sets the flag again: it cannot interrupt the save, which is atomic anyway.
+
+The cadence: the reduction runs about once per ``interval_s`` of wall time, so its cost is a
+small collective per second (measured in docs/benchmarks.md) whatever a step costs. The number
+of steps between two reductions is derived from the *reduced* elapsed time, so every rank
+computes the same one and the ranks stay in step with their collectives.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from typing import Any
+
+log = logging.getLogger("ddprl")
+
+# sysexits.h's EX_TEMPFAIL ("temporary failure; the user is invited to retry"): a checkpoint was
+# saved at the signal, and the same command with resume=auto continues the job.
+PREEMPTED_EXIT_CODE = 75
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+_received: list[int] = []  # signal numbers received by this process, in order
+
+
+class Preempted(Exception):
+    """Raised on every rank after the preemption checkpoint: the job ends with exit code 75."""
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    # Only record it: logging or saving from a signal handler could re-enter a lock held by the
+    # interrupted code.
+    _received.append(signum)
+
+
+def install_handlers() -> dict[int, Any]:
+    """Catch SIGTERM and SIGUSR1 in this process (main thread only) and remember them; returns
+    the handlers they replace, for :func:`restore_handlers`."""
+    _received.clear()
+    return {sig: signal.signal(sig, _on_signal) for sig in STOP_SIGNALS}
+
+
+def restore_handlers(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def received() -> str | None:
+    """The name of the first stop signal this process received, or None."""
+    return signal.Signals(_received[0]).name if _received else None
+
+
+class StopCheck:
+    """Collective: whether any rank has received a stop signal (every rank calls it at every step
+    boundary; most calls return at once, without a collective).
+
+    ``rt`` needs ``all_gather_object`` (the torch and the JAX runtime both have it).
+    """
+
+    def __init__(self, rt: Any, interval_s: float = 1.0, max_every: int = 100_000):
+        self.rt, self.interval_s, self.max_every = rt, interval_s, max_every
+        self.every = 1  # step boundaries between two reductions; the first one reduces at once
+        self.calls = 0
+        self.last = time.perf_counter()
+        self.reductions = 0
+        self.reduce_s = 0.0  # time spent in the reductions (their cost)
+        self.signal: str | None = None  # which signal stopped the job, and where, once known
+
+    def __call__(self) -> bool:
+        self.calls += 1
+        if self.calls < self.every:
+            return False
+        start = time.perf_counter()
+        flags = self.rt.all_gather_object((received(), start - self.last))
+        self.reduce_s += time.perf_counter() - start
+        self.reductions += 1
+        signals = [f"{name} on rank {rank}" for rank, (name, _) in enumerate(flags) if name is not None]
+        # Mean elapsed over ranks: the same number on every rank, hence the same cadence.
+        elapsed = sum(e for _, e in flags) / len(flags)
+        # Grows at most 4x per reduction: one quick first step must not stretch the next wait.
+        target = int(self.calls * self.interval_s / max(elapsed, 1e-9))
+        self.every = max(1, min(self.max_every, 4 * self.calls, target))
+        self.calls = 0
+        self.last = time.perf_counter()
+        if signals:
+            self.signal = signals[0]
+            return True
+        return False
