@@ -411,7 +411,7 @@ def paired_rank(rt: Any, cfg: Any, args: argparse.Namespace, out: str) -> None:
             loader.sampler.set_epoch(epoch)
             if fn is None:
                 step = timed(name, lambda: train_one_epoch(rt, cfg, task, net, model, loader, opt, None, scaler,
-                                                           contextlib.nullcontext(), run, step))[1]
+                                                           contextlib.nullcontext(), run, step, len(loader)))[1]
             else:
                 timed(name, fn)
         vals = [("plain validation", plain_val),

@@ -85,3 +85,30 @@ def evaluate_fixed(rt, cfg, task: Task, split: str, out: str) -> None:
     dataset = getattr(task, split)()
     result = evaluate(rt, model, eval_loader(dataset, cfg, rt.rank, rt.world_size), task, split)
     Path(out, f"rank{rt.rank}.json").write_text(json.dumps(result))
+
+
+class SignalledLoss(nn.Module):
+    """Cross-entropy that sends SIGTERM to its own process at its ``at``-th call on rank 1: a
+    preemption notice reaching one rank mid-epoch, at a known point."""
+
+    def __init__(self, at: int):
+        super().__init__()
+        self.at, self.calls = at, 0
+
+    def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        import os
+        import signal
+
+        import torch.distributed as dist
+
+        self.calls += 1
+        if self.calls == self.at and dist.get_rank() == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return nn.functional.cross_entropy(output, target)
+
+
+def long_blob_task(signal_at: int = 0) -> Task:
+    """300 micro-batches of 2 per rank and epoch (2 ranks): a stop lands mid-epoch."""
+    return Task(model=small_mlp, loss=SignalledLoss(signal_at) if signal_at else nn.CrossEntropyLoss(),
+                train=functools.partial(blobs, 1200, 1), val=functools.partial(blobs, 37, 2),
+                metrics={"accuracy": accuracy})

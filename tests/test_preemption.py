@@ -204,3 +204,72 @@ def test_resume_auto_skips_damaged_checkpoints(tmp_path, caplog):
     # the resumed run points latest.pt back at what it resumed
     ckpts.point_latest_at(path)
     assert load_checkpoint(ckpts.dir / "latest.pt")["step"] == 100
+
+
+FAKE_SRUN = """#!/usr/bin/env bash
+# srun on one node without SLURM: SLURM_NTASKS tasks with the variables srun gives them.
+pids=()
+for ((i = 0; i < SLURM_NTASKS; i++)); do
+    SLURM_PROCID=$i SLURM_LOCALID=$i SLURM_NODEID=0 SLURM_STEP_ID=0 SLURM_STEPID=0 \\
+    SLURM_STEP_NODELIST=$SLURM_JOB_NODELIST SLURM_TASKS_PER_NODE=$SLURM_NTASKS \\
+    SLURM_STEP_TASKS_PER_NODE=$SLURM_NTASKS "$@" &
+    pids+=($!)
+done
+echo "${pids[@]}" > "$FAKE_SLURM_DIR/tasks"
+code=0
+for pid in "${pids[@]}"; do wait "$pid"; c=$?; (( c > code )) && code=$c; done
+exit $code
+"""
+
+
+def test_sbatch_script_requeues_after_the_signal_and_resumes(tmp_path):
+    """scripts/slurm.sbatch with `srun`/`scontrol` stand-ins (no SLURM here: the only fakes): SIGUSR1
+    to the tasks, as `--signal=USR1@180` sends it, ends in a requeue; the requeued job resumes."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text(FAKE_SRUN)
+    (fake / "scontrol").write_text('#!/usr/bin/env bash\n'  # `show hostnames` of a one-host list; requeue recorded
+                                   'if [ "$1" = show ]; then echo "$3"; else echo "$@" >> "$FAKE_SLURM_DIR/scontrol"; fi\n')
+    for tool in ("srun", "scontrol"):
+        (fake / tool).chmod(0o755)
+    port = free_port()
+    while not 20000 <= port < 40000:
+        port = free_port()
+    job_id = str(port - 20000)  # ddprl's port under SLURM: 20000 + job id mod 20000
+    env = cli_env()
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    env.update({"PATH": f"{fake}:{env['PATH']}", "FAKE_SLURM_DIR": str(tmp_path), "PYTHON": sys.executable,
+                "SLURM_JOB_ID": job_id, "SLURM_JOB_NAME": "ppo", "SLURM_NTASKS": "2", "SLURM_NNODES": "1",
+                "SLURM_JOB_NODELIST": "localhost", "SLURM_NTASKS_PER_NODE": "2"})
+    script = [str(Path(__file__).resolve().parents[1] / "scripts" / "slurm.sbatch")]
+    run_dir = tmp_path / "runs" / f"ppo-{job_id}"
+
+    def sbatch(*keys: str) -> subprocess.Popen:
+        return subprocess.Popen(["bash", *script, *PPO, *keys], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    job = sbatch("steps=100000000")
+    try:
+        wait_for(lambda: len(rows(run_dir)) >= 3 and (tmp_path / "tasks").exists(), 120, "metrics rows", [job])
+        for pid in (tmp_path / "tasks").read_text().split():
+            os.kill(int(pid), signal.SIGUSR1)
+        out, err = job.communicate(timeout=120)
+    finally:
+        stop_all([job])
+    assert job.returncode == 0, err[-3000:]
+    assert (tmp_path / "scontrol").read_text().split() == ["requeue", job_id]
+    assert "stopped by SIGUSR1" in err
+    stopped_at = load_checkpoint(run_dir / "checkpoints" / "latest.pt")["step"]
+    assert stopped_at == rows(run_dir)[-1]["step"]
+
+    env["SLURM_RESTART_COUNT"] = "1"  # the requeued job: the same script, the same job id
+    requeued = sbatch(f"steps={stopped_at + 2 * 512}")
+    try:
+        out, err = requeued.communicate(timeout=300)
+    finally:
+        stop_all([requeued])
+    assert requeued.returncode == 0, err[-3000:]
+    steps = [r["step"] for r in rows(run_dir)]
+    assert steps[-1] == stopped_at + 2 * 512
+    assert all(b - a == 512 for a, b in zip(steps, steps[1:])), steps

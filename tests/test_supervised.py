@@ -222,6 +222,29 @@ def test_digits_reaches_test_accuracy_095_on_two_ranks(tmp_path):
     assert f"test/accuracy={last['test/accuracy']:.6g}" in proc.stdout and "test/num_samples=271" in proc.stdout
 
 
+def test_signal_mid_epoch_saves_there_and_resume_equals_an_uninterrupted_run(tmp_path):
+    """SIGTERM to rank 1 part-way through epoch 1: both ranks stop after the same optimizer step,
+    save (epoch, batch, the epoch's partial sums), exit 75; the resumed run ends with the weights
+    and rows of a run never stopped."""
+    keys = dict(FAST, epochs=3, batch_size=2, optimizer="sgd", lr=0.05, momentum=0.0, shuffle=True,
+                checkpoint_freq=0, world_size=2)
+    whole = Trainer.from_task(fns.long_blob_task(), run_dir=str(tmp_path / "whole"), **keys).fit()
+    cut = tmp_path / "cut"
+    with pytest.raises(SystemExit) as stopped:
+        Trainer.from_task(fns.long_blob_task(signal_at=100), run_dir=str(cut), **keys).fit()
+    assert stopped.value.code == 75
+    counters = torch.load(cut / "checkpoints" / "latest.pt", weights_only=True)["counters"]
+    assert 0 < counters["batches"] < 300 and counters["epoch"] < 3, counters  # mid-epoch
+    resumed = Trainer.from_task(fns.long_blob_task(), run_dir=str(cut), resume="auto", **keys).fit()
+    a, b = _weights(whole.run_dir), _weights(resumed.run_dir)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    rows_whole = [r for r in read_metrics(whole.run_dir) if "epoch" in r]
+    rows_cut = [r for r in read_metrics(cut) if "epoch" in r]
+    assert [r["epoch"] for r in rows_cut] == [1, 2, 3]
+    for x, y in zip(rows_whole, rows_cut):  # the interrupted epoch's loss includes both parts
+        assert x["train/loss"] == pytest.approx(y["train/loss"], rel=1e-12) and x["val/loss"] == y["val/loss"]
+
+
 def test_kill_9_and_resume_continues_like_an_uninterrupted_run(tmp_path):
     args = ["train", "algo=supervised", "task=digits", "world_size=2", "epochs=8", "batch_size=8",
             "checkpoint_freq=1", "progress=false", "device=cpu", "dist_timeout=60"]

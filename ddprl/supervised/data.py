@@ -13,6 +13,7 @@ in rank order they are the set in its own order.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Iterator
 
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
@@ -32,6 +33,23 @@ class ShardSampler(Sampler[int]):
         return self.stop - self.start
 
 
+class EpochSampler(DistributedSampler):
+    """``DistributedSampler`` that can start an epoch part-way: ``start_at(epoch, n)`` skips the
+    epoch's first ``n`` samples of this rank (a job stopped mid-epoch resumes where it was)."""
+
+    skip = 0
+
+    def start_at(self, epoch: int, samples: int = 0) -> None:
+        self.set_epoch(epoch)  # a new permutation every epoch, the same on every rank
+        self.skip = samples
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(super().__iter__(), self.skip, None)
+
+    def __len__(self) -> int:
+        return super().__len__() - self.skip
+
+
 def _loader_kwargs(cfg: Any, collate_fn: Any) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"num_workers": cfg.num_workers, "pin_memory": cfg.pin_memory, "collate_fn": collate_fn}
     if cfg.num_workers > 0:
@@ -42,8 +60,8 @@ def _loader_kwargs(cfg: Any, collate_fn: Any) -> dict[str, Any]:
 
 
 def train_loader(dataset: Any, cfg: Any, rank: int, world_size: int, collate_fn: Any = None) -> DataLoader:
-    """This rank's training batches of ``batch_size``; call ``loader.sampler.set_epoch(e)`` every epoch."""
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=cfg.shuffle,
+    """This rank's training batches of ``batch_size``; call ``loader.sampler.start_at(e)`` every epoch."""
+    sampler = EpochSampler(dataset, num_replicas=world_size, rank=rank, shuffle=cfg.shuffle,
                                  seed=cfg.seed, drop_last=cfg.drop_last)
     return DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler, drop_last=cfg.drop_last,
                       **_loader_kwargs(cfg, collate_fn))

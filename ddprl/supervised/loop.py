@@ -2,7 +2,8 @@
 
     for epoch:
         train_one_epoch          # DistributedSampler.set_epoch(epoch); grads all-reduced once per
-                                 # sync_freq micro-batches (no_sync before the last one)
+                                 # sync_freq micro-batches (no_sync before the last one); a stop
+                                 # signal ends it after an optimizer step: saved mid-epoch, exit 75
         validate (every eval_freq epochs)      # exact over ranks: every sample once
         rank 0 decides: improved? stop?        # from the global metric, broadcast to all
         log one row, then save (improved, every checkpoint_freq epochs, last)   # best.pt / latest.pt
@@ -152,6 +153,7 @@ def fit(rt: Any, cfg: Any, task: Task) -> FitResult:
     scaler = torch.amp.GradScaler(rt.device.type, enabled=cfg.precision == "fp16")
     stopper = EarlyStopping(cfg.mode, cfg.patience, cfg.min_delta)
     epoch = 0
+    done_batches, carried = 0, {"loss": 0.0, "samples": 0.0}  # of an epoch a signal interrupted
     if run.resumed:
         optimizer.load_state_dict(run.state["optimizer"])
         if scheduler is not None:
@@ -159,6 +161,12 @@ def fit(rt: Any, cfg: Any, task: Task) -> FitResult:
         scaler.load_state_dict(run.state["scaler"])
         stopper.load_state_dict(run.state["early_stopping"])
         epoch = int(run.counters["epoch"])
+        if run.counters.get("batches"):  # stopped mid-epoch by a signal: go on from that batch
+            if run.same_world:
+                done_batches, carried = int(run.counters["batches"]), run.counters["partial"]
+            else:  # the shards of another world size do not line up with what was done
+                log.warning("epoch %d was interrupted on %d rank(s): it starts over on %d", epoch + 1,
+                            run.checkpoint["world_size"], rt.world_size)
     run.restore_rank_state()
     run.open(total_steps)
     autocast = autocast_context(rt.device, cfg.precision)
@@ -168,12 +176,22 @@ def fit(rt: Any, cfg: Any, task: Task) -> FitResult:
                  "optimizer step, %d steps per epoch", len(datasets["train"]), rt.world_size, cfg.batch_size,
                  cfg.sync_freq, effective_batch, steps_per_epoch)
 
+    def state() -> dict[str, Any]:
+        return {"model": strip_prefixes(plain.state_dict()), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "scaler": scaler.state_dict(), "early_stopping": stopper.state_dict()}
+
     step, row = run.step, {}
     while epoch < cfg.epochs and not stopper.stopped:
         start = time.perf_counter()
-        loader.sampler.set_epoch(epoch)  # a new permutation every epoch, the same on every rank
-        train_sums, step = train_one_epoch(rt, cfg, task, net, plain, loader, optimizer, scheduler, scaler,
-                                           autocast, run, step)
+        loader.sampler.start_at(epoch, done_batches * cfg.batch_size)
+        train_sums, step, done_batches = train_one_epoch(rt, cfg, task, net, plain, loader, optimizer, scheduler,
+                                                         scaler, autocast, run, step, micro_batches, done_batches)
+        train_sums = {k: float(train_sums[k]) + carried[k] for k in carried}
+        if done_batches < micro_batches:  # a signal: save where the epoch is, leave together (exit 75)
+            run.save(step, state=state(), counters={"epoch": epoch, "batches": done_batches, "partial": train_sums})
+            run.preempted(step)
+        done_batches, carried = 0, {"loss": 0.0, "samples": 0.0}
         epoch += 1
         seconds = time.perf_counter() - start
         row = {"epoch": epoch, "train/loss": train_sums["loss"] / train_sums["samples"],
@@ -202,13 +220,10 @@ def fit(rt: Any, cfg: Any, task: Task) -> FitResult:
             # The row before its checkpoint: a job killed between the two resumes from the
             # previous checkpoint and writes the row again, never skips it.
             run.log(step, row)
-        # Checked once per epoch: a supervised checkpoint marks an epoch's end (resume starts an epoch).
+        # Also between epochs: a signal that came during validation.
         preempted = not last and run.stop_requested()  # collective: a SIGTERM/SIGUSR1 reached some rank
         if improved or last or preempted or (cfg.checkpoint_freq and epoch % cfg.checkpoint_freq == 0):
-            run.save(step, state={"model": strip_prefixes(plain.state_dict()), "optimizer": optimizer.state_dict(),
-                                  "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                                  "scaler": scaler.state_dict(), "early_stopping": stopper.state_dict()},
-                     counters={"epoch": epoch}, score=score)
+            run.save(step, state=state(), counters={"epoch": epoch}, score=score)
         if preempted:
             run.preempted(step)  # every rank leaves here together; exit code 75
         if last:  # the test metrics are of best.pt, saved just above
@@ -222,13 +237,16 @@ def fit(rt: Any, cfg: Any, task: Task) -> FitResult:
 
 def train_one_epoch(rt: Any, cfg: Any, task: Task, net: torch.nn.Module, plain: torch.nn.Module, loader: Any,
                     optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler,
-                    autocast: contextlib.AbstractContextManager, run: Run, step: int) -> tuple[dict[str, float], int]:
-    """One pass over this rank's shard; returns the global loss sum and sample count, and the step."""
+                    autocast: contextlib.AbstractContextManager, run: Run, step: int, micro_batches: int,
+                    first: int = 0) -> tuple[dict[str, Any], int, int]:
+    """One pass over this rank's shard from micro-batch ``first`` (of ``micro_batches``); returns the
+    global loss sum and sample count of what it trained, the step, and the micro-batches done
+    (fewer than ``micro_batches`` when a stop signal ended the pass after an optimizer step)."""
     net.train()
-    micro_batches = len(loader)
     loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
     samples = 0
-    for i, batch in enumerate(loader):
+    done = micro_batches
+    for i, batch in enumerate(loader, start=first):
         group_start = i - i % cfg.sync_freq
         group_size = min(cfg.sync_freq, micro_batches - group_start)  # the epoch's last group may be short
         last_micro = i == group_start + group_size - 1
@@ -255,8 +273,11 @@ def train_one_epoch(rt: Any, cfg: Any, task: Task, net: torch.nn.Module, plain: 
         run.progress(step)
         if cfg.log_freq and step % cfg.log_freq == 0:
             run.log(step, {"train/step_loss": rt.all_reduce_mean(float(loss.detach()))})
+        if i + 1 < micro_batches and run.stop_requested():  # collective: a SIGTERM/SIGUSR1 reached some rank
+            done = i + 1
+            break
     totals = rt.all_reduce_sum({"loss": loss_sum, "samples": float(samples)})
-    return totals, step
+    return totals, step, done
 
 
 def test_best(rt: Any, cfg: Any, run: Run, task: Task, plain: torch.nn.Module, dataset: Any,
