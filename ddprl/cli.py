@@ -136,8 +136,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if kv.get("episodes", 10) < 1:
         raise UsageError("eval: episodes must be >= 1")
     saved = {k: v for k, v in ckpt["config"].items() if k not in NOT_RESUMED}
-    # One process: a checkpoint from any number of ranks evaluates here.
-    extra = ["world_size=1", "progress=false",
+    # One process: a checkpoint from any number of ranks (and machines) evaluates here.
+    extra = ["world_size=1", "nnodes=1", "progress=false",
              f"device={kv.get('device', 'auto')}", f"eval_episodes={kv.get('episodes', 10)}"]
     if not algorithm.has_key("eval_episodes"):
         raise UsageError(f"eval: algo={ckpt['algo']} has no evaluation episodes")

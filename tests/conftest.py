@@ -40,3 +40,7 @@ def run_cli(args: list[str], cwd: Path | str | None = None, timeout: float = 300
 @pytest.fixture
 def cli():
     return run_cli
+
+
+# Two hosts on one machine (network namespaces) for the multi-node tests; see hosts.py.
+from hosts import two_hosts  # noqa: E402,F401

@@ -122,7 +122,7 @@ def evaluate_checkpoint(checkpoint: str | Path, task: Task, split: str = "test",
     from ddprl.cli import NOT_RESUMED
 
     saved = {k: v for k, v in ckpt["config"].items() if k not in NOT_RESUMED}
-    values = {"world_size": 1, "progress": False, "device": device}
+    values = {"world_size": 1, "nnodes": 1, "progress": False, "device": device}
     if batch_size is not None:
         values["eval_batch_size"] = batch_size
     cfg = load_config(resumed=saved, values=values)
