@@ -103,8 +103,11 @@ def exit_process(code: int) -> None:
     ``~AsyncAllgatherWork`` -> ``take_gil`` during ``Py_FinalizeEx``). A rank whose files are
     closed has nothing left for finalisation to do, so it runs the ``atexit`` handlers (W&B,
     multiprocessing's resource clean-up, logging), flushes and leaves with ``os._exit``.
+
+    The same after a stop signal (SIGTERM/SIGUSR1): finalisation puts the default handlers back,
+    and a repeated signal arriving then would kill the process instead of letting it exit 75.
     """
-    if not collectives._ddp_used:
+    if not collectives._ddp_used and preemption.received() is None:
         sys.exit(code)
     atexit._run_exitfuncs()
     logging.shutdown()
@@ -206,6 +209,7 @@ def spawn(child: Callable[..., None], args: tuple, nprocs: int) -> None:
     context = mp.start_processes(child, args=args, nprocs=nprocs, join=False, start_method="spawn")
 
     def forward(signum: int, frame: Any) -> None:
+        preemption.note(signum)
         for process in context.processes:
             if process.is_alive() and process.pid is not None:
                 try:
@@ -233,8 +237,9 @@ def spawn(child: Callable[..., None], args: tuple, nprocs: int) -> None:
         last = [line for line in str(e).strip().splitlines() if line.strip()]
         raise RankFailed(f"rank {e.error_index} failed: {last[-1] if last else 'unknown error'}") from None
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        if preemption.received() is None:  # else keep forwarding (to nobody): a repeat must not kill us
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def runs_in_this_process(cfg: Any) -> bool:

@@ -41,6 +41,11 @@ class Preempted(Exception):
 def _on_signal(signum: int, frame: Any) -> None:
     # Only record it: logging or saving from a signal handler could re-enter a lock held by the
     # interrupted code.
+    note(signum)
+
+
+def note(signum: int) -> None:
+    """Record a stop signal this process received (its handlers, or a launcher passing it on)."""
     _received.append(signum)
 
 
@@ -52,6 +57,10 @@ def install_handlers() -> dict[int, Any]:
 
 
 def restore_handlers(previous: dict[int, Any]) -> None:
+    """Put the replaced handlers back, unless a stop signal came: then this process is on its way
+    out with exit code 75, and a repeated signal must not kill it half-way (it stays recorded)."""
+    if _received:
+        return
     for sig, handler in previous.items():
         signal.signal(sig, handler)
 
