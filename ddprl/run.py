@@ -267,8 +267,12 @@ class Run:
         """Move the progress bar to ``step`` without logging a row (rank 0 draws it)."""
         self.logger.progress(step)
 
-    def improves(self, score: float) -> bool:
-        """Whether ``score`` would make a checkpoint saved now ``best.pt``."""
+    def improves(self, score: float | None) -> bool:
+        """Whether ``score`` (a global eval metric; None: no evaluation now) beats every earlier
+        one, so that a checkpoint saved now becomes ``best.pt``. Loops save a checkpoint whenever
+        it does, whatever ``checkpoint_freq`` says: best.pt is always the best evaluation."""
+        if score is None:
+            return False
         if self.best is None:
             return score == score  # not NaN
         return score > self.best["score"] if self.score_mode == "max" else score < self.best["score"]

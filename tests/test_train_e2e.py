@@ -52,6 +52,24 @@ def test_one_run_directory_one_log_each(two_rank_run):
     assert "parameters synchronised across 2 rank(s)" in res.stderr
 
 
+def test_best_pt_is_the_best_evaluation_whatever_checkpoint_freq(tmp_path):
+    """Evaluations every iteration, checkpoints only at the end: best.pt still holds the weights
+    of the best evaluation (the first of equal ones), saved at that step."""
+    run_dir = tmp_path / "b"
+    res = run_cli(["train", "world_size=1", "steps=3072", "eval_freq=512", "checkpoint_freq=0", "keep_last=0",
+                   f"run_dir={run_dir}", *FAST], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    evals = [(r["step"], r["eval/return_mean"]) for r in read_metrics(run_dir) if "eval/return_mean" in r]
+    assert [s for s, _ in evals] == [512 * i for i in range(1, 7)]
+    best_step, best_return = max(evals, key=lambda e: (e[1], -e[0]))
+    best = torch.load(run_dir / "checkpoints" / "best.pt", map_location="cpu", weights_only=True)
+    assert (best["step"], best["best"]) == (best_step, {"score": best_return, "step": best_step})
+    # a checkpoint at every improvement (each was the best so far), plus the final one
+    improving = [s for i, (s, r) in enumerate(evals) if all(r > q for _, q in evals[:i])]
+    saved = sorted(int(p.stem.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*.pt"))
+    assert saved == sorted(set(improving) | {3072})
+
+
 def test_checkpoint_is_plain_and_loads_in_one_process(two_rank_run):
     cwd, _ = two_rank_run
     path = only_dir(cwd / "runs") / "checkpoints" / "latest.pt"

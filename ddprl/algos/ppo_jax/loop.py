@@ -152,8 +152,9 @@ def train(rt: Any, cfg: Any) -> None:
             metrics.update(run_eval(global_step))
         run.log(global_step, metrics)
         preempted = not last and run.stop_requested()  # collective: a SIGTERM/SIGUSR1 reached some process
-        if crossed(global_step, steps_per_iteration, cfg.checkpoint_freq) or last or preempted:
-            save(global_step, iteration + 1, score=metrics.get("eval/return_mean"))
+        score = metrics.get("eval/return_mean")
+        if crossed(global_step, steps_per_iteration, cfg.checkpoint_freq) or last or preempted or run.improves(score):
+            save(global_step, iteration + 1, score=score)
         if preempted:
             run.preempted(global_step)  # every process leaves here together; exit code 75
 

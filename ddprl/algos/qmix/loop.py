@@ -249,8 +249,9 @@ def train(rt: Any, cfg: Any) -> None:
         else:
             run.progress(global_step)
         preempted = not last and run.stop_requested()  # collective: a SIGTERM/SIGUSR1 reached some rank
-        if crossed(global_step, steps_per_iteration, cfg.checkpoint_freq) or last or preempted:
-            save(global_step, score=metrics.get("eval/return_mean") if evaluating else None)
+        score = metrics.get("eval/return_mean") if evaluating else None
+        if crossed(global_step, steps_per_iteration, cfg.checkpoint_freq) or last or preempted or run.improves(score):
+            save(global_step, score=score)
         if preempted:
             run.preempted(global_step)  # every rank leaves here together; exit code 75
 

@@ -218,8 +218,9 @@ def train(rt: Any, cfg: Any) -> None:
             sum_terms, num_sums, ep_stats = None, 0, torch.zeros_like(ep_stats)
             t_log, steps_at_log = time.perf_counter(), global_step
         preempted = not last and run.stop_requested()  # collective: a SIGTERM/SIGUSR1 reached some rank
-        if crossed(global_step, cfg.num_envs, cfg.checkpoint_freq) or last or preempted:
-            save(global_step, score=metrics.get("eval/return_mean") if evaluating else None)
+        score = metrics.get("eval/return_mean") if evaluating else None
+        if crossed(global_step, cfg.num_envs, cfg.checkpoint_freq) or last or preempted or run.improves(score):
+            save(global_step, score=score)
         if preempted:
             run.preempted(global_step)  # every rank leaves here together; exit code 75
 
