@@ -98,6 +98,9 @@ def prepare_train(overrides: list[str], config_name: str | None, values: dict[st
     if prepare is not None:
         cfg = prepare(cfg, overrides, config_name, ckpt_path is not None)
     cfg.check()
+    if os.environ.get("RANK", "0") == "0" and os.environ.get("SLURM_PROCID", "0") == "0":  # said once per job
+        for line in cfg.learning_warnings():
+            print(f"ddprl: warning: {line}", file=sys.stderr, flush=True)
     if cfg.enable_wandb:
         try:
             import wandb  # noqa: F401

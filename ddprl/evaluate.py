@@ -13,6 +13,8 @@ import torch
 
 from ddprl.envs.base import VecEnv
 
+Progress = Callable[[int, int], None]  # (episodes done, episodes) of this rank
+
 
 class Actor(NamedTuple):
     """What ``ddprl eval``/``play`` need from a trained agent, whatever its algorithm."""
@@ -38,17 +40,20 @@ def episode_record(info: dict[str, torch.Tensor], i: int, extra_keys: tuple[str,
 
 @torch.no_grad()
 def run_episodes(env: VecEnv, act: Callable[[torch.Tensor], torch.Tensor], episodes: int, seed: int,
-                 extra_keys: tuple[str, ...] = ()) -> list[dict[str, float]]:
+                 extra_keys: tuple[str, ...] = (), progress: Progress | None = None) -> list[dict[str, float]]:
     """Run exactly ``episodes`` episodes on ``env`` and return one record per episode.
 
     Each env of the batch gets a fixed quota of episodes decided up front. Counting "the first
     k episodes to finish" instead would favour short episodes and bias the mean.
+    ``progress(done, episodes)`` is called at the start and after every finished episode.
     """
     n = env.num_envs
     quota = torch.tensor([episodes // n + (1 if i < episodes % n else 0) for i in range(n)])
     done_count = torch.zeros(n, dtype=torch.long)
     records: list[dict[str, float]] = []
     obs = env.reset(seed=seed)
+    if progress is not None:
+        progress(0, episodes)
     while bool((done_count < quota).any()):
         obs, _, terminated, truncated, info = env.step(act(obs))
         finished = (terminated | truncated).cpu()
@@ -56,6 +61,8 @@ def run_episodes(env: VecEnv, act: Callable[[torch.Tensor], torch.Tensor], episo
             if done_count[i] < quota[i]:
                 records.append(episode_record(info, i, extra_keys))
                 done_count[i] += 1
+                if progress is not None:
+                    progress(len(records), episodes)
     return records
 
 
@@ -73,10 +80,12 @@ def summarize(records: list[dict[str, float]]) -> dict[str, float]:
 
 
 def evaluate(rt: Any, make_eval_env: Callable[[int, int], VecEnv], act: Callable[[torch.Tensor], torch.Tensor],
-             episodes: int, seed: int, extra_keys: tuple[str, ...] = ()) -> dict[str, float]:
+             episodes: int, seed: int, extra_keys: tuple[str, ...] = (),
+             progress: Progress | None = None) -> dict[str, float]:
     """Collective: run ``episodes`` episodes over all ranks; every rank gets the global summary.
 
-    ``make_eval_env(num_envs, seed)`` builds this rank's eval env; ``act(obs)`` picks actions.
+    ``make_eval_env(num_envs, seed)`` builds this rank's eval env; ``act(obs)`` picks actions;
+    ``progress`` hears of this rank's episodes as they finish (``Run.eval_progress`` shows them).
     """
     local = split_episodes(episodes, rt.world_size, rt.rank)
     records: list[dict[str, float]] = []
@@ -84,7 +93,7 @@ def evaluate(rt: Any, make_eval_env: Callable[[int, int], VecEnv], act: Callable
         rank_seed = rt.seeds(seed).eval_env()  # never a training env's seed
         env = make_eval_env(min(local, 8), rank_seed)
         try:
-            records = run_episodes(env, act, local, rank_seed, extra_keys)
+            records = run_episodes(env, act, local, rank_seed, extra_keys, progress)
         finally:
             env.close()
     gathered = rt.all_gather_object(records)

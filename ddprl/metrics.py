@@ -48,8 +48,9 @@ class MetricsLogger:
         if cfg.progress:
             from tqdm import tqdm
 
+            self._desc = cfg.run_name()
             self._bar = tqdm(total=total_steps, initial=start_step, unit="step", unit_scale=True,
-                             dynamic_ncols=True, desc=cfg.run_name())
+                             dynamic_ncols=True, desc=self._desc)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         """Record ``metrics`` at global step ``step`` (every rank calls; rank 0 writes)."""
@@ -76,6 +77,13 @@ class MetricsLogger:
         if self._last_eval is not None:
             post["eval"] = f"{self._last_eval:.1f}"
         self._bar.set_postfix(post, refresh=False)
+
+    def evaluating(self, done: int, episodes: int) -> None:
+        """Show an evaluation's progress on the bar (rank 0's share of the episodes)."""
+        if self._bar is None:
+            return
+        desc = self._desc if done >= episodes else f"{self._desc} | evaluating: episode {done + 1}/{episodes}"
+        self._bar.set_description(desc, refresh=True)
 
     def close(self) -> None:
         if not self.is_main:

@@ -12,7 +12,7 @@ Every algorithm's loop uses :class:`Run` the same way, so saving and resuming ar
     run.log(step, metrics)                     # every rank calls; rank 0 writes
     run.save(step, state={...}, counters={...}, own={"env": ...}, score=eval_return)   # collective
     if run.stop_requested(): run.preempted(step)     # collective, at step boundaries (after a save)
-    run.close()
+    run.finish()                               # close the sinks; rank 0 prints the summary block
 
 Rank 0 names and creates the directory and broadcasts its path: one directory per job.
 """
@@ -110,6 +110,16 @@ def newest_loadable(checkpoint_dir: Path, algo: str) -> Path | None:
     return None
 
 
+def _duration(seconds: float) -> str:
+    """``42 s``, ``3 min 05 s``, ``2 h 04 min``."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
 def run_dir_of_checkpoint(path: Path) -> Path:
     """``runs/X/checkpoints/step_N.pt`` → ``runs/X``."""
     return path.parent.parent if path.parent.name == "checkpoints" else path.parent
@@ -178,12 +188,14 @@ class Checkpointer:
 class Run:
     """The job-level state every algorithm shares; see the module docstring for the calls.
 
-    ``score_mode``: "max" (eval return) or "min" (a loss) decides which ``score`` is best;
-    ``rate_key`` names the metric the progress bar shows as a rate.
+    ``score_mode``: "max" (eval return) or "min" (a loss) decides which ``score`` is best, and
+    ``score_name`` names it; ``rate_key`` names the metric the progress bar shows as a rate.
     """
 
-    def __init__(self, rt: Any, cfg: Any, score_mode: str = "max", rate_key: str = "time/global_fps"):
+    def __init__(self, rt: Any, cfg: Any, score_mode: str = "max", rate_key: str = "time/global_fps",
+                 score_name: str = "eval/return_mean"):
         self.rt, self.cfg, self.score_mode, self.rate_key = rt, cfg, score_mode, rate_key
+        self.score_name = score_name
         self.checkpoint = load_checkpoint(cfg.resume, expect_algo=cfg.algo) if cfg.resume else None
         forget_checkpoint()  # this Run holds it now; nothing else in the process needs the file again
         self.step = int(self.checkpoint["step"]) if self.checkpoint else 0
@@ -192,6 +204,8 @@ class Run:
         self.dir: Path | None = None
         self._stop_check = StopCheck(rt)
         self._started = time.perf_counter()
+        self.last_step = self.step  # of the last row logged
+        self.last_eval: tuple[int, dict[str, float]] | None = None  # (step, eval/ and test/ metrics) last logged
         # Per-rank randomness (action sampling, minibatch order, init on rank 0 before the
         # broadcast). A resumed run starts from a stream of its resume step, never step 0's.
         seed_generators(self.seeds.torch(self.step))
@@ -258,10 +272,20 @@ class Run:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Record global metrics at ``step`` and move the progress bar (every rank calls)."""
+        # What the stop-signal checks have cost so far (rank 0's time in their collectives).
+        metrics = {**metrics, "rank0/stop_check_s": self._stop_check.reduce_s}
         self.logger.log(step, metrics)
+        self.last_step = step
+        evaluated = {k: v for k, v in metrics.items() if k.startswith(("eval/", "val/", "test/"))}
+        if evaluated:
+            self.last_eval = (step, evaluated)
         # time/global_fps -> "fps", time/samples_per_s -> "samples/s"
         label = self.rate_key.rsplit("/", 1)[-1].replace("global_", "").replace("_per_", "/")
         self.logger.progress(step, metrics.get(self.rate_key), label)
+
+    def eval_progress(self, done: int, episodes: int) -> None:
+        """``progress`` for :func:`ddprl.evaluate.evaluate`: the bar says which episode runs."""
+        self.logger.evaluating(done, episodes)
 
     def progress(self, step: int) -> None:
         """Move the progress bar to ``step`` without logging a row (rank 0 draws it)."""
@@ -308,10 +332,37 @@ class Run:
                         "run_dir=%s to continue", self._stop_check.signal, step, self.dir)
         raise Preempted(f"stopped by {self._stop_check.signal} at step {step}")
 
+    def finish(self) -> None:
+        """End of training (every rank calls): close the sinks; rank 0 prints the summary block."""
+        self.close()
+        if self.rt.is_main:
+            print(self.summary(), flush=True)
+
+    def summary(self) -> str:
+        """What a finished job did and how to look at it: one block, its last line the run directory."""
+        wall = time.perf_counter() - self._started
+        what = f"algo={self.cfg.algo}" + (f" task={self.cfg.task}" if getattr(self.cfg, "task", None) else "")
+        lines = [f"ddprl: done: {what}, {self.last_step:,} {self.step_unit()} on {self.rt.world_size} "
+                 f"{'process' if self.rt.world_size == 1 else 'processes'} in {_duration(wall)}"]
+        if self.last_eval is not None:
+            step, values = self.last_eval
+            shown = ", ".join(f"{k} {v:.4g}" for k, v in values.items()
+                              if not k.endswith(("_std", "episodes", "num_samples")))
+            lines.append(f"  final evaluation {shown} (step {step:,})")
+        checkpoints = self.dir / "checkpoints"
+        if self.best is not None:
+            lines.append(f"  best evaluation  {self.score_name} {self.best['score']:.4g} at step {self.best['step']:,}: "
+                         f"{checkpoints / 'best.pt'}")
+        chosen = checkpoints / ("best.pt" if (checkpoints / "best.pt").exists() else "latest.pt")
+        lines.append(f"  evaluate         ddprl eval checkpoint={chosen}")
+        if self.cfg.algo != "supervised":
+            lines.append(f"  watch            ddprl play checkpoint={chosen} video={self.cfg.algo}.gif")
+        lines.append(f"  plot             ddprl plot {self.dir}")
+        lines.append(f"run directory: {self.dir}")
+        return "\n".join(lines)
+
+    def step_unit(self) -> str:
+        return "optimizer steps" if self.cfg.algo == "supervised" else "steps"
+
     def close(self) -> None:
         self.logger.close()
-        check = self._stop_check
-        if self.rt.is_main and check.reductions:
-            wall = time.perf_counter() - self._started
-            log.info("stop-signal checks: %d, %.1f ms in all (%.3f%% of the run's %.0f s)", check.reductions,
-                     check.reduce_s * 1e3, 100 * check.reduce_s / max(wall, 1e-9), wall)

@@ -91,6 +91,12 @@ class JobConfig:
     def check(self) -> None:
         """Checks across keys that training needs, after sizes are resolved (eval and play skip them)."""
 
+    def learning_warnings(self) -> list[str]:
+        """Settings that let the job run but not do what it is for (no update before the end, an
+        evaluation that never comes): one line each, with the numbers and the key to change.
+        Asked once, before any process starts, after :meth:`check`."""
+        return []
+
     def run_name(self) -> str:
         """The stem of the default run directory name (``<stem>-<time>``)."""
         return self.algo
@@ -133,6 +139,16 @@ class RLConfig(JobConfig):
         from ddprl.envs import check_task
 
         check_task(self.task)
+
+    def learning_warnings(self) -> list[str]:
+        out = []
+        if self.eval_freq > self.steps and self.eval_episodes > 0:
+            out.append(f"eval_freq={self.eval_freq} is beyond steps={self.steps}: the only evaluation is the final "
+                       "one (lower eval_freq)")
+        if self.checkpoint_freq > self.steps:
+            out.append(f"checkpoint_freq={self.checkpoint_freq} is beyond steps={self.steps}: the only checkpoint "
+                       "is the final one, a stopped job resumes from the start (lower checkpoint_freq)")
+        return out
 
     def run_name(self) -> str:
         return f"{self.algo}-{self.task.replace('/', '_')}"

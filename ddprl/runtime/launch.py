@@ -43,9 +43,22 @@ class RankFilter(logging.Filter):
         return True
 
 
+class BarSafeHandler(logging.StreamHandler):
+    """Writes each line through ``tqdm.write``: the progress bar is cleared and redrawn around it,
+    so a log line never lands inside the bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:
+            self.handleError(record)
+
+
 def setup_logging(rank: int) -> None:
     """``[RANK r]`` prefix on every line; rank 0 speaks at INFO, the others only warn."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = BarSafeHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("[RANK %(rank)s] %(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     handler.addFilter(RankFilter(rank))
     log.handlers[:] = [handler]

@@ -128,8 +128,8 @@ def train(rt: Any, cfg: Any) -> FitResult:
 
 def fit(rt: Any, cfg: Any, task: Task) -> FitResult:
     """Train ``task`` on this rank (every rank calls it); the result is the same on every rank."""
-    run = Run(rt, cfg, score_mode=cfg.mode, rate_key="time/samples_per_s")
     monitor = monitored(cfg, task)
+    run = Run(rt, cfg, score_mode=cfg.mode, rate_key="time/samples_per_s", score_name=monitor)
     datasets = build_datasets(task)
     model = task.model()
     if run.resumed:
@@ -230,7 +230,7 @@ def fit(rt: Any, cfg: Any, task: Task) -> FitResult:
             if "test" in datasets:
                 row.update(test_best(rt, cfg, run, task, plain, datasets["test"], autocast, monitor))
             run.log(step, row)
-    run.close()
+    run.finish()  # rank 0 prints the summary block (test metrics of best.pt included)
     best = run.dir / "checkpoints" / "best.pt" if run.best is not None else None
     return FitResult(run_dir=run.dir, metrics=row, epochs=epoch, stopped_early=stopper.stopped, best_checkpoint=best)
 

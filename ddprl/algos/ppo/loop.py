@@ -189,7 +189,8 @@ def train(rt: Any, cfg: Any) -> None:
             return policy.eval_action(normalize(x), cfg.eval_deterministic, generator)
 
         result = evaluate(rt, lambda n, s: make_env(cfg.task, n, seed=s, device=rt.device, **cfg.env_kwargs),
-                          eval_act, cfg.eval_episodes, cfg.seed, extra_keys=getattr(env, "extra_info_keys", ()))
+                          eval_act, cfg.eval_episodes, cfg.seed, extra_keys=getattr(env, "extra_info_keys", ()),
+                          progress=run.eval_progress)
         return {f"eval/{k}": v for k, v in result.items()}
 
     effective_batch = cfg.effective_batch_size(rt.world_size)
@@ -298,10 +299,8 @@ def train(rt: Any, cfg: Any) -> None:
         if preempted:
             run.preempted(global_step)  # every rank leaves here together; exit code 75
 
-    run.close()
     env.close()
-    if rt.is_main:
-        print(f"run directory: {run_dir}", flush=True)
+    run.finish()  # rank 0 prints the summary block
 
 
 

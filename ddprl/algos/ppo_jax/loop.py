@@ -111,7 +111,9 @@ def train(rt: Any, cfg: Any) -> None:
         key = jax.random.PRNGKey(Seeds(cfg.seed, rank=0).eval_env())
         if not cfg.eval_deterministic:
             key = jax.random.fold_in(key, step)
+        run.eval_progress(0, cfg.eval_episodes)  # one compiled call: the bar just says it evaluates
         returns, lengths = jax.device_get(evaluate(local_copy(carry["params"]), local_copy(carry["obs_rms"]), key))
+        run.eval_progress(cfg.eval_episodes, cfg.eval_episodes)
         return {"eval/return_mean": float(returns.mean()), "eval/return_std": float(returns.std()),
                 "eval/length_mean": float(lengths.mean()), "eval/episodes": float(len(returns))}
 
@@ -158,9 +160,7 @@ def train(rt: Any, cfg: Any) -> None:
         if preempted:
             run.preempted(global_step)  # every process leaves here together; exit code 75
 
-    run.close()
-    if rt.is_main:
-        print(f"run directory: {run_dir}", flush=True)
+    run.finish()  # rank 0 prints the summary block
 
 
 def load_actor(cfg: Any, state: dict[str, Any], device: torch.device) -> Actor:

@@ -87,6 +87,28 @@ class QMIXConfig(RLConfig):
 
             _check(Path(self.init_from).is_file(), f"init_from={self.init_from}: no such checkpoint file")
 
+    def learning_warnings(self) -> list[str]:
+        """Besides the base checks: the warm-up (every rank collects batch_size episodes before
+        the first update) must end before ``steps``; its length needs the task's episode limit."""
+        import math
+
+        from ddprl.envs.marl import make_marl_env
+
+        out = super().learning_warnings()
+        if self.stage != "qmix":
+            return out
+        probe = make_marl_env(self.task, 1, seed=self.seed, device="cpu", **self.env_kwargs)
+        limit = probe.episode_limit
+        probe.close()
+        local_num_envs = self.local_num_envs(self.world_size)
+        # the rule of the loop: episode_limit steps per batch_size / local_num_envs episodes, every env
+        warmup = limit * math.ceil(self.batch_size / local_num_envs) * self.num_envs
+        if warmup >= self.steps:
+            out.append(f"steps={self.steps} ends before the first update: every rank first collects "
+                       f"batch_size={self.batch_size} episodes, {warmup} global steps with episodes of up to {limit} "
+                       f"steps and {local_num_envs} env(s) per rank (raise steps or num_envs, or lower batch_size)")
+        return out
+
     def local_buffer_size(self, world_size: int) -> int:
         """Episodes each rank keeps (``buffer_size`` is global)."""
         return self.buffer_size // world_size

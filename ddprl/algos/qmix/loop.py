@@ -192,7 +192,8 @@ def train(rt: Any, cfg: Any) -> None:
     def run_eval(step: int) -> dict[str, float]:
         eval_acting = Acting(learner.net)
         result = evaluate(rt, lambda n, s: make_marl_env(cfg.task, n, seed=s, device=rt.device, **cfg.env_kwargs),
-                          eval_acting, cfg.eval_episodes, cfg.seed, extra_keys=env.extra_info_keys)
+                          eval_acting, cfg.eval_episodes, cfg.seed, extra_keys=env.extra_info_keys,
+                          progress=run.eval_progress)
         return {f"eval/{k}": v for k, v in result.items()}
 
     total_iterations = math.ceil((cfg.steps - run.step) / steps_per_iteration)
@@ -255,10 +256,8 @@ def train(rt: Any, cfg: Any) -> None:
         if preempted:
             run.preempted(global_step)  # every rank leaves here together; exit code 75
 
-    run.close()
     env.close()
-    if rt.is_main:
-        print(f"run directory: {run_dir}", flush=True)
+    run.finish()  # rank 0 prints the summary block
 
 
 def trained_names(nets: dict[str, torch.nn.Module]) -> str:

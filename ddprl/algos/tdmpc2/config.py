@@ -85,4 +85,28 @@ class TDMPC2Config(RLConfig):
                    f"buffer_size={self.buffer_size} must exceed episode_length={self.episode_length} "
                    "(episodes are stored whole)")
 
+    def learning_warnings(self) -> list[str]:
+        out = super().learning_warnings()
+        length = self.known_episode_length()
+        seed_steps = self.seed_steps
+        if seed_steps is None and length is not None:
+            seed_steps = self.world_size * max(1000, 5 * length)
+        if seed_steps is not None and seed_steps >= self.steps:
+            out.append(f"steps={self.steps} ends before the first update: the first seed_steps={seed_steps} "
+                       "global steps act randomly to fill the replay buffers (raise steps or lower seed_steps)")
+        return out
+
+    def known_episode_length(self) -> int | None:
+        """Agent steps per episode when known without building the env (None: not known)."""
+        if self.episode_length is not None:
+            return self.episode_length
+        from ddprl.envs import dmc
+
+        if dmc.parse_dmc_task(self.task) is not None:
+            return int(self.env_kwargs.get("episode_length", dmc.EPISODE_LENGTH))
+        import gymnasium as gym
+
+        spec = gym.spec(self.task) if self.task in gym.registry else None
+        return getattr(spec, "max_episode_steps", None)
+
 

@@ -137,7 +137,8 @@ def train(rt: Any, cfg: Any) -> None:
         def make_eval_env(n: int, seed: int):
             return NotifyEpisodeEnds(make_tdmpc2_env(cfg, n, seed, rt.device), eval_acting)
 
-        result = evaluate(rt, make_eval_env, lambda o: eval_acting(o, eval_mode=True), cfg.eval_episodes, cfg.seed)
+        result = evaluate(rt, make_eval_env, lambda o: eval_acting(o, eval_mode=True), cfg.eval_episodes, cfg.seed,
+                          progress=run.eval_progress)
         return {f"eval/{k}": v for k, v in result.items()}
 
     obs = env.reset()
@@ -224,10 +225,8 @@ def train(rt: Any, cfg: Any) -> None:
         if preempted:
             run.preempted(global_step)  # every rank leaves here together; exit code 75
 
-    run.close()
     env.close()
-    if rt.is_main:
-        print(f"run directory: {run_dir}", flush=True)
+    run.finish()  # rank 0 prints the summary block
 
 
 # ---------------------------------------------------------------------------------------------
