@@ -14,6 +14,7 @@ from conftest import cli_env, run_cli
 from ddprl.checkpoint import strip_prefixes
 from ddprl.metrics import read_metrics
 from ddprl.runtime import free_port
+from ddprl.runtime.compat import COMPILED_PREFIX
 
 # 8 envs x 64 steps = 512 global steps per iteration: quick iterations for quick tests.
 FAST = ["n_steps=64", "batch_size=64", "epochs=2", "progress=false", "eval_episodes=2", "dist_timeout=120"]
@@ -58,7 +59,7 @@ def test_checkpoint_is_plain_and_loads_in_one_process(two_rank_run):
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     assert ckpt["format_version"] == 2 and ckpt["world_size"] == 2 and ckpt["step"] == 2048
     assert len(ckpt["ranks"]) == 2 and set(ckpt["ranks"][1]) == {"rng", "env", "reward_carry"}
-    assert not any(k.startswith(("module.", "_orig_mod.")) for k in ckpt["state"]["model"])
+    assert not any(k.startswith(("module.", COMPILED_PREFIX)) for k in ckpt["state"]["model"])
     assert ckpt["config"]["task"] == "CartPole-v1"
     res = run_cli(["eval", f"checkpoint={path}", "episodes=3", "device=cpu"], cwd=cwd)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -66,7 +67,7 @@ def test_checkpoint_is_plain_and_loads_in_one_process(two_rank_run):
 
 
 def test_strip_prefixes_never_substrings():
-    sd = {"module.submodule.weight": 1, "_orig_mod.module.head.bias": 2, "submodule.module.x": 3}
+    sd = {"module.submodule.weight": 1, COMPILED_PREFIX + "module.head.bias": 2, "submodule.module.x": 3}
     assert strip_prefixes(sd) == {"submodule.weight": 1, "head.bias": 2, "submodule.module.x": 3}
 
 
