@@ -447,7 +447,7 @@ def test_compile_and_bf16_train_end_to_end(tmp_path):
     proc = run_cli(["train", "algo=tdmpc2", "task=cartpole-balance", *TINY, "num_q=2", "horizon=2", "iterations=1",
                     "world_size=1", "num_envs=1", "compile=true", "precision=bf16", "episode_length=20",
                     "seed_steps=40", "steps=60", "eval_episodes=1", "log_freq=20", "checkpoint_freq=0",
-                    "progress=false", "device=cpu", f"run_dir={run_dir}"], timeout=900)
+                    "progress=false", "device=cpu", f"run_dir={run_dir}"], timeout=800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "runs eagerly" not in proc.stderr, proc.stderr[-3000:]  # every region ran compiled to the end
     last = read_metrics(run_dir)[-1]
@@ -472,7 +472,7 @@ def test_learns_pendulum_above_random(tmp_path):
                     "latent_dim=32", "batch_size=64", "num_samples=64", "num_elites=8", "num_pi_trajs=8",
                     "iterations=3", "steps=4000", "eval_freq=0", "eval_episodes=10", "checkpoint_freq=0",
                     "log_freq=500", "world_size=1", "num_envs=1", "device=cpu", "progress=false", "seed=1",
-                    f"run_dir={run_dir}"], timeout=900)
+                    f"run_dir={run_dir}"], timeout=800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     final = read_metrics(run_dir)[-1]
     assert final["step"] == 4000 and final["eval/episodes"] == 10

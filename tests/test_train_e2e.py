@@ -198,7 +198,7 @@ def test_bad_checkpoints(tmp_path, two_rank_run):
 
 def test_default_job_learns_cartpole(tmp_path):
     """The default job (PPO, CartPole-v1, world_size=2) reaches eval return >= 475."""
-    res = run_cli(["train", f"run_dir={tmp_path / 'd'}", "progress=false"], cwd=tmp_path, timeout=900)
+    res = run_cli(["train", f"run_dir={tmp_path / 'd'}", "progress=false"], cwd=tmp_path, timeout=800)
     assert res.returncode == 0, res.stderr[-3000:]
     final = read_metrics(tmp_path / "d")[-1]
     assert final["eval/episodes"] == 10
