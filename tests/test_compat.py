@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import REPO
-from ddprl.algos.graphs import compile_region
+from ddprl.algos.graphs import Region, compile_region
 from ddprl.runtime import compat
 
 # -- no module but compat.py names a private torch API ------------------------------------------------
@@ -171,9 +171,21 @@ def test_a_region_within_its_graphs_says_nothing(ddprl_log):
     assert (region.graphs, region.eager, ddprl_log) == (1, False, [])
 
 
+def test_a_skipped_cuda_graph_is_reported_once_and_the_region_stays_compiled(ddprl_log):
+    """CUDA graphs asked of a CPU region (what a region on one GPU asks): inductor skips the
+    capture; the region says so once and keeps its compiled kernels. The reason inductor gives
+    on CUDA is checked by the gpu test below."""
+    region = Region(affine, mode="reduce-overhead", name="affine")
+    for _ in range(3):
+        assert torch.equal(region(torch.ones(3)), affine(torch.ones(3)))
+    assert (region.graphs, region.eager) == (1, False)
+    assert ddprl_log == [("WARNING", "compile=true: region affine: CUDA graph skipped (no reason recorded); "
+                                     "its kernels run without one")]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_a_skipped_cuda_graph_is_reported_once(ddprl_log):
+def test_a_skipped_cuda_graph_is_reported_once_with_the_reason(ddprl_log):
     """A region that mutates an input not marked static cannot be a CUDA graph: inductor skips
     the capture, the region says why once and stays compiled, with the eager results."""
     def accumulate(x: torch.Tensor, total: torch.Tensor) -> torch.Tensor:

@@ -98,12 +98,13 @@ class Region:
         if new > 0:
             if self.graphs:  # the first graph is the compile that was asked for
                 why = compat.recompile_reasons(self._code, reasons)
-                self._report(logging.INFO, "recompiled", why[0] if why else "this torch does not say why",
+                self._report(logging.INFO, "recompiled", why[0] if why else "no reason recorded",
                              f"; {self.graphs + new} graphs")
             self.graphs += new
         if compat.cudagraph_skip_count() > skips:
             why = compat.cudagraph_skip_messages(skip_messages)
-            reason = why[-1].strip().splitlines()[0] if why else "this torch does not say why"
+            # inductor's message is "skipping cudagraphs due to <reason>. Found from: <stack>"
+            reason = why[-1].strip().splitlines()[0].split(". Found from")[0] if why else "no reason recorded"
             self._report(logging.WARNING, "CUDA graph skipped", reason, "; its kernels run without one")
         return out
 

@@ -239,10 +239,11 @@ def _user_code(text: str) -> str:
 
 
 class _Recorder(logging.Handler):
-    """Keeps the latest messages of a logger, and how many there were."""
+    """Keeps the latest warnings of a logger (a skip is a warning; with TORCH_LOGS the same
+    logger also writes debug lines), and how many there were."""
 
     def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
+        super().__init__(logging.WARNING)
         self.messages: collections.deque[str] = collections.deque(maxlen=32)
         self.total = 0
 
