@@ -126,10 +126,12 @@ def _data() -> dict[str, torch.Tensor]:
     return _batch_and_noise(H=H, B=B, every=3)  # the loop tests' batch, shorter: compile time grows with H
 
 
-def updates_and_graph(rt, cfg, out: str, steps: int) -> None:
-    """``steps`` updates on fixed data and noise; the state after, and the update's graphs."""
+def updates_and_graph(rt, cfg, out: str, steps: int, fallen_back: bool = False) -> None:
+    """``steps`` updates on fixed data and noise; the state after, and the update's graphs.
+    ``fallen_back``: the compiled learner's region runs its eager function, as after a fallback."""
     torch.manual_seed(0)
     learner = build_learner(rt, cfg, OBS, ACT)
+    learner.step.eager = fallen_back
     with torch.no_grad():
         learner.model.qs.weight2.normal_(generator=torch.Generator().manual_seed(0))
     learner.model.make_target()
@@ -150,24 +152,28 @@ def updates_and_graph(rt, cfg, out: str, steps: int) -> None:
         with torch.no_grad():
             captured = capture_graphs(build_learner(rt, dataclasses.replace(cfg, compile=True), OBS, ACT).region, *args)
         result["graphs"], result["host_syncs"] = len(captured), host_syncs(captured)
-    torch.save(result, Path(out) / f"compile{int(cfg.compile)}.pt")
+    torch.save(result, Path(out) / ("fallen_back.pt" if fallen_back else f"compile{int(cfg.compile)}.pt"))
 
 
 def test_compiled_update_is_one_graph_and_equals_eager_after_steps(tmp_path):
-    for compile_ in (False, True):
+    """compile=false, compile=true, and compile=true with the region fallen back to its eager
+    function (torch.func gradients outside a graph): the same state after 3 updates."""
+    for compile_, fallen_back in ((False, False), (True, False), (True, True)):
         cfg = tiny_cfg(f"compile={compile_}")
-        launch(functools.partial(updates_and_graph, out=str(tmp_path), steps=3), cfg)
-    eager, compiled = (torch.load(tmp_path / f"compile{c}.pt") for c in (0, 1))
+        launch(functools.partial(updates_and_graph, out=str(tmp_path), steps=3, fallen_back=fallen_back), cfg)
+    eager, compiled, fallen = (torch.load(tmp_path / f) for f in ("compile0.pt", "compile1.pt", "fallen_back.pt"))
     assert eager["graphs"] == 1 and eager["host_syncs"] == []
     assert compiled["region"] == (1, False)  # one graph, run compiled (no fallback to eager)
-    for key, value in eager["state"].items():  # online, policy and target weights
-        torch.testing.assert_close(compiled["state"][key], value, atol=1e-5, rtol=1e-4, msg=key)
-    torch.testing.assert_close(compiled["scale"], eager["scale"], atol=1e-5, rtol=1e-5)
-    for a, b in zip(compiled["adam"], eager["adam"]):
-        torch.testing.assert_close(a, b, atol=1e-8, rtol=1e-3)
+    assert fallen["region"] == (0, True)
+    for other in (compiled, fallen):
+        for key, value in eager["state"].items():  # online, policy and target weights
+            torch.testing.assert_close(other["state"][key], value, atol=1e-5, rtol=1e-4, msg=key)
+        torch.testing.assert_close(other["scale"], eager["scale"], atol=1e-5, rtol=1e-5)
+        for a, b in zip(other["adam"], eager["adam"]):
+            torch.testing.assert_close(a, b, atol=1e-8, rtol=1e-3)
+        for name, value in eager["metrics"][-1].items():
+            torch.testing.assert_close(other["metrics"][-1][name], value, atol=1e-4, rtol=1e-4, msg=name)
     assert eager["scale"].item() > 1.0  # the Q scale moved: its statistic is part of the comparison
-    for name, value in eager["metrics"][-1].items():
-        torch.testing.assert_close(compiled["metrics"][-1][name], value, atol=1e-4, rtol=1e-4, msg=name)
     # the updates really changed the model (equal no-ops would pass the checks above too)
     assert eager["metrics"][0]["train/loss"] != eager["metrics"][-1]["train/loss"]
 
