@@ -1,45 +1,184 @@
 #!/usr/bin/env bash
-# Everything issues #3 and #4 still need from one GPU, in phases that each fit a 10-minute
+# What ddprl needs checked and measured on one GPU, as commands that each fit a 10-minute
 # device command. Run from the repository root on the GPU machine, after
 # `bash scripts/gpu_wheels.sh` here (the `device` tool: carry .whl):
 #
-#   bash benchmarks/gpu_session.sh check     # GPU tests, doctor, CUDA training smoke runs
-#   bash benchmarks/gpu_session.sh snake     # Snake throughput on CUDA (target: >= 1M steps/s)
-#   bash benchmarks/gpu_session.sh tdmpc2    # TD-MPC2 ms/update, ms/act on CUDA, compile off/on
-#   bash benchmarks/gpu_session.sh returns   # TD-MPC2 walker-run learning (as far as time allows)
-#   bash benchmarks/gpu_session.sh vmas      # QMIX on VMAS with thousands of envs (issue #10)
-#   bash benchmarks/gpu_session.sh jax       # engine=jax: brax/humanoid (MJX) steps/s (issue #11)
-#   bash benchmarks/gpu_session.sh regions   # compiled regions / CUDA graphs: TD-MPC2 and Snake (issue #12)
+#   bash benchmarks/gpu_session.sh all       # all1, all2, all3 in order (a machine with no per-command limit)
+#   bash benchmarks/gpu_session.sh all1      # the GPU tests, doctor, smoke runs: PPO (+ eval), supervised, QMIX on VMAS
+#   bash benchmarks/gpu_session.sh all2      # smoke runs: Snake, TD-MPC2 eager and compiled, the JAX engine (brax/MJX, gymnax)
+#   bash benchmarks/gpu_session.sh all3      # the speed tables: Snake (compile off/on), TD-MPC2 (off/on), QMIX on VMAS
 #
-# Logs go to $OUT (the device tool's folder that comes back) or ./gpu-logs. ddprl runs from
-# the source tree (PYTHONPATH), with the machine's own PyTorch.
+# all1..all3 each stop within PHASE_BUDGET seconds (460: 7 min 40 s; a step that would not fit
+# is cut by `timeout` or skipped, and the summary says which), plus the wheels' install (once a
+# machine, ~20 s): the three device commands take at most 24 minutes, the machine's start apart
+# (about 18 expected). Longer measurements, one device command each:
+#
+#   bash benchmarks/gpu_session.sh snake     # Snake throughput on CUDA, 4 sizes (target: >= 1M steps/s)
+#   bash benchmarks/gpu_session.sh tdmpc2    # TD-MPC2 ms/update, ms/act, sizes 1 5 19, compile off/on
+#   bash benchmarks/gpu_session.sh returns   # TD-MPC2 walker-run learning (as far as time allows)
+#   bash benchmarks/gpu_session.sh vmas      # QMIX on VMAS with 1k-16k envs
+#   bash benchmarks/gpu_session.sh jax       # engine=jax: brax/humanoid (MJX) steps/s at 1k and 4k envs
+#   bash benchmarks/gpu_session.sh regions   # compiled regions / CUDA graphs: TD-MPC2 walker/dog-run, Snake
+#
+# Logs go to $OUT (the device tool's folder that comes back) or ./gpu-logs, one file per phase
+# ending with a summary (each step's exit status and seconds). ddprl runs from the source tree
+# (PYTHONPATH), with the machine's own PyTorch and JAX.
+#
+# GPU_SESSION_DRY=1 runs all1..all3 on the CPU with tiny sizes and longer limits: the same
+# commands, keys and files, to check the script on a machine without a GPU (with the Python
+# packages installed here; the gpu tests are then skipped).
 set -uo pipefail
-phase=${1:?phase: check | snake | tdmpc2 | returns | vmas | jax | regions}
+phase=${1:?phase: all | all1 | all2 | all3 | snake | tdmpc2 | returns | vmas | jax | regions}
+if [ "$phase" = all ]; then
+  failed=0
+  for p in all1 all2 all3; do bash "$0" "$p" || failed=1; done
+  exit $failed
+fi
 out=${OUT:-gpu-logs}
 mkdir -p "$out"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || { echo "wheel install failed"; exit 1; }
+if [ -d .whl ] && [ "${GPU_SESSION_DRY:-0}" != 1 ]; then
+  # once per machine: the wheels stay installed in /tmp/site between device commands
+  stamp=$(ls .whl | md5sum | cut -c1-16)
+  if [ "$(cat /tmp/site/.ddprl-wheels 2>/dev/null)" != "$stamp" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      .whl/*.whl || { echo "wheel install failed"; exit 1; }
+    echo "$stamp" > /tmp/site/.ddprl-wheels
+  fi
   export PYTHONPATH=/tmp/site:$PWD
 else
   export PYTHONPATH=$PWD
 fi
 export MUJOCO_GL=${MUJOCO_GL:-egl} PYTHONUNBUFFERED=1
 log="$out/$phase.log"
-{
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
-} 2>&1 | tee "$log"
+: > "$log"
+
+if [ "${GPU_SESSION_DRY:-0}" = 1 ]; then
+  DEV=cpu
+  pick() { echo "$2"; }  # pick GPU_VALUE DRY_VALUE
+else
+  DEV=cuda
+  pick() { echo "$1"; }
+  {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
+  } 2>&1 | tee -a "$log"
+fi
+RUNS=/tmp/ddprl-gpu-session
+PHASE_BUDGET=${PHASE_BUDGET:-$(pick 460 3000)}
+phase_start=$SECONDS
+summary=()
+
+# step NAME MAX_SECONDS COMMAND...: COMMAND (a program or one of the functions below) under
+# `timeout`, for at most MAX_SECONDS and never past the phase's budget (skipped when less than
+# 20 s are left); output to the log.
+step() {
+  local name=$1 max=$(pick "$2" $(($2 * 4)))  # a 2-core CPU compiles slower than the GPU machine
+  shift 2
+  local left=$((PHASE_BUDGET - (SECONDS - phase_start)))
+  local limit=$((max < left ? max : left))
+  if ((limit < 20)); then
+    summary+=("$(printf '%-28s skipped (the phase budget of %s s is spent)' "$name" "$PHASE_BUDGET")")
+    return
+  fi
+  echo "=== $name (at most ${limit} s): $*" | tee -a "$log"
+  local start=$SECONDS
+  timeout --kill-after=10 "$limit" bash -c '"$@"' step "$@" 2>&1 | tee -a "$log"
+  local rc=${PIPESTATUS[0]}
+  local note=""
+  ((rc == 124 || rc == 137)) && note=" (timed out)"
+  summary+=("$(printf '%-28s exit %-3s %4s s%s' "$name" "$rc" $((SECONDS - start)) "$note")")
+}
+
+finish() {
+  {
+    echo "=== summary of $phase (${SECONDS} s; budget ${PHASE_BUDGET} s)"
+    printf '%s\n' "${summary[@]}"
+  } | tee -a "$log"
+  printf '%s\n' "${summary[@]}" | grep -qv " exit 0 " && exit 1
+  exit 0
+}
+
+# fps RUN_DIR...: each run's steps/s over its metric rows after the first (which holds the warm-up)
+fps() {
+  python3 -c "
+import sys
+from ddprl.metrics import read_metrics
+for run in sys.argv[1:]:
+    rows = [r for r in read_metrics(run) if 'time/global_fps' in r]
+    later = rows[1:] or rows
+    print(run, 'steps/s (rows after the first):', round(sum(r['time/global_fps'] for r in later) / max(1, len(later))),
+          ' compile_s:', round(rows[0]['time/compile_s'], 1) if rows and 'time/compile_s' in rows[0] else '-')" "$@"
+}
+
+# ddprl train on this phase's device, one rank, no progress bar, in $RUNS/NAME
+train() {
+  local name=$1
+  shift
+  python3 -m ddprl train device=$DEV world_size=1 progress=false checkpoint_freq=0 "run_dir=$RUNS/$name" "$@"
+}
+
+export -f train fps pick
+export DEV RUNS
+
+jax_ready() {
+  if [ "$DEV" = cpu ]; then
+    python3 -c "import jax, brax, gymnax, optax"
+  else
+    python3 -c "import jax, brax, gymnax, optax; assert jax.default_backend() == 'gpu', jax.default_backend()"
+  fi
+}
 
 case "$phase" in
-  check)
-    python3 -m pytest -q -m gpu tests/ 2>&1 | tee -a "$log"
-    python3 -m ddprl doctor world_size=1 device=cuda 2>&1 | tee -a "$log"
-    python3 -m ddprl train task=snake device=cuda world_size=1 num_envs=4096 n_steps=64 batch_size=65536 \
-      steps=2000000 eval_freq=0 eval_episodes=64 checkpoint_freq=0 progress=false run_dir=/tmp/snake-smoke 2>&1 | tee -a "$log"
-    python3 -m ddprl train algo=tdmpc2 task=walker-run device=cuda world_size=1 model_size=1 steps=3000 \
-      seed_steps=2000 eval_episodes=1 eval_freq=0 checkpoint_freq=0 progress=false run_dir=/tmp/tdmpc2-smoke 2>&1 | tee -a "$log"
-    python3 -m ddprl eval checkpoint=/tmp/tdmpc2-smoke/checkpoints/latest.pt episodes=1 device=cuda 2>&1 | tee -a "$log"
+  all1)
+    rm -rf "$RUNS" && mkdir -p "$RUNS"
+    step "gpu tests" 300 python3 -m pytest -q -m gpu tests/
+    step "doctor" 45 python3 -m ddprl doctor world_size=1 device=$DEV
+    step "ppo CartPole" 75 train ppo task=CartPole-v1 num_envs=8 steps=$(pick 16384 2048) eval_episodes=4
+    step "ppo eval" 30 python3 -m ddprl eval checkpoint=$RUNS/ppo/checkpoints/latest.pt episodes=2 device=$DEV
+    step "supervised digits" 60 train supervised algo=supervised task=digits epochs=$(pick 5 1)
+    step "qmix vmas/balance" 90 train qmix algo=qmix task=vmas/balance num_envs=$(pick 1024 8) \
+      steps=$(pick 409600 1600) eval_episodes=$(pick 64 2) log_freq=$(pick 102400 800)
+    step "qmix vmas fps" 15 fps $RUNS/qmix
+    finish
+    ;;
+  all2)
+    mkdir -p "$RUNS"
+    step "snake" 60 train snake task=snake num_envs=$(pick 4096 16) n_steps=$(pick 64 8) batch_size=$(pick 65536 64) \
+      steps=$(pick 1048576 256) eval_freq=0 eval_episodes=$(pick 64 2)
+    # walker-run (DMC: 500 agent steps an episode): 1000 random steps, the 1000-update burst,
+    # 200 steps with an update each, one eval episode
+    step "tdmpc2 eager" 120 train tdmpc2 algo=tdmpc2 task=walker-run model_size=1 steps=$(pick 1200 60) \
+      seed_steps=$(pick 1000 40) eval_freq=0 eval_episodes=1 log_freq=$(pick 400 20) $(pick "" "episode_length=20")
+    step "tdmpc2 compiled" 180 train tdmpc2-compiled algo=tdmpc2 task=walker-run model_size=1 compile=true \
+      steps=$(pick 1200 60) seed_steps=$(pick 1000 40) eval_freq=0 eval_episodes=1 log_freq=$(pick 400 20) \
+      $(pick "" "episode_length=20 horizon=2 iterations=1 num_samples=32 num_elites=4 num_pi_trajs=4 batch_size=8")
+    step "snake, tdmpc2 fps" 15 fps $RUNS/snake $RUNS/tdmpc2 $RUNS/tdmpc2-compiled
+    if jax_ready >>"$log" 2>&1; then
+      step "jax doctor" 45 python3 -m ddprl doctor engine=jax
+      step "jax brax/humanoid" 180 train jax-humanoid engine=jax task=brax/humanoid num_envs=$(pick 1024 4) \
+        n_steps=20 batch_size=$(pick 5120 40) epochs=4 steps=$(pick 245760 240) eval_episodes=0 \
+        norm_obs=true norm_reward=true
+      step "jax gymnax/CartPole" 60 train jax-cartpole engine=jax task=gymnax/CartPole-v1 \
+        num_envs=$(pick 2048 8) n_steps=32 batch_size=$(pick 8192 64) epochs=4 steps=$(pick 1048576 1024) \
+        eval_episodes=$(pick 16 2)
+      step "jax fps" 15 fps $RUNS/jax-humanoid $RUNS/jax-cartpole
+    else
+      summary+=("jax                          skipped: no CUDA JAX with brax, gymnax and optax here (see the log)")
+    fi
+    finish
+    ;;
+  all3)
+    # Targets: Snake >= 1M end-to-end steps/s (its compiled rows are the Snake compile=true
+    # smoke run); TD-MPC2 walker-run model_size 5 >= 183 agent steps/s (3x the official
+    # compiled code's 61) with a compile warm-up <= 60 s.
+    step "snake throughput" 150 python3 benchmarks/snake_throughput.py --devices $DEV --num-envs $(pick 65536 16) \
+      --gym-max-envs 0 --precisions $(pick bf16 fp32) --compile both --unroll $(pick 4 2) --iterations $(pick 3 1) \
+      --env-steps $(pick 200 10) $(pick "" "--policy policy_width=4 policy_depth=1 hidden_sizes=[16]")
+    step "tdmpc2 speed" 220 python3 benchmarks/tdmpc2_speed.py --devices $DEV --task walker-run \
+      --sizes $(pick 5 1) --compile $(pick "off on" off) --updates $(pick 100 2) --acts $(pick 100 2)
+    step "qmix vmas speed" 90 python3 benchmarks/qmix_vmas.py --device $DEV --num-envs $(pick 16384 8) \
+      --steps $(pick 2000000 1600)
+    finish
     ;;
   snake)
     python3 benchmarks/snake_throughput.py --devices cuda --num-envs 4096 16384 65536 262144 --gym-max-envs 0 \
@@ -59,13 +198,10 @@ for r in read_metrics('/tmp/returns/run'):
     if 'eval/return_mean' in r: print(r['step'], round(r['wall_time']), r['eval/return_mean'])" 2>&1 | tee -a "$log"
     ;;
   vmas)
-    # needs vmas (pip install --target /tmp/site vmas, or carry its wheel in .whl)
     timeout 560 python3 benchmarks/qmix_vmas.py --device cuda --num-envs 1024 4096 16384 --steps 2000000 2>&1 | tee -a "$log"
     ;;
   jax)
-    # Needs a CUDA JAX on the machine (jax[cuda12] and its NVIDIA libraries are far over what
-    # can travel with the tree) plus optax, gymnax, brax, mujoco-mjx.
-    if ! python3 -c "import jax, brax, gymnax, optax; assert jax.default_backend() == 'gpu'" 2>>"$log"; then
+    if ! jax_ready 2>>"$log"; then
       echo "jax phase: no CUDA JAX with brax/gymnax/optax here; nothing measured" | tee -a "$log"; exit 0
     fi
     python3 -m ddprl doctor engine=jax 2>&1 | tee -a "$log"
@@ -73,21 +209,17 @@ for r in read_metrics('/tmp/returns/run'):
       timeout 280 python3 -m ddprl train engine=jax task=brax/humanoid num_envs=$n n_steps=20 \
         batch_size=$((n * 5)) epochs=4 steps=$((n * 20 * 12)) eval_episodes=0 norm_obs=true norm_reward=true \
         run_dir=/tmp/jaxh$n progress=false 2>&1 | tail -3 | tee -a "$log"
-      python3 -c "
-from ddprl.metrics import read_metrics
-rows = read_metrics('/tmp/jaxh$n')
-print('humanoid num_envs=$n compile_s', round(rows[0]['time/compile_s'], 1),
-      'steps/s (rows 2+)', round(sum(r['time/global_fps'] for r in rows[1:]) / max(1, len(rows) - 1)))" 2>&1 | tee -a "$log"
+      fps /tmp/jaxh$n 2>&1 | tee -a "$log"
     done
     XLA_FLAGS= timeout 200 python3 -m ddprl train engine=jax task=gymnax/CartPole-v1 num_envs=2048 n_steps=32 \
       batch_size=8192 epochs=4 steps=2000000 eval_freq=262144 run_dir=/tmp/jaxcp progress=false 2>&1 | tail -2 | tee -a "$log"
     ;;
   regions)
-    # Issue #12 in one device command (< 10 min): the GPU tests of the regions (CUDA graphs
+    # The compiled regions in one device command (< 10 min): their GPU tests (CUDA graphs
     # recorded, replays equal to eager, no host sync in a replay), then the two tables.
     # Targets: TD-MPC2 walker-run model_size 5 >= 183 agent steps/s (3x the official compiled
     # code's 61), compile warm-up <= 60 s; Snake >= 1M end-to-end steps/s.
-    timeout 150 python3 -m pytest -q -m gpu tests/test_tdmpc2_regions.py tests/test_ppo_regions.py 2>&1 | tail -5 | tee -a "$log"
+    timeout 150 python3 -m pytest -q -m gpu tests/test_tdmpc2_regions.py tests/test_ppo_regions.py tests/test_compat.py 2>&1 | tail -5 | tee -a "$log"
     timeout 200 python3 benchmarks/tdmpc2_speed.py --devices cuda --sizes 5 --compile off on --updates 100 --acts 100 \
       --task walker-run 2>&1 | tee -a "$log"
     timeout 100 python3 benchmarks/tdmpc2_speed.py --devices cuda --sizes 5 --compile on --updates 100 --acts 100 \

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ddprl.errors import UsageError
+from ddprl.runtime.compat import COMPILED_PREFIX
 
 log = logging.getLogger("ddprl")
 
@@ -44,14 +45,14 @@ class UnreadableCheckpoint(UsageError):
 
 
 def strip_prefixes(state_dict: dict[str, Any]) -> dict[str, Any]:
-    """Remove wrapper prefixes (``module.``, ``_orig_mod.``) from the *front* of keys only.
+    """Remove wrapper prefixes (DDP's ``module.``, ``torch.compile``'s) from the *front* of keys only.
 
     A parameter called ``submodule.weight`` keeps its name: prefixes, never substrings.
     """
     out = {}
     for key, value in state_dict.items():
         while True:
-            for prefix in ("module.", "_orig_mod."):
+            for prefix in ("module.", COMPILED_PREFIX):
                 if key.startswith(prefix):
                     key = key[len(prefix):]
                     break

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Wheels that ddprl needs on a GPU machine which has PyTorch (and tensorboard, tqdm, imageio,
-# nvidia-ml-py) but no package index: Python 3.12, manylinux x86-64. Writes them to .whl/
-# (git-ignored), small enough to travel with the working tree (< 64 MiB): dm_control's
-# locomotion and test assets (meshes, textures; ~40 MB) are left out of its wheel — the
-# Control Suite does not use them.
+# Wheels that ddprl needs on a GPU machine which has PyTorch, a CUDA JAX (with flax, optax,
+# chex), tensorboard, tqdm, imageio, matplotlib, seaborn and nvidia-ml-py but no package index:
+# Python 3.12, manylinux x86-64. Writes them to .whl/ (git-ignored), small enough to travel with
+# the working tree (< 64 MiB): dm_control's locomotion and test assets (meshes, textures;
+# ~40 MB) are left out of its wheel — the Control Suite does not use them. Versions are the
+# ones the dev extras resolve to here (gymnasium 1.3: gymnax 1.0.1 pins it below 1.4).
 #
 #   bash scripts/gpu_wheels.sh            # then, on the GPU machine: bash benchmarks/gpu_session.sh ...
 set -euo pipefail
@@ -12,14 +13,17 @@ PY=${PYTHON:-python3}
 rm -rf .whl && mkdir -p .whl
 PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
            --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any)
-for req in gymnasium==1.4.0 farama-notifications==0.0.6 hydra-core==1.3.8 omegaconf==2.3.1 mujoco==3.17.0 \
-           dm-control==1.0.50 dm-env==1.6 dm-tree==0.1.10 labmaze==1.0.6 glfw==2.11.0 pyopengl==3.1.10 \
-           vmas==1.5.2 pyglet==1.5.27 six==1.17.0; do
+# ddprl itself; DeepMind Control; VMAS (it imports gym); the JAX engine's gymnax and brax/MJX
+for req in gymnasium==1.3.0 farama-notifications==0.0.6 hydra-core==1.3.8 omegaconf==2.3.1 \
+           mujoco==3.17.0 dm-control==1.0.50 dm-env==1.6 dm-tree==0.1.10 labmaze==1.0.6 glfw==2.11.0 pyopengl==3.1.10 \
+           pyglet==1.5.27 six==1.17.0 gym-notices==0.0.8 \
+           gymnax==1.0.1 brax==0.14.2 mujoco-mjx==3.17.0 jaxopt==0.8.5 trimesh==5.2.0; do
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     "${PLATFORMS[@]}" -d .whl "$req"
 done
-# antlr4 (hydra's parser) is published as a source archive only; it is pure Python.
-"$PY" -m pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3
+# antlr4 (hydra's parser), vmas and gym (VMAS imports its spaces) are published as source
+# archives only; all three are pure Python.
+"$PY" -m pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3 vmas==1.5.2 gym==0.26.2
 
 "$PY" - <<'EOF'
 """Repack dm_control's wheel without the assets the Control Suite never loads."""

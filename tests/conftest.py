@@ -1,4 +1,5 @@
-"""Shared test helpers: run the real CLI in a subprocess, with bounded time."""
+"""Shared test helpers: run the real CLI in a subprocess, with bounded time; and the rule that
+every test not marked ``gpu`` runs on the CPU, whatever devices the machine has."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,6 +42,51 @@ def run_cli(args: list[str], cwd: Path | str | None = None, timeout: float = 300
 @pytest.fixture
 def cli():
     return run_cli
+
+
+# -- every test not marked gpu runs on the CPU -----------------------------------------------------------
+#
+# On a machine with one visible GPU, world_size=auto would mean one CUDA rank, and the 2-rank
+# tests (device=auto) would be refused by placement (one rank per GPU). So the session sees no
+# CUDA device, module fixtures included, and each test marked ``gpu`` sees the machine as it is.
+
+# CUDA reads CUDA_VISIBLE_DEVICES once per process, when it first starts: start it here, before
+# the session hides the devices, so that the gpu tests still find them.
+torch.cuda.is_available()
+_MACHINE = {"device_count": torch.cuda.device_count, "is_available": torch.cuda.is_available,
+            "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+def hide_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No CUDA device from now on: for the code that runs in this process (torch's count and
+    availability, which placement and ``world_size=auto`` read) and for every process it starts
+    (the CLI, the spawned ranks, torchrun's workers: they inherit CUDA_VISIBLE_DEVICES)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def show_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine's CUDA devices, as the session found them."""
+    if _MACHINE["CUDA_VISIBLE_DEVICES"] is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", _MACHINE["CUDA_VISIBLE_DEVICES"])
+    monkeypatch.setattr(torch.cuda, "device_count", _MACHINE["device_count"])
+    monkeypatch.setattr(torch.cuda, "is_available", _MACHINE["is_available"])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cpu_session():
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        hide_cuda(monkeypatch)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _cuda_for_gpu_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.node.get_closest_marker("gpu") is not None:
+        show_cuda(monkeypatch)
 
 
 # Two hosts on one machine (network namespaces) for the multi-node tests; see hosts.py.

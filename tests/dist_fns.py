@@ -232,8 +232,8 @@ def ppo_learn_compiled(rt, cfg, out: str, batch_path: str, steps: int = 1, backe
     from ddprl.algos.ppo.regions import CompiledUpdate
 
     if backend != "inductor":
-        regions.compile_region = lambda fn, device, world_size=1: torch.compile(fn, fullgraph=True, dynamic=False,
-                                                                                backend=backend)
+        regions.compile_region = lambda fn, device, world_size=1, name=None: torch.compile(
+            fn, fullgraph=True, dynamic=False, backend=backend)
 
     data = torch.load(batch_path)
     n = data["obs"].shape[0] // rt.world_size

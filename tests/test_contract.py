@@ -56,7 +56,7 @@ def test_world_size_auto():
     with pytest.raises(UsageError, match="no CUDA device"):
         resolve_world_size("auto", "cuda", cuda_count=0)
     assert load_config([]).world_size == "auto"
-    assert prepare_train([], None).world_size == 2  # this machine has no GPU
+    assert prepare_train([], None).world_size == 2  # a test not marked gpu sees no GPU (tests/conftest.py)
 
 
 def test_tdmpc2_one_env_per_rank_by_default():

@@ -16,6 +16,7 @@ import dist_fns
 from ddprl.config import load_config
 from ddprl.errors import UsageError
 from ddprl.runtime.placement import expand_hostlist, slurm_tasks_per_node
+from ddprl.runtime.compat import COMPILED_PREFIX
 from ddprl.runtime import (RankFailed, check_port_free, choose_device_and_backend, detect_launcher, launch,
                            placement_from_env, unwrap)
 
@@ -127,12 +128,14 @@ def test_port_in_use_is_named():
 def test_unwrap_strips_compile_and_ddp_layers():
     inner = nn.Linear(2, 2)
 
-    class FakeCompiled(nn.Module):  # what torch.compile returns exposes ._orig_mod
+    assert unwrap(torch.compile(inner)) is inner  # wraps without compiling (until called)
+
+    class Nested(nn.Module):  # torch.compile's wrapper around another one (torch itself won't nest them)
         def __init__(self, m):
             super().__init__()
-            self._orig_mod = m
+            setattr(self, COMPILED_PREFIX.rstrip("."), m)
 
-    assert unwrap(FakeCompiled(FakeCompiled(inner))) is inner
+    assert unwrap(Nested(torch.compile(inner))) is inner
     assert unwrap(inner) is inner
 
 

@@ -21,6 +21,7 @@ from ddprl.config import load_config
 from ddprl.errors import UsageError
 from ddprl.metrics import read_metrics
 from ddprl.runtime import launch
+from ddprl.runtime.compat import COMPILED_PREFIX
 from ddprl.supervised import EarlyStopping, Trainer
 from ddprl.supervised.data import ShardSampler
 from ddprl.supervised.metrics import accuracy, mae, mse
@@ -276,7 +277,7 @@ def test_kill_9_and_resume_continues_like_an_uninterrupted_run(tmp_path):
         assert x["train/loss"] == y["train/loss"] and x["val/loss"] == y["val/loss"]
     # Plain state dicts only: the file loads with weights_only=True and names no wrapper.
     ckpt = torch.load(cut / "checkpoints" / "latest.pt", weights_only=True)
-    assert not any(k.startswith(("module.", "_orig_mod.")) for k in ckpt["state"]["model"])
+    assert not any(k.startswith(("module.", COMPILED_PREFIX)) for k in ckpt["state"]["model"])
     assert set(ckpt["state"]) == {"model", "optimizer", "scheduler", "scaler", "early_stopping"}
 
 

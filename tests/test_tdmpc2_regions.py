@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch._dynamo.utils import counters
 
 pytest.importorskip("dm_control")
 
@@ -24,7 +23,7 @@ from ddprl.algos.tdmpc2.learner import UpdateNoise, build_learner, model_dims, u
 from ddprl.algos.tdmpc2.networks import WorldModel  # noqa: E402
 from ddprl.algos.tdmpc2.planner import MPPI, MPPIConfig  # noqa: E402
 from ddprl.config import load_config  # noqa: E402
-from ddprl.runtime import launch  # noqa: E402
+from ddprl.runtime import compat, launch  # noqa: E402
 from test_tdmpc2_loop import _batch_and_noise  # noqa: E402
 
 # Regions need a torch whose Dynamo traces torch.func through modules (2.13 does, 2.4 does not):
@@ -77,7 +76,6 @@ def test_compiled_act_chooses_the_eager_action_for_the_same_noise():
     eager, compiled = Acting(model, cfg, 0.99), Acting(model, cfg, 0.99, compile=True)
     g = torch.Generator().manual_seed(1)
     obs = torch.randn(3, E, OBS, generator=g)
-    graphs_before = counters["stats"]["unique_graphs"]
     for t in range(3):  # the second and third steps are warm-started from the previous plan
         noise = eager.planner.draw_noise(E, obs[t], g)
         a_eager, a_compiled = eager(obs[t], noise=noise), compiled(obs[t], noise=noise)
@@ -87,8 +85,8 @@ def test_compiled_act_chooses_the_eager_action_for_the_same_noise():
         done = torch.tensor([t == 1, False])  # env 0's episode ends after step 1: its plan is forgotten
         eager.episode_ended(done)
         compiled.episode_ended(done)
-    # start, iterate, finish: the iteration compiled once and replayed (not recompiled) every time
-    assert counters["stats"]["unique_graphs"] - graphs_before == 3
+    # start, iterate, finish: one graph each, the iteration compiled once and replayed every time
+    assert [(r.graphs, r.eager) for r in (compiled._start, compiled._iterate, compiled._finish)] == [(1, False)] * 3
     assert not torch.allclose(a_eager, eager(obs[0], noise=eager.planner.draw_noise(E, obs[0], g)))  # noise matters
 
 
@@ -128,10 +126,12 @@ def _data() -> dict[str, torch.Tensor]:
     return _batch_and_noise(H=H, B=B, every=3)  # the loop tests' batch, shorter: compile time grows with H
 
 
-def updates_and_graph(rt, cfg, out: str, steps: int) -> None:
-    """``steps`` updates on fixed data and noise; the state after, and the update's graphs."""
+def updates_and_graph(rt, cfg, out: str, steps: int, fallen_back: bool = False) -> None:
+    """``steps`` updates on fixed data and noise; the state after, and the update's graphs.
+    ``fallen_back``: the compiled learner's region runs its eager function, as after a fallback."""
     torch.manual_seed(0)
     learner = build_learner(rt, cfg, OBS, ACT)
+    learner.step.eager = fallen_back
     with torch.no_grad():
         learner.model.qs.weight2.normal_(generator=torch.Generator().manual_seed(0))
     learner.model.make_target()
@@ -142,7 +142,8 @@ def updates_and_graph(rt, cfg, out: str, steps: int) -> None:
     for _ in range(steps):
         noise = UpdateNoise(*members, data["eps_td"], data["eps_pi"])
         metrics.append(learner.metrics(update(rt, learner, [batch], [noise], cfg, 0.99)))
-    result = {"state": {k: v.clone() for k, v in learner.model.state_dict().items()},
+    result = {"region": (learner.step.graphs, learner.step.eager) if cfg.compile else None,
+              "state": {k: v.clone() for k, v in learner.model.state_dict().items()},
               "scale": learner.scale.value.clone(), "metrics": metrics,
               "adam": [s["exp_avg_sq"].clone() for s in learner.wm_optim.state.values()]}
     if not cfg.compile:  # the update as Dynamo sees it (a fresh learner's region, never called here)
@@ -151,23 +152,28 @@ def updates_and_graph(rt, cfg, out: str, steps: int) -> None:
         with torch.no_grad():
             captured = capture_graphs(build_learner(rt, dataclasses.replace(cfg, compile=True), OBS, ACT).region, *args)
         result["graphs"], result["host_syncs"] = len(captured), host_syncs(captured)
-    torch.save(result, Path(out) / f"compile{int(cfg.compile)}.pt")
+    torch.save(result, Path(out) / ("fallen_back.pt" if fallen_back else f"compile{int(cfg.compile)}.pt"))
 
 
 def test_compiled_update_is_one_graph_and_equals_eager_after_steps(tmp_path):
-    for compile_ in (False, True):
+    """compile=false, compile=true, and compile=true with the region fallen back to its eager
+    function (torch.func gradients outside a graph): the same state after 3 updates."""
+    for compile_, fallen_back in ((False, False), (True, False), (True, True)):
         cfg = tiny_cfg(f"compile={compile_}")
-        launch(functools.partial(updates_and_graph, out=str(tmp_path), steps=3), cfg)
-    eager, compiled = (torch.load(tmp_path / f"compile{c}.pt") for c in (0, 1))
+        launch(functools.partial(updates_and_graph, out=str(tmp_path), steps=3, fallen_back=fallen_back), cfg)
+    eager, compiled, fallen = (torch.load(tmp_path / f) for f in ("compile0.pt", "compile1.pt", "fallen_back.pt"))
     assert eager["graphs"] == 1 and eager["host_syncs"] == []
-    for key, value in eager["state"].items():  # online, policy and target weights
-        torch.testing.assert_close(compiled["state"][key], value, atol=1e-5, rtol=1e-4, msg=key)
-    torch.testing.assert_close(compiled["scale"], eager["scale"], atol=1e-5, rtol=1e-5)
-    for a, b in zip(compiled["adam"], eager["adam"]):
-        torch.testing.assert_close(a, b, atol=1e-8, rtol=1e-3)
+    assert compiled["region"] == (1, False)  # one graph, run compiled (no fallback to eager)
+    assert fallen["region"] == (0, True)
+    for other in (compiled, fallen):
+        for key, value in eager["state"].items():  # online, policy and target weights
+            torch.testing.assert_close(other["state"][key], value, atol=1e-5, rtol=1e-4, msg=key)
+        torch.testing.assert_close(other["scale"], eager["scale"], atol=1e-5, rtol=1e-5)
+        for a, b in zip(other["adam"], eager["adam"]):
+            torch.testing.assert_close(a, b, atol=1e-8, rtol=1e-3)
+        for name, value in eager["metrics"][-1].items():
+            torch.testing.assert_close(other["metrics"][-1][name], value, atol=1e-4, rtol=1e-4, msg=name)
     assert eager["scale"].item() > 1.0  # the Q scale moved: its statistic is part of the comparison
-    for name, value in eager["metrics"][-1].items():
-        torch.testing.assert_close(compiled["metrics"][-1][name], value, atol=1e-4, rtol=1e-4, msg=name)
     # the updates really changed the model (equal no-ops would pass the checks above too)
     assert eager["metrics"][0]["train/loss"] != eager["metrics"][-1]["train/loss"]
 
@@ -177,6 +183,7 @@ def test_compiled_update_is_one_graph_and_equals_eager_after_steps(tmp_path):
 
 def cuda_regions(rt, cfg, out: str) -> None:
     """Act and update compiled on CUDA, replayed as CUDA graphs, against the eager code."""
+    skips = compat.cudagraph_skip_count()
     torch.manual_seed(0)
     eager_learner = build_learner(rt, dataclasses.replace(cfg, compile=False), OBS, ACT)
     torch.manual_seed(0)
@@ -209,7 +216,9 @@ def cuda_regions(rt, cfg, out: str) -> None:
                 "graph": {k: v.cpu() for k, v in graph_learner.model.state_dict().items()},
                 "metrics": [{k: v.cpu() for k, v in m.items()} for m in (eager_metrics, graph_metrics)],
                 "actions": [(a.cpu(), b.cpu()) for a, b in actions],
-                "cudagraph_skips": int(counters["inductor"]["cudagraph_skips"])}, Path(out) / "cuda.pt")
+                "cudagraph_skips": compat.cudagraph_skip_count() - skips,
+                "fell_back": [r.name for r in (graph_learner.step, graph_act._start, graph_act._iterate, graph_act._finish)
+                              if r.eager]}, Path(out) / "cuda.pt")
 
 
 @pytest.mark.gpu
@@ -219,7 +228,7 @@ def test_regions_replay_as_cuda_graphs_and_equal_eager(tmp_path):
                        "dist_timeout=120", "progress=false", *TINY, "compile=true"])
     launch(functools.partial(cuda_regions, out=str(tmp_path)), cfg)
     r = torch.load(tmp_path / "cuda.pt")
-    assert r["cudagraph_skips"] == 0  # both regions became CUDA graphs
+    assert r["cudagraph_skips"] == 0 and r["fell_back"] == []  # every region became a CUDA graph
     for key, value in r["eager"].items():
         torch.testing.assert_close(r["graph"][key], value, atol=1e-4, rtol=1e-3, msg=key)
     for name, value in r["metrics"][0].items():

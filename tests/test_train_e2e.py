@@ -14,6 +14,7 @@ from conftest import cli_env, run_cli
 from ddprl.checkpoint import strip_prefixes
 from ddprl.metrics import read_metrics
 from ddprl.runtime import free_port
+from ddprl.runtime.compat import COMPILED_PREFIX
 
 # 8 envs x 64 steps = 512 global steps per iteration: quick iterations for quick tests.
 FAST = ["n_steps=64", "batch_size=64", "epochs=2", "progress=false", "eval_episodes=2", "dist_timeout=120"]
@@ -76,7 +77,7 @@ def test_checkpoint_is_plain_and_loads_in_one_process(two_rank_run):
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     assert ckpt["format_version"] == 2 and ckpt["world_size"] == 2 and ckpt["step"] == 2048
     assert len(ckpt["ranks"]) == 2 and set(ckpt["ranks"][1]) == {"rng", "env", "reward_carry"}
-    assert not any(k.startswith(("module.", "_orig_mod.")) for k in ckpt["state"]["model"])
+    assert not any(k.startswith(("module.", COMPILED_PREFIX)) for k in ckpt["state"]["model"])
     assert ckpt["config"]["task"] == "CartPole-v1"
     res = run_cli(["eval", f"checkpoint={path}", "episodes=3", "device=cpu"], cwd=cwd)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -84,7 +85,7 @@ def test_checkpoint_is_plain_and_loads_in_one_process(two_rank_run):
 
 
 def test_strip_prefixes_never_substrings():
-    sd = {"module.submodule.weight": 1, "_orig_mod.module.head.bias": 2, "submodule.module.x": 3}
+    sd = {"module.submodule.weight": 1, COMPILED_PREFIX + "module.head.bias": 2, "submodule.module.x": 3}
     assert strip_prefixes(sd) == {"submodule.weight": 1, "head.bias": 2, "submodule.module.x": 3}
 
 
@@ -215,7 +216,7 @@ def test_bad_checkpoints(tmp_path, two_rank_run):
 
 def test_default_job_learns_cartpole(tmp_path):
     """The default job (PPO, CartPole-v1, world_size=2) reaches eval return >= 475."""
-    res = run_cli(["train", f"run_dir={tmp_path / 'd'}", "progress=false"], cwd=tmp_path, timeout=900)
+    res = run_cli(["train", f"run_dir={tmp_path / 'd'}", "progress=false"], cwd=tmp_path, timeout=800)
     assert res.returncode == 0, res.stderr[-3000:]
     final = read_metrics(tmp_path / "d")[-1]
     assert final["eval/episodes"] == 10

@@ -10,14 +10,23 @@ small model acting every step is limited by. On the CPU the same code compiles t
 
 A CUDA graph's outputs live in memory the next replay overwrites: callers :func:`keep` what
 they hold on to across calls.
+
+At run time a region speaks up (:class:`Region`): a graph break, a recompile, the recompile
+limit or a skipped CUDA graph is logged once per reason, and a region that cannot run compiled
+runs its eager function from then on (docs/distributed.md, "Compiled regions at run time").
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any, Callable, Optional
 
 import torch
+
+from ddprl.runtime import compat
+
+log = logging.getLogger("ddprl")
 
 # Tensor methods that wait for the device (or leave it): none may appear inside a region.
 _SYNC_METHODS = {"item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "nonzero"}
@@ -34,9 +43,76 @@ def region_mode(device: torch.device, world_size: int = 1) -> Optional[str]:
     return None
 
 
-def compile_region(fn: Callable, device: torch.device, world_size: int = 1) -> Callable:
-    """``fn`` compiled whole (``fullgraph=True``: a graph break is an error, not a slowdown)."""
-    return torch.compile(fn, fullgraph=True, dynamic=False, mode=region_mode(device, world_size))
+def compile_region(fn: Callable, device: torch.device, world_size: int = 1, name: Optional[str] = None) -> "Region":
+    """``fn`` compiled whole (``fullgraph=True``: a graph break is not a silent slowdown), as a
+    :class:`Region` that reports what the compiler did not do and falls back to ``fn``."""
+    return Region(fn, region_mode(device, world_size), name)
+
+
+class Region:
+    """A function compiled whole that says when it is not.
+
+    Called like ``fn``. Each call checks what compiling it did (counters read around the call:
+    no host sync, a few dictionary reads) and logs through ``logging.getLogger("ddprl")``, once
+    per region and reason:
+
+    - a new graph after the first (a recompile: a new shape, a new flag value): INFO with
+      Dynamo's guard failure; the region stays compiled;
+    - a graph break, the recompile limit, a compiler failure: WARNING, and the region runs
+      ``fn`` eagerly from then on. Compiling fails before the graph runs, so the eager call
+      that follows computes the same step (the compiled and eager forms agree: tests);
+    - a CUDA graph skipped (``mode="reduce-overhead"``): WARNING with inductor's reason; the
+      region stays compiled, its kernels launched one by one.
+
+    :attr:`graphs` counts the graphs compiled for this region, :attr:`eager` says whether it
+    fell back.
+    """
+
+    def __init__(self, fn: Callable, mode: Optional[str] = None, name: Optional[str] = None):
+        self.fn, self.mode = fn, mode
+        self.name = name or getattr(fn, "__qualname__", None) or type(fn).__qualname__
+        self.compiled = torch.compile(fn, fullgraph=True, dynamic=False, mode=mode)
+        self.eager = False
+        self.graphs = 0
+        self._code = compat.code_of(fn)
+        self._reported: set[tuple[str, str]] = set()
+        if mode == "reduce-overhead":
+            compat.watch_cudagraph_skips()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.eager:
+            return self.fn(*args, **kwargs)
+        graphs, skips = compat.graphs_compiled(), compat.cudagraph_skip_count()
+        reasons, skip_messages = compat.recompile_reason_count(self._code), compat.cudagraph_skip_messages_seen()
+        try:
+            out = self.compiled(*args, **kwargs)
+        except compat.compile_errors() as e:
+            kind, reason = compat.compile_failure(e)
+            if kind == "recompile limit":
+                last = compat.recompile_reasons(self._code, reasons)
+                reason = f"{compat.recompile_limit()} graphs" + (f", the next for {last[0]}" if last else "")
+            self._report(logging.WARNING, kind, reason, "; it runs eagerly from now on")
+            self.eager = True
+            return self.fn(*args, **kwargs)
+        new = compat.graphs_compiled() - graphs
+        if new > 0:
+            if self.graphs:  # the first graph is the compile that was asked for
+                why = compat.recompile_reasons(self._code, reasons)
+                self._report(logging.INFO, "recompiled", why[0] if why else "no reason recorded",
+                             f"; {self.graphs + new} graphs")
+            self.graphs += new
+        if compat.cudagraph_skip_count() > skips:
+            why = compat.cudagraph_skip_messages(skip_messages)
+            # inductor's message is "skipping cudagraphs due to <reason>. Found from: <stack>"
+            reason = why[-1].strip().splitlines()[0].split(". Found from")[0] if why else "no reason recorded"
+            self._report(logging.WARNING, "CUDA graph skipped", reason, "; its kernels run without one")
+        return out
+
+    def _report(self, level: int, what: str, reason: str, then: str) -> None:
+        """One log line per region, kind and reason."""
+        if (what, reason) not in self._reported:
+            self._reported.add((what, reason))
+            log.log(level, "compile=true: region %s: %s (%s)%s", self.name, what, reason, then)
 
 
 @functools.lru_cache(maxsize=None)
@@ -68,7 +144,7 @@ def mark_static(*tensors: torch.Tensor) -> None:
     copied in per replay. A CUDA graph skips capture when a region mutates an input that is
     not static (optimizer state, buffers kept outside modules)."""
     for t in tensors:
-        torch._dynamo.mark_static_address(t)
+        compat.mark_static_address(t)
 
 
 def step_begin(device: torch.device) -> None:
@@ -95,7 +171,7 @@ def keep(x: Any) -> Any:
 
 def capture_graphs(fn: Callable, *args: Any, **kwargs: Any) -> list[torch.fx.GraphModule]:
     """Compile ``fn`` with ``fullgraph=True`` and a recording backend, call it once, return the
-    FX graphs Dynamo produced. Raises (``torch._dynamo.exc.Unsupported``) on any graph break:
+    FX graphs Dynamo produced. Raises (Dynamo's ``Unsupported``) on any graph break:
     ``.item()``, a Python branch on a tensor, an unsupported call."""
     graphs: list[torch.fx.GraphModule] = []
 
@@ -103,11 +179,11 @@ def capture_graphs(fn: Callable, *args: Any, **kwargs: Any) -> list[torch.fx.Gra
         graphs.append(gm)
         return gm.forward
 
-    torch._dynamo.reset()  # a fresh trace, not a cached one from an earlier call
+    compat.compiler_reset()  # a fresh trace, not a cached one from an earlier call
     try:
         torch.compile(fn, backend=record, fullgraph=True, dynamic=False)(*args, **kwargs)
     finally:
-        torch._dynamo.reset()
+        compat.compiler_reset()
     return graphs
 
 
@@ -255,7 +331,7 @@ class FlatAdam:
                 # p -= lr * m / ((1 - beta1^t) * (sqrt(v) / sqrt(1 - beta2^t) + eps))
                 bias1, bias2_sqrt = 1 - torch.pow(beta1, t), (1 - torch.pow(beta2, t)).sqrt()
                 update = exp_avg / ((exp_avg_sq.sqrt() / bias2_sqrt + group["eps"]) * bias1) * group["lr"]
-                torch._foreach_sub_(group["params"], [u.view_as(p) for u, p in
+                compat.foreach_sub_(group["params"], [u.view_as(p) for u, p in
                                                       zip(update.split(group["sizes"]), group["params"])])
 
 

@@ -14,11 +14,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddprl.runtime.compat import ddp_buffer_kwargs
+from ddprl.runtime.compat import compiled_inner, ddp_buffer_kwargs, functional_all_gather, functional_all_reduce
 from ddprl.runtime.placement import Placement
 from ddprl.runtime.seeding import Seeds
 
@@ -103,7 +102,7 @@ class Runtime:
         >>> with rt.no_sync(model, enabled=not last_micro_step):   # doctest: +SKIP
         ...     loss.backward()
         """
-        inner = module._orig_mod if hasattr(module, "_orig_mod") else module
+        inner = compiled_inner(module) or module
         if enabled and isinstance(inner, DDP):
             return inner.no_sync()
         return contextlib.nullcontext()
@@ -187,14 +186,14 @@ class Runtime:
         """
         if self.world_size == 1:
             return tensor
-        return (funcol.all_reduce(tensor.float(), "sum", self._group()) / self.world_size).to(tensor.dtype)
+        return (functional_all_reduce(tensor.float(), "sum", self._group()) / self.world_size).to(tensor.dtype)
 
     def region_all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Every rank's ``tensor`` concatenated along dim 0 in rank order, traceable (see
         :meth:`region_mean`). A world of one: ``tensor`` itself."""
         if self.world_size == 1:
             return tensor
-        return _funcol_all_gather(tensor.contiguous(), 0, self._group())
+        return functional_all_gather(tensor.contiguous(), 0, self._group())
 
     def broadcast_module(self, module: nn.Module, src: int = 0) -> None:
         """Overwrite ``module``'s parameters and buffers with rank ``src``'s (what DDP does at
@@ -261,18 +260,14 @@ def parameter_checksum(module: nn.Module) -> float:
 
 
 def unwrap(module: nn.Module) -> nn.Module:
-    """Strip DDP (``.module``) and ``torch.compile`` (``._orig_mod``) wrappers, any nesting."""
+    """Strip DDP (``.module``) and ``torch.compile`` wrappers, any nesting."""
     while True:
         if isinstance(module, DDP):
             module = module.module
-        elif hasattr(module, "_orig_mod") and isinstance(module._orig_mod, nn.Module):
-            module = module._orig_mod
+        elif compiled_inner(module) is not None:
+            module = compiled_inner(module)
         else:
             return module
-
-
-# torch >= 2.6 names it all_gather_single; 2.4-2.5 have only all_gather_tensor (same arguments)
-_funcol_all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
 
 
 def elastic_attempt_store(dist_timeout: float) -> Any:

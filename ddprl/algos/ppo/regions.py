@@ -92,7 +92,7 @@ class CompiledRollout:
         self.env_noise = torch.empty(unroll, *env.draw_shape, dtype=torch.long, device=device)
         mark_static(self.cursor, self.action_noise, self.env_noise, *buffer.data,
                     *(t for t in vars(env).values() if isinstance(t, torch.Tensor)))
-        self.region = compile_region(self.steps, device) if compile else self.steps
+        self.region = compile_region(self.steps, device, name="ppo rollout") if compile else self.steps
 
     def steps(self, action_noise: torch.Tensor, env_noise: torch.Tensor) -> torch.Tensor:
         """The region: ``unroll`` steps from the env's current state, stored at the cursor.
@@ -168,7 +168,8 @@ class CompiledUpdate:
         self.params = {names[id(p)]: p for p in self.adam.params}  # the optimizer's order
         mark_static(*self.adam.tensors(), *batch.values())
         self.grad_and_terms = grad_and_value(self.loss, has_aux=True)
-        self.region = compile_region(self.step_eager, device, rt.world_size) if compile else self.step_eager
+        self.region = (compile_region(self.step_eager, device, rt.world_size, name="ppo update") if compile
+                       else self.step_eager)
 
     def loss(self, params: dict[str, torch.Tensor], idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """PPO's loss on the minibatch ``idx`` (B,) as a function of ``params``; aux: the terms (len(TERMS),)."""

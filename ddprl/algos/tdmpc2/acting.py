@@ -181,14 +181,15 @@ class Acting:
         self.prev_mean: Optional[torch.Tensor] = None  # (H, E, A) last plan's mean
         self.device = next(model.parameters()).device
 
-        def region(fn):
-            return compile_region(fn, self.device) if compile else fn
+        def region(fn, name):
+            return compile_region(fn, self.device, name=f"tdmpc2 act {name}") if compile else fn
 
         if self.planner is None:
-            self._prior = region(self.prior_fn)
+            self._prior = region(self.prior_fn, "prior")
         else:
-            self._start, self._iterate, self._finish = (region(self.start_fn), region(self.planner.iterate),
-                                                        region(self.planner.finish))
+            self._start, self._iterate, self._finish = (region(self.start_fn, "start"),
+                                                        region(self.planner.iterate, "iterate"),
+                                                        region(self.planner.finish, "finish"))
 
     def episode_ended(self, done: torch.Tensor) -> None:
         """Forget the plan of envs whose episode just ended: done (E,) bool."""

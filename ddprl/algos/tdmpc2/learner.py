@@ -193,7 +193,7 @@ def build_learner(rt: Any, cfg: Any, obs_dim: int, action_dim: int,
     invariant 2). Resumed: every rank loads the same checkpoint, targets included.
     """
     if cfg.compile and training_step_unsupported():
-        raise UsageError(f"{training_step_unsupported()}: use compile=false, or torch >= 2.13 for compile=true")
+        raise UsageError(f"{training_step_unsupported()}: use compile=false, or a torch that can")
     model = WorldModel(obs_dim, action_dim, dims=model_dims(cfg), dropout=cfg.dropout)
     if state is not None:
         model.load_state_dict(state["model"])
@@ -209,7 +209,7 @@ def build_learner(rt: Any, cfg: Any, obs_dim: int, action_dim: int,
         pi_optim.load_state_dict(state["pi_optimizer"])
         scale.load_state_dict(state["scale"])
     region = UpdateStep(rt, model, scale, wm_optim, pi_optim, cfg, functional=cfg.compile)
-    step = compile_region(region, rt.device, rt.world_size) if cfg.compile else region
+    step = compile_region(region, rt.device, rt.world_size, name="tdmpc2 update") if cfg.compile else region
     return Learner(model, scale, wm_optim, pi_optim, region, step, region.names)
 
 

@@ -1,0 +1,89 @@
+"""The suite's own rules: a test not marked ``gpu`` runs on the CPU whatever the machine has
+(``tests/conftest.py``), and no test waits longer inside than pytest-timeout lets it run."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+
+from conftest import REPO, cli_env
+
+# A machine with one visible GPU, as torch and the environment present it: the only mock.
+FAKE_GPU_MACHINE = '''
+import os
+import torch
+
+os.environ["CUDA_VISIBLE_DEVICES"] = "0"
+torch.cuda.device_count = lambda: 1
+torch.cuda.is_available = lambda: True
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device")
+
+'''
+
+TESTS_ON_THE_FAKE_MACHINE = '''
+import os
+
+import pytest
+import torch
+
+from conftest import cli_env
+from ddprl.cli import prepare_train
+from ddprl.config import load_config
+from ddprl.runtime import placement_from_env, resolve_world_size
+
+
+@pytest.fixture(scope="module")
+def world_size_in_a_module_fixture():
+    return resolve_world_size("auto", "auto")
+
+
+def test_cpu(world_size_in_a_module_fixture):
+    assert world_size_in_a_module_fixture == 2
+    assert resolve_world_size("auto", "auto") == 2 and prepare_train([], None).world_size == 2
+    placement = placement_from_env(load_config(["world_size=2", "master_port=29500"]), {}, local_rank=1)
+    assert (placement.device.type, placement.backend) == ("cpu", "gloo")
+    assert cli_env()["CUDA_VISIBLE_DEVICES"] == "" and os.environ["CUDA_VISIBLE_DEVICES"] == ""
+
+
+@pytest.mark.gpu
+def test_gpu():
+    assert resolve_world_size("auto", "auto") == 1 and torch.cuda.is_available()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"
+
+
+def test_cpu_after_a_gpu_test(world_size_in_a_module_fixture):
+    test_cpu(world_size_in_a_module_fixture)
+'''
+
+
+def test_tests_not_marked_gpu_run_on_the_cpu_where_a_gpu_is_visible(tmp_path):
+    """This suite's conftest on a machine that shows one GPU (CUDA_VISIBLE_DEVICES=0, torch
+    counting one device): the tests not marked gpu, a module fixture's included, resolve
+    world_size=auto to 2 CPU ranks and hand CUDA_VISIBLE_DEVICES="" to every process they start;
+    the gpu test between them sees the GPU (one rank: what every test would get without the rule)."""
+    (tmp_path / "fake_gpu_machine.py").write_text(FAKE_GPU_MACHINE)  # a plugin: loaded before the conftest
+    for helper in ("conftest.py", "hosts.py"):  # the suite's conftest, with what it imports
+        (tmp_path / helper).write_text((REPO / "tests" / helper).read_text())
+    (tmp_path / "test_fake_machine.py").write_text(TESTS_ON_THE_FAKE_MACHINE)
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "fake_gpu_machine",
+                          "test_fake_machine.py"],
+                         cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "3 passed" in res.stdout, res.stdout[-3000:] + res.stderr[-2000:]
+
+
+def test_inner_timeouts_end_before_the_per_test_timeout():
+    """Every ``timeout=<seconds>`` a test passes (a subprocess, a wait) is shorter than the
+    per-test timeout of pyproject.toml, so a hang is reported by the test's own check."""
+    per_test = int(re.search(r"^timeout = (\d+)$", (REPO / "pyproject.toml").read_text(), re.M).group(1))
+    inner = {}
+    for path in (REPO / "tests").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.keyword) and node.arg == "timeout" and isinstance(node.value, ast.Constant):
+                inner[f"{path.name}:{node.value.lineno}"] = node.value.value
+    assert len(inner) > 20 and max(inner.values()) >= 300  # the scan sees the suite's waits
+    assert {where: t for where, t in inner.items() if t >= per_test} == {}
