@@ -74,7 +74,8 @@ class StopCheck:
     """Collective: whether any rank has received a stop signal (every rank calls it at every step
     boundary; most calls return at once, without a collective).
 
-    ``rt`` needs ``all_gather_object`` (the torch and the JAX runtime both have it).
+    ``rt``: a runtime with ``all_reduce_sum`` of a dict (the torch one: one small all-reduce), or
+    else ``all_gather_object`` (the JAX one).
     """
 
     def __init__(self, rt: Any, interval_s: float = 1.0, max_every: int = 100_000):
@@ -91,18 +92,33 @@ class StopCheck:
         if self.calls < self.every:
             return False
         start = time.perf_counter()
-        flags = self.rt.all_gather_object((received(), start - self.last))
+        signalled, elapsed = self._reduce(start - self.last)
         self.reduce_s += time.perf_counter() - start
         self.reductions += 1
-        signals = [f"{name} on rank {rank}" for rank, (name, _) in enumerate(flags) if name is not None]
-        # Mean elapsed over ranks: the same number on every rank, hence the same cadence.
-        elapsed = sum(e for _, e in flags) / len(flags)
         # Grows at most 4x per reduction: one quick first step must not stretch the next wait.
         target = int(self.calls * self.interval_s / max(elapsed, 1e-9))
         self.every = max(1, min(self.max_every, 4 * self.calls, target))
         self.calls = 0
         self.last = time.perf_counter()
-        if signals:
-            self.signal = signals[0]
+        if signalled:
+            self.signal = signalled
             return True
         return False
+
+    def _reduce(self, elapsed: float) -> tuple[str | None, float]:
+        """(which signal on which rank, or None; the elapsed time averaged over ranks: the same
+        number on every rank, hence the same cadence)."""
+        name = received()
+        if hasattr(self.rt, "all_reduce_sum"):
+            mine = signal.Signals[name].value if name else 0
+            total = self.rt.all_reduce_sum({"ranks": float(mine > 0), "signum": float(mine),
+                                            "rank": float(self.rt.rank if mine else 0), "elapsed": elapsed})
+            mean_elapsed = total["elapsed"] / self.rt.world_size
+            if total["ranks"] == 0:
+                return None, mean_elapsed
+            if total["ranks"] == 1:
+                return f"{signal.Signals(int(total['signum'])).name} on rank {int(total['rank'])}", mean_elapsed
+            return f"signals on {int(total['ranks'])} ranks", mean_elapsed
+        flags = self.rt.all_gather_object((name, elapsed))
+        signals = [f"{n} on rank {rank}" for rank, (n, _) in enumerate(flags) if n is not None]
+        return (signals[0] if signals else None), sum(e for _, e in flags) / len(flags)
