@@ -1,7 +1,7 @@
 """What the stop-signal checks cost: real jobs, each reporting its own checks at the end.
 
 Every ddprl job checks at its step boundaries whether a SIGTERM/SIGUSR1 reached some rank; about
-once a second that is one small collective. Every metrics row carries ``rank0/stop_check_s``:
+once a second that is one small collective. Every metrics row carries ``time/stop_check_s``:
 the time rank 0 has spent in those collectives so far, waiting for slower ranks included (an
 upper bound of their cost). This script runs a few jobs with 2 ranks on this machine and
 tabulates the last row's value against the run's wall time.
@@ -42,10 +42,10 @@ def main() -> None:
             res = subprocess.run([sys.executable, "-m", "ddprl", "train", *keys, "device=cpu", "progress=false",
                                   f"run_dir={tmp}/run"], capture_output=True, text=True, env=env, timeout=3600)
             last = read_metrics(f"{tmp}/run")[-1] if res.returncode == 0 else {}
-        if "rank0/stop_check_s" not in last:
+        if "time/stop_check_s" not in last:
             rows.append(f"| {name} | failed (exit {res.returncode}) | | |")
             continue
-        spent, wall = last["rank0/stop_check_s"], last["wall_time"]
+        spent, wall = last["time/stop_check_s"], last["wall_time"]
         rows.append(f"| {name} | {wall:.0f} s | {spent * 1e3:.1f} ms | {100 * spent / wall:.3f} % |")
     load = foreign_load(before, cpu_counters())
 

@@ -272,8 +272,9 @@ class Run:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Record global metrics at ``step`` and move the progress bar (every rank calls)."""
-        # What the stop-signal checks have cost so far (rank 0's time in their collectives).
-        metrics = {**metrics, "rank0/stop_check_s": self._stop_check.reduce_s}
+        # What the stop-signal checks have cost so far: time in their collectives (about the same
+        # on every rank, collectives end together), here rank 0's.
+        metrics = {**metrics, "time/stop_check_s": self._stop_check.reduce_s}
         self.logger.log(step, metrics)
         self.last_step = step
         evaluated = {k: v for k, v in metrics.items() if k.startswith(("eval/", "val/", "test/"))}

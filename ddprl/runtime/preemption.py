@@ -116,9 +116,12 @@ class StopCheck:
             mean_elapsed = total["elapsed"] / self.rt.world_size
             if total["ranks"] == 0:
                 return None, mean_elapsed
-            if total["ranks"] == 1:
-                return f"{signal.Signals(int(total['signum'])).name} on rank {int(total['rank'])}", mean_elapsed
-            return f"signals on {int(total['ranks'])} ranks", mean_elapsed
+            ranks, signum = int(total["ranks"]), int(total["signum"])
+            if ranks == 1:
+                return f"{signal.Signals(signum).name} on rank {int(total['rank'])}", mean_elapsed
+            if signum % ranks == 0 and signum // ranks in (s.value for s in STOP_SIGNALS):  # one signal, to all
+                return f"{signal.Signals(signum // ranks).name} on {ranks} ranks", mean_elapsed
+            return f"SIGTERM and SIGUSR1 on {ranks} ranks", mean_elapsed
         flags = self.rt.all_gather_object((name, elapsed))
         signals = [f"{n} on rank {rank}" for rank, (n, _) in enumerate(flags) if n is not None]
         return (signals[0] if signals else None), sum(e for _, e in flags) / len(flags)
