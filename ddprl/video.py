@@ -12,6 +12,7 @@ return so far. GIFs need only imageio; MP4 also needs ``imageio-ffmpeg``
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -123,27 +124,38 @@ def record_video(actor: Any, path: str | Path, seed: int, max_steps: int = 1000,
         fps = fps or getattr(env, "render_fps", None) or FPS
         path.parent.mkdir(parents=True, exist_ok=True)
         writer = _writer_for(path, fps)
-        mp4 = path.suffix.lower() == ".mp4"
         prefix = f"{label}  " if label else ""
-        try:
-            frame, total = first, 0.0
-            for step in range(max_steps + 1):
-                picture = overlay(np.asarray(frame, dtype=np.uint8), f"{prefix}step {step}  return {total:.2f}")
-                writer.append_data(_even(picture) if mp4 else picture)
-                if step == max_steps:
-                    break
-                obs, reward, terminated, truncated, _ = env.step(actor.act(obs))
-                total += float(reward.reshape(-1)[0])
-                if bool((terminated | truncated).reshape(-1)[0]):
-                    # Envs reset in the step that ends an episode: drawn now they would show the
-                    # next episode's start. The last state drawn stays, with the final return.
-                    picture = overlay(np.asarray(frame, dtype=np.uint8),
-                                      f"{prefix}step {step + 1}  return {total:.2f}  (end)")
-                    writer.append_data(_even(picture) if mp4 else picture)
-                    break
-                frame = env.render_rgb()
-        finally:
-            writer.close()
+        with warnings.catch_warnings():
+            # The MP4 writer starts ffmpeg (fork, then exec at once), which JAX's fork hook warns
+            # about in a process that imported JAX; nothing of JAX runs in the child.
+            warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+            _write_episode(env, actor, obs, first, writer, max_steps, prefix, path.suffix.lower() == ".mp4")
     finally:
         env.close()
     return path
+
+
+def _write_episode(env: Any, actor: Any, obs: torch.Tensor, first: np.ndarray, writer: Any, max_steps: int,
+                   prefix: str, mp4: bool) -> None:
+    """Frames of one episode of ``env`` (reset, its first state drawn as ``first``) to
+    ``writer``, each with the step and the return so far; closes ``writer``."""
+    def add(frame: np.ndarray, text: str) -> None:
+        picture = overlay(np.asarray(frame, dtype=np.uint8), prefix + text)
+        writer.append_data(_even(picture) if mp4 else picture)
+
+    try:
+        frame, total = first, 0.0
+        for step in range(max_steps + 1):
+            add(frame, f"step {step}  return {total:.2f}")
+            if step == max_steps:
+                break
+            obs, reward, terminated, truncated, _ = env.step(actor.act(obs))
+            total += float(reward.reshape(-1)[0])
+            if bool((terminated | truncated).reshape(-1)[0]):
+                # Envs reset in the step that ends an episode: drawn now they would show the next
+                # episode's start. The last state drawn stays, with the final return.
+                add(frame, f"step {step + 1}  return {total:.2f}  (end)")
+                break
+            frame = env.render_rgb()
+    finally:
+        writer.close()
