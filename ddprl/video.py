@@ -12,6 +12,7 @@ return so far. GIFs need only imageio; MP4 also needs ``imageio-ffmpeg``
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,10 @@ def headless_rendering() -> None:
         "SDL_AUDIODRIVER": "dummy",
         "SDL_VIDEODRIVER": "dummy",
     }
-    # MuJoCo's default backend (GLFW) needs a display; EGL renders without one (NVIDIA, Mesa).
-    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY") or os.environ.get("PYOPENGL_PLATFORM")):
+    # MuJoCo's default backend (GLFW) needs an X or Wayland display on Linux; EGL renders
+    # without one (NVIDIA, Mesa). Elsewhere (macOS) GLFW needs none.
+    if sys.platform.startswith("linux") and not any(
+            os.environ.get(k) for k in ("DISPLAY", "WAYLAND_DISPLAY", "PYOPENGL_PLATFORM")):
         defaults["MUJOCO_GL"] = "egl"
     for key, value in defaults.items():
         os.environ.setdefault(key, value)

@@ -37,7 +37,8 @@ class GymVecEnv:
         self.num_envs = num_envs
         self.device = torch.device(device)
         self.seed = seed
-        self.render_modes: list[str] = []
+        self.render_modes: list[str] = []  # the task's, looked up when frames are asked for
+        self._frames = frames
         if frames is not None and "render_mode" not in env_kwargs:
             self.render_modes = _render_modes(task, env_kwargs)
             if frames in self.render_modes:
@@ -147,7 +148,7 @@ class GymVecEnv:
     def render_rgb(self, i: int = 0) -> np.ndarray:
         """(H, W, 3) uint8 frame of env ``i``: made inside ``ddprl.envs.rendering("rgb_array")``."""
         if self.render_mode != "rgb_array":
-            if self.render_modes and "rgb_array" not in self.render_modes:
+            if self._frames == "rgb_array" and self.render_mode is None:  # asked for, not offered
                 raise UsageError(f"video: {self.task} cannot draw frames (its render modes: "
                                  f"{', '.join(self.render_modes) or 'none'}); ddprl eval gives its returns")
             raise UsageError(f"video: this {self.task} env was made with render_mode={self.render_mode}; "
