@@ -162,15 +162,15 @@ def _eval_rank(rt: Any, cfg: Any, ckpt: dict[str, Any], video: str | None) -> No
 
     actor = registry.get(cfg.algo, cfg.engine).actor_loader()(cfg, ckpt["state"], rt.device)
     result = evaluate(rt, actor.make_env, actor.act, cfg.eval_episodes, cfg.seed, actor.extra_keys)
-    if video:
-        from ddprl.video import record_video
-
-        record_video(actor, video, seed=cfg.seed)
-    if rt.is_main:
+    if rt.is_main:  # the numbers first: a video that cannot be drawn does not take them away
         extras = " ".join(f"{k}={v:.4g}" for k, v in result.items() if k not in ("return_mean", "return_std", "episodes"))
         print(extras, flush=True)
         print(f"return_mean={result['return_mean']:.4f} return_std={result['return_std']:.4f} "
               f"episodes={int(result['episodes'])}", flush=True)
+    if video:
+        from ddprl.video import record_video
+
+        record_video(actor, video, seed=cfg.seed)
 
 
 def cmd_play(args: argparse.Namespace) -> int:
