@@ -118,6 +118,27 @@ def save_atomically(data: dict[str, Any], path: str | Path) -> None:
     os.replace(tmp, path)
 
 
+def checkpoint_in(path: str | Path, prefer: tuple[str, ...] = ("best.pt", "latest.pt")) -> Path:
+    """The checkpoint file ``path`` names: a file as given; a run directory (or its
+    ``checkpoints/`` folder) gives the first of ``prefer`` found there.
+
+    ``eval``/``play`` prefer best.pt (the best evaluated policy), then latest.pt (a run that
+    never evaluated has no best.pt); ``resume`` asks for latest.pt, the newest training state.
+
+    >>> checkpoint_in("runs/ppo-CartPole-v1-20261123-101500")        # doctest: +SKIP
+    PosixPath('runs/ppo-CartPole-v1-20261123-101500/checkpoints/best.pt')
+    """
+    path = Path(path)
+    if not path.is_dir():
+        return path  # a file, or a missing path that load_checkpoint reports
+    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    for name in prefer:
+        if (folder / name).is_file():
+            return folder / name
+    raise UsageError(f"{path}: no {' or '.join(prefer)} in {folder} (training writes them to "
+                     f"<run directory>/checkpoints/); give a run directory or a checkpoint file")
+
+
 def load_checkpoint(path: str | Path, expect_algo: str | None = None) -> dict[str, Any]:
     """Load and check a checkpoint; bad files raise a UsageError that says what is wrong.
 

@@ -129,15 +129,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
     paths = [a.split("=", 1)[1] for a in args.overrides if a.startswith("checkpoint=")]
     if not paths:
         raise UsageError("eval: give checkpoint=PATH")
-    ckpt = load_checkpoint(paths[-1])
+    path = _checkpoint_file(paths[-1])
+    # The file, not the run directory, from here on (an algorithm's own evaluator reads it again).
+    overrides = [a for a in args.overrides if not a.startswith("checkpoint=")] + [f"checkpoint={path}"]
+    ckpt = load_checkpoint(path)
     algorithm = registry.get(ckpt.get("algo"), _engine_of(ckpt))  # a UsageError naming the known ones
     evaluator = algorithm.checkpoint_evaluator()
     if evaluator is not None:  # no policy to roll out: the algorithm evaluates itself
-        return evaluator(ckpt, args.overrides)
-    kv = _key_values(args.overrides, {"checkpoint": str, "episodes": int, "device": str, "seed": int,
-                                      "video": str, "deterministic": boolean}, "eval")
+        return evaluator(ckpt, overrides)
+    kv = _key_values(overrides, {"checkpoint": str, "episodes": int, "device": str, "seed": int,
+                                 "video": str, "deterministic": boolean}, "eval")
     if kv.get("episodes", 10) < 1:
         raise UsageError("eval: episodes must be >= 1")
+    if "video" in kv:
+        from ddprl.video import check_video_path, headless_rendering
+
+        check_video_path(kv["video"])
+        headless_rendering()  # before the ranks start: they inherit it
     saved = {k: v for k, v in ckpt["config"].items() if k not in NOT_RESUMED}
     # One process: a checkpoint from any number of ranks (and machines) evaluates here.
     extra = ["world_size=1", "nnodes=1", "progress=false",
@@ -157,15 +165,15 @@ def _eval_rank(rt: Any, cfg: Any, ckpt: dict[str, Any], video: str | None) -> No
 
     actor = registry.get(cfg.algo, cfg.engine).actor_loader()(cfg, ckpt["state"], rt.device)
     result = evaluate(rt, actor.make_env, actor.act, cfg.eval_episodes, cfg.seed, actor.extra_keys)
-    if video:
-        from ddprl.video import record_video
-
-        record_video(actor, video, seed=cfg.seed)
-    if rt.is_main:
+    if rt.is_main:  # the numbers first: a video that cannot be drawn does not take them away
         extras = " ".join(f"{k}={v:.4g}" for k, v in result.items() if k not in ("return_mean", "return_std", "episodes"))
         print(extras, flush=True)
         print(f"return_mean={result['return_mean']:.4f} return_std={result['return_std']:.4f} "
               f"episodes={int(result['episodes'])}", flush=True)
+    if video:
+        from ddprl.video import record_video
+
+        record_video(actor, video, seed=cfg.seed)
 
 
 def cmd_play(args: argparse.Namespace) -> int:
@@ -183,7 +191,14 @@ def cmd_play(args: argparse.Namespace) -> int:
         raise UsageError(f"play: device={device!r} is not cpu or cuda")
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("play: device=cuda but no CUDA device is visible")
-    ckpt = load_checkpoint(kv["checkpoint"])
+    if "video" in kv:
+        from ddprl.video import check_video_path
+
+        check_video_path(kv["video"])
+    from ddprl.video import headless_rendering
+
+    headless_rendering()  # before an env library is imported: making the actor imports them
+    ckpt = load_checkpoint(_checkpoint_file(kv["checkpoint"]))
     saved = {k: v for k, v in ckpt["config"].items() if k not in NOT_RESUMED}
     cfg = load_config(["world_size=1", f"device={device}", "progress=false"]
                       + _deterministic_override(kv, ckpt, "play"), resumed=saved)
@@ -193,9 +208,12 @@ def cmd_play(args: argparse.Namespace) -> int:
     if "video" in kv:
         from ddprl.video import record_video
 
-        for episode in range(kv.get("episodes", 1)):
-            path = kv["video"] if kv.get("episodes", 1) == 1 else _numbered(kv["video"], episode)
-            print(f"wrote {record_video(actor, path, seed=seed + episode)}", flush=True)
+        episodes = kv.get("episodes", 1)
+        for episode in range(episodes):
+            path = kv["video"] if episodes == 1 else _numbered(kv["video"], episode)
+            label = f"episode {episode + 1}/{episodes}" if episodes > 1 else ""
+            print(f"wrote {record_video(actor, path, seed=seed + episode, fps=kv.get('fps'), label=label)}",
+                  flush=True)
     else:
         from ddprl.play import play_terminal
 
@@ -223,6 +241,18 @@ def _deterministic_override(kv: dict[str, Any], ckpt: dict[str, Any], command: s
 
 def _engine_of(ckpt: dict[str, Any]) -> str:
     return str(ckpt.get("config", {}).get("engine", registry.DEFAULT_ENGINE))
+
+
+def _checkpoint_file(path: str) -> Any:
+    """checkpoint=PATH of eval and play: a file, or a run directory (its best.pt, else latest.pt)."""
+    from pathlib import Path
+
+    from ddprl.checkpoint import checkpoint_in
+
+    file = checkpoint_in(path)
+    if file != Path(path):
+        print(f"ddprl: checkpoint {file}", file=sys.stderr, flush=True)
+    return file
 
 
 def _numbered(path: str, i: int) -> str:

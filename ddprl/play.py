@@ -16,14 +16,19 @@ from ddprl.evaluate import episode_record
 def play_terminal(actor: Any, episodes: int, fps: float, seed: int, out: TextIO = sys.stdout) -> list[dict[str, float]]:
     """Show ``episodes`` episodes frame by frame (one env, the actor's eval actions); returns their stats.
 
-    Needs an environment with ``render_ascii`` (Snake). On a terminal each frame replaces the
-    last; piped output gets the frames one after the other.
+    Needs an environment that draws text: Snake, or a Gymnasium task with an ``"ansi"`` render
+    mode. On a terminal each frame replaces the last; piped output gets the frames one after
+    the other.
     """
-    env = actor.make_env(1, seed)
+    from ddprl.envs import rendering
+
+    with rendering("ansi"):
+        env = actor.make_env(1, seed)
     if not hasattr(env, "render_ascii"):
+        task = getattr(env, "task", None)
         env.close()
-        raise UsageError("play: the terminal view needs a task with a text rendering (task=snake); "
-                         "use video=out.gif, or ddprl eval for numbers")
+        raise UsageError(f"play: {task or 'this task'} has no text picture for the terminal (task=snake has one); "
+                         "watch it as a video: add video=out.gif (or video=out.mp4)")
     clear = "\033[H\033[2J" if out.isatty() else ""
     results = []
     obs = env.reset(seed=seed)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
-from typing import Any
+from typing import Any, Iterator
 
 import gymnasium as gym
 import torch
@@ -12,7 +13,7 @@ from ddprl.envs.base import VecEnv
 from ddprl.runtime.seeding import env_seed
 from ddprl.errors import UsageError
 
-__all__ = ["make_env", "check_task", "VecEnv", "env_seed"]
+__all__ = ["make_env", "check_task", "rendering", "VecEnv", "env_seed"]
 
 # Tasks implemented by ddprl itself, on top of every registered Gymnasium id.
 BUILTIN_TASKS: dict[str, str] = {"snake": "batched Snake in torch, on the rank's device (ddprl.envs.snake)"}
@@ -21,6 +22,31 @@ BUILTIN_TASKS: dict[str, str] = {"snake": "batched Snake in torch, on the rank's
 # The one-game numpy Snake, for comparisons through Gymnasium's vector envs (benchmarks).
 if "ddprl/SnakeGym-v0" not in gym.registry:
     gym.register("ddprl/SnakeGym-v0", entry_point="ddprl.envs.snake_gym:SnakeGymEnv")
+
+
+# What the envs made inside ``rendering(...)`` should draw; None everywhere else, so that
+# training and evaluation envs never carry a renderer.
+_render_mode: str | None = None
+
+
+@contextlib.contextmanager
+def rendering(mode: str) -> Iterator[None]:
+    """Gymnasium envs made inside draw ``"rgb_array"`` frames (``render_rgb``) or ``"ansi"``
+    text (``render_ascii``) where their task can.
+
+    Gymnasium fixes ``render_mode`` when an env is made, and an algorithm's ``load_actor``
+    makes its own envs: ``ddprl play`` and videos wrap that call in this. DMC, Snake, the
+    multi-agent and JAX envs draw in any case.
+
+    >>> with rendering("rgb_array"):                              # doctest: +SKIP
+    ...     env = actor.make_env(1, seed)
+    """
+    global _render_mode
+    previous, _render_mode = _render_mode, mode
+    try:
+        yield
+    finally:
+        _render_mode = previous
 
 
 def check_task(task: str) -> None:
@@ -64,4 +90,4 @@ def make_env(task: str, num_envs: int, seed: int, device: str | torch.device = "
         return SnakeEnv(num_envs, device=device, seed=seed, **kwargs)
     from ddprl.envs.gym_vec import GymVecEnv
 
-    return GymVecEnv(task, num_envs, seed=seed, device=device, **kwargs)
+    return GymVecEnv(task, num_envs, seed=seed, device=device, frames=_render_mode, **kwargs)

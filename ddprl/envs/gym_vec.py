@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import os
+import sys
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
+
+from ddprl.errors import UsageError
 
 
 class GymVecEnv:
@@ -17,16 +22,32 @@ class GymVecEnv:
     Tensors cross the boundary on ``device``; Gymnasium's numpy stays inside. Episode return
     and length are tracked here so every env reports them the same way.
 
+    ``frames="rgb_array"`` (or ``"ansi"``) makes the envs with that ``render_mode`` when the
+    task offers it, for :meth:`render_rgb` (or ``render_ascii``); a ``render_mode`` in
+    ``env_kwargs`` is the user's own and stays.
+
     >>> env = GymVecEnv("CartPole-v1", num_envs=4, seed=0)
     >>> env.reset().shape
     torch.Size([4, 4])
     """
 
-    def __init__(self, task: str, num_envs: int, seed: int = 0, device: str | torch.device = "cpu", **env_kwargs: Any):
+    def __init__(self, task: str, num_envs: int, seed: int = 0, device: str | torch.device = "cpu",
+                 frames: str | None = None, **env_kwargs: Any):
         self.task = task
         self.num_envs = num_envs
         self.device = torch.device(device)
         self.seed = seed
+        self.render_modes: list[str] = []  # the task's, looked up when frames are asked for
+        self._frames = frames
+        if frames is not None and "render_mode" not in env_kwargs:
+            self.render_modes = _render_modes(task, env_kwargs)
+            if frames in self.render_modes:
+                env_kwargs = {**env_kwargs, "render_mode": frames}
+        self.render_mode = env_kwargs.get("render_mode")
+        if self.render_mode == "ansi":
+            # An instance attribute, not a method: ``hasattr(env, "render_ascii")`` is how the
+            # terminal player (and wrappers forwarding attributes) tell that text exists.
+            self.render_ascii = self._render_text
         self.envs = gym.vector.SyncVectorEnv(
             [lambda: gym.make(task, **env_kwargs) for _ in range(num_envs)],
             autoreset_mode=AutoresetMode.SAME_STEP,
@@ -116,8 +137,62 @@ class GymVecEnv:
         self._episode_length[:] = state["episode_length"].numpy()
         return self._tensor(self._obs)
 
+    # -- pictures ------------------------------------------------------------------------------
+
+    @property
+    def render_fps(self) -> float | None:
+        """The task's own frame rate (its ``metadata["render_fps"]``), for real-time videos."""
+        fps = self.envs.envs[0].metadata.get("render_fps")
+        return float(fps) if fps else None
+
+    def render_rgb(self, i: int = 0) -> np.ndarray:
+        """(H, W, 3) uint8 frame of env ``i``: made inside ``ddprl.envs.rendering("rgb_array")``."""
+        if self.render_mode != "rgb_array":
+            if self._frames == "rgb_array" and self.render_mode is None:  # asked for, not offered
+                raise UsageError(f"video: {self.task} cannot draw frames (its render modes: "
+                                 f"{', '.join(self.render_modes) or 'none'}); ddprl eval gives its returns")
+            raise UsageError(f"video: this {self.task} env was made with render_mode={self.render_mode}; "
+                             "make it inside ddprl.envs.rendering('rgb_array')")
+        env = self.envs.envs[i]
+        hook, reason = sys.unraisablehook, None
+        try:
+            frame = env.render()
+        except Exception as e:  # pygame missing, or MuJoCo with no OpenGL backend (MUJOCO_GL)
+            reason = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+            # The viewer the failed call half made is freed as this block ends, and its __del__
+            # fails in turn ("Exception ignored in ..."): the error below is the one to show.
+            sys.unraisablehook = lambda _: None
+        if reason is not None:
+            gc.collect()
+            sys.unraisablehook = hook
+            if hasattr(env.unwrapped, "mujoco_renderer"):
+                raise UsageError(f"cannot render {self.task} with MUJOCO_GL={os.environ.get('MUJOCO_GL', '(unset)')} "
+                                 f"({reason}); set MUJOCO_GL=egl (NVIDIA or Mesa EGL) or MUJOCO_GL=osmesa "
+                                 "before starting ddprl")
+            raise UsageError(f"cannot render {self.task} ({reason})")
+        return np.ascontiguousarray(np.asarray(frame, dtype=np.uint8)[..., :3])
+
+    def _render_text(self, i: int = 0) -> str:
+        return str(self.envs.envs[i].render())
+
     def close(self) -> None:
         self.envs.close()
+
+
+def _render_modes(task: str, env_kwargs: dict[str, Any]) -> list[str]:
+    """What ``render_mode`` values ``task`` accepts, from its class's metadata when the entry
+    point is a class, else from an env made to ask."""
+    from gymnasium.envs.registration import load_env_creator
+
+    creator = gym.spec(task).entry_point
+    if isinstance(creator, str):
+        creator = load_env_creator(creator)
+    modes = getattr(creator, "metadata", {}).get("render_modes")
+    if modes is None:  # a factory function: only the env it makes knows
+        probe = gym.make(task, **env_kwargs)
+        modes = probe.metadata.get("render_modes", [])
+        probe.close()
+    return list(modes)
 
 
 def _sim_state(env: Any) -> dict[str, torch.Tensor] | None:

@@ -134,18 +134,21 @@ def _gymnax(task: str, name: str, **kwargs: Any) -> JaxEnv:
                 jnp.asarray(info["final_observation"], jnp.float32))
 
     return JaxEnv(task, tuple(int(s) for s in obs_space.shape), discrete, action_dim, low, high,
-                  int(params.max_steps_in_episode), reset, step, _gymnax_renderer(name))
+                  int(params.max_steps_in_episode), reset, step, _gymnax_renderer(name, env, params))
 
 
-def _gymnax_renderer(name: str) -> Callable[[Any], np.ndarray] | None:
-    """Frames for gymnax classic control drawn by Gymnasium's own renderer (same physics state)."""
+def _gymnax_renderer(name: str, env: Any, params: Any) -> Callable[[Any], np.ndarray] | None:
+    """Frames for gymnax classic control drawn by Gymnasium's own renderer (same physics state);
+    the other tasks with a scene by ``ddprl.jax.pictures``."""
     mapping = {"CartPole-v1": ("CartPole-v1", lambda s: [s.x, s.x_dot, s.theta, s.theta_dot]),
                "Pendulum-v1": ("Pendulum-v1", lambda s: [s.theta, s.theta_dot]),
                "Acrobot-v1": ("Acrobot-v1", lambda s: [s.joint_angle1, s.joint_angle2, s.velocity_1, s.velocity_2]),
                "MountainCar-v0": ("MountainCar-v0", lambda s: [s.position, s.velocity]),
                "MountainCarContinuous-v0": ("MountainCarContinuous-v0", lambda s: [s.position, s.velocity])}
     if name not in mapping:
-        return None
+        from ddprl.jax.pictures import gymnax_picture
+
+        return gymnax_picture(name, env, params)
     gym_id, to_state = mapping[name]
     holder: dict[str, Any] = {}
 

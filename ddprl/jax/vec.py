@@ -24,6 +24,7 @@ class JaxVecEnv:
         import jax
 
         self.env, self.num_envs, self.device = env, num_envs, torch.device("cpu")
+        self.task = env.task
         self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, env.obs_shape, np.float32)
         if env.discrete:
             self.single_action_space: gym.Space = gym.spaces.Discrete(env.action_dim)
@@ -69,11 +70,13 @@ class JaxVecEnv:
                 info)
 
     def render_rgb(self) -> np.ndarray:
-        """A frame of env 0 (classic control through Gymnasium's renderer, brax through MuJoCo's)."""
+        """A frame of env 0 (classic control through Gymnasium's renderer, brax through MuJoCo's,
+        the other gymnax tasks with a scene through ``ddprl.jax.pictures``)."""
         import jax
 
         if self.env.render is None:
-            raise UsageError(f"video: {self.env.task} has no renderer (classic control and brax tasks render)")
+            raise UsageError(f"video: {self.env.task} has no scene to draw (bandit and chain tasks observe a few "
+                             "numbers); ddprl eval gives its returns")
         return self.env.render(jax.tree.map(lambda x: np.asarray(x)[0], self._state))
 
     def close(self) -> None:
