@@ -5,7 +5,7 @@
     ddprl play checkpoint=PATH [fps=10] [episodes=1] [video=out.gif] [device=cpu] [seed=N]
     ddprl doctor [world_size=auto] [device=auto] [backend=auto] [engine=jax devices=N]
     ddprl plot RUN_DIR [RUN_DIR ...] [out=curves.png] [keys=a,b] [x=step|wall_time]
-    ddprl keys [algo=NAME]
+    ddprl keys [algo=NAME] [engine=jax] [task=NAME]
 
 Algorithms come from ``ddprl.registry``: nothing here knows one by name.
 
@@ -27,6 +27,59 @@ from ddprl.errors import UsageError
 
 # Settings of the interrupted job that must not carry over into a resumed one.
 NOT_RESUMED = ("master_port", "master_addr", "node_rank", "resume", "run_dir")
+
+Row = tuple[str, str, str, str]  # (key, type, default, help), as `ddprl keys` prints them
+
+# The keys of the commands other than train, for their --help. cmd_eval and cmd_play parse
+# their own; tests/test_help.py checks that these tables name exactly the keys they accept.
+COMMAND_KEYS: dict[str, list[Row]] = {
+    "eval": [
+        ("checkpoint", "path", "(required)", "the checkpoint to evaluate, e.g. runs/<run>/checkpoints/best.pt"),
+        ("episodes", "int", "10", "episodes to roll out"),
+        ("device", "str", "auto", "auto | cpu | cuda"),
+        ("seed", "int", "the run's", "seed of the evaluation environments"),
+        ("video", "path", "''", "also write one episode to this file (.gif, .mp4)"),
+        ("deterministic", "bool", "the run's", "most likely actions (false: sampled), for algorithms with both"),
+    ],
+    "eval algo=supervised": [
+        ("checkpoint", "path", "(required)", "a supervised checkpoint: prints its metrics on one split"),
+        ("split", "str", "test", "test | val | train"),
+        ("device", "str", "auto", "auto | cpu | cuda"),
+        ("batch_size", "int", "the run's", "samples per evaluation batch"),
+        ("task", "str", "the run's", "module:function of the task (required for a task of your own code)"),
+    ],
+    "play": [
+        ("checkpoint", "path", "(required)", "the checkpoint to watch, e.g. runs/<run>/checkpoints/latest.pt"),
+        ("episodes", "int", "1", "episodes to play"),
+        ("fps", "float", "10", "frames per second in the terminal"),
+        ("video", "path", "''", "write the episodes to this file (.gif, .mp4) instead of the terminal"),
+        ("device", "str", "cpu", "cpu | cuda"),
+        ("seed", "int", "the run's", "seed of the environment (episode i: seed + i)"),
+        ("deterministic", "bool", "the run's", "most likely actions (false: sampled), for algorithms with both"),
+    ],
+    "doctor": [
+        ("world_size", "int | auto", "auto", "processes to start (auto: one per visible GPU, else 2)"),
+        ("device", "str", "auto", "auto | cpu | cuda"),
+        ("backend", "str", "auto", "auto | nccl | gloo"),
+        ("master_port", "str", "auto", "port of the rendezvous (auto: a free one)"),
+        ("size_mb", "float", "64", "size of the all_reduce whose bandwidth is measured, in MB"),
+        ("dist_timeout", "float", "300", "seconds before a stuck collective fails"),
+        ("engine", "str", "torch", "torch | jax"),
+        ("devices", "int | auto", "auto", "engine=jax: JAX devices per process"),
+    ],
+    "plot": [
+        ("RUN_DIR", "path", "(required)", "one or more run directories (each holds metrics.jsonl)"),
+        ("out", "path", "curves.png", "the picture to write: .png, .pdf or .svg"),
+        ("keys", "list", "headline + losses", "metrics to draw, e.g. keys=eval/return_mean,train/loss "
+                                              "(default: return, fps, then every train/*loss*)"),
+        ("x", "str", "step", "step (global agent steps) | wall_time (cumulative over resumes)"),
+    ],
+    "keys": [
+        ("algo", "str", "ppo", "the algorithm whose keys to list (without: the algorithms, then ppo's keys)"),
+        ("engine", "str", "torch", "torch | jax"),
+        ("task", "str", "the algo's", "show the defaults this task gives (task files in ddprl/config/task/)"),
+    ],
+}
 
 
 def _key_values(args: list[str], allowed: dict[str, Callable[[str], Any]], command: str) -> dict[str, Any]:
@@ -287,19 +340,38 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
-    from ddprl.config import describe
-
-    kv = _key_values(args.overrides, {"algo": str, "engine": str}, "keys")
+    kv = _key_values(args.overrides, {"algo": str, "engine": str, "task": str}, "keys")
     if "algo" not in kv:
-        print("algorithms (ddprl keys algo=NAME [engine=jax] lists the keys of one):")
+        print("algorithms (ddprl keys algo=NAME [engine=jax] [task=NAME] lists the keys of one):")
         for algorithm in registry.declarations():
             print(f"  {algorithm.name:12s} {algorithm.engine:6s} {algorithm.description}")
-        kv["algo"] = registry.DEFAULT_ALGO
-        print(f"\nkeys of algo={kv['algo']}:")
-    algorithm = registry.get(kv["algo"], kv.get("engine", registry.DEFAULT_ENGINE))
-    for name, typ, help_ in describe(algorithm.config):
-        print(f"{name:18s} {typ:22s} {help_}")
+        print()
+    title, rows = algo_keys(kv)
+    print(f"{title}; set them as `ddprl train key=value`:")
+    print(format_rows(rows, header=True))
     return 0
+
+
+def algo_keys(choice: dict[str, str]) -> tuple[str, list[Row]]:
+    """A title and the (key, type, default, help) rows of the algorithm (and task) in ``choice``,
+    resolved as ``ddprl train`` would: the algorithm's defaults, then the task's file."""
+    from ddprl.config import key_rows, load_config
+
+    cfg = load_config([f"{k}={v}" for k, v in choice.items() if k in ("algo", "engine", "task")])
+    title = f"keys of algo={cfg.algo}" + (f" engine={cfg.engine}" if cfg.engine != registry.DEFAULT_ENGINE else "")
+    if getattr(cfg, "task", None) is not None:
+        title += f" with task={cfg.task}"
+    return title, key_rows(cfg)
+
+
+def format_rows(rows: list[Row], header: bool = False, indent: str = "") -> str:
+    """Aligned columns, one key a line (so that ``ddprl keys | grep lr`` finds a key whole)."""
+    if header:
+        rows = [("key", "type", "default", "help"), *rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    widths[2] = min(widths[2], 24)  # a long default (a dict) may push its own help, not every line's
+    return "\n".join(f"{indent}{k:<{widths[0]}}  {t:<{widths[1]}}  {d:<{widths[2]}}  {h}".rstrip()
+                     for k, t, d, h in rows)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -308,6 +380,84 @@ def cmd_plot(args: argparse.Namespace) -> int:
     run_dirs, options = parse_plot_args(args.overrides)
     print(f"wrote {plot_runs(run_dirs, **options)}", flush=True)
     return 0
+
+
+COMMANDS = [
+    ("eval", cmd_eval, "evaluate a checkpoint in one process",
+     "Evaluate a checkpoint in one process: mean and std of the episode returns (a supervised "
+     "checkpoint: its metrics on a split)."),
+    ("play", cmd_play, "watch an agent in the terminal or write a video (one process)",
+     "Watch a checkpoint's agent in the terminal, or write its episodes to a video."),
+    ("doctor", cmd_doctor, "check devices, backend, all_reduce and bandwidth",
+     "Start the processes a job would, check all_reduce and measure its bandwidth."),
+    ("plot", cmd_plot, "learning curves of run directories to a PNG",
+     "Learning curves of one or more run directories, one subplot per metric, written to a picture."),
+    ("keys", cmd_keys, "list config keys with their defaults, types and help",
+     "The algorithms, then every key of one with its type, default and help."),
+]
+
+
+def build_parser(with_keys: bool = False, argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``ddprl`` parser; ``with_keys``: each command's --help lists its keys (this resolves
+    the configuration, so only when help is asked for)."""
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog="ddprl", description="Reinforcement learning with PyTorch DDP.",
+                                     epilog="ddprl COMMAND --help lists the keys of a command; "
+                                            "ddprl keys [algo=NAME] those of training.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("train", help="train an agent (key=value overrides)", formatter_class=formatter,
+                       description="Train an agent: key=value sets a key (Hydra's grammar: hidden_sizes=[128,128], "
+                                   "target_kl=null); bad keys and values stop the job before it starts.",
+                       epilog=train_epilog(argv or []) if with_keys else None)
+    p.add_argument("--config-name", default=None,
+                   help="a shipped preset (snake_base, tdmpc2_ddp, ...) or a path to a YAML file of key: value")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="any of the keys below")
+    p.set_defaults(fn=cmd_train)
+    for name, fn, help_, description in COMMANDS:
+        epilog = None
+        if with_keys:
+            epilog = "keys:\n" + format_rows(COMMAND_KEYS[name], indent="  ")
+            if name == "eval":
+                epilog += "\n\nkeys of a supervised checkpoint:\n" + format_rows(
+                    COMMAND_KEYS["eval algo=supervised"], indent="  ")
+        p = sub.add_parser(name, help=help_, description=description, epilog=epilog, formatter_class=formatter)
+        p.add_argument("overrides", nargs="*", metavar="RUN_DIR | key=value" if name == "plot" else "key=value",
+                       help="the keys below")
+        p.set_defaults(fn=fn)
+    return parser
+
+
+def train_epilog(argv: list[str]) -> str:
+    """The keys of the algorithm (and task) named on this command line, ppo's when none is."""
+    choice = {k: v for k, _, v in (a.partition("=") for a in argv if "=" in a) if k in ("algo", "engine", "task")}
+    try:
+        title, rows = algo_keys(choice)
+    except UsageError as e:
+        return f"keys: cannot list them ({e})"
+    return (f"{title} (ddprl train algo=NAME [task=NAME] --help, or ddprl keys algo=NAME, for another's):\n"
+            + format_rows(rows, header=True, indent="  "))
+
+
+def report_usage_error(e: UsageError) -> None:
+    """``ddprl: error: ...`` once per job. Under torchrun and srun every process runs this
+    command line and finds the same bad input: the first process prints it, and each tells
+    torchrun through its error file (TORCHELASTIC_ERROR_FILE), whose failure summary then shows
+    this line instead of a link to its docs, on every machine of the job."""
+    line = f"ddprl: error: {e}"
+    first = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
+    if first:
+        print(line, file=sys.stderr, flush=True)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        import json
+        import time
+
+        try:
+            with open(error_file, "w") as f:
+                json.dump({"message": {"message": line, "extraInfo": {"py_callstack": line,
+                                                                       "timestamp": str(int(time.time()))}}}, f)
+        except OSError:
+            pass  # the line above (or rank 0's) says it already
 
 
 def entry() -> None:
@@ -322,30 +472,20 @@ def entry() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ddprl", description="Reinforcement learning with PyTorch DDP.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("train", help="train an agent (key=value overrides)")
-    p.add_argument("--config-name", default=None, help="a shipped config to start from (e.g. a multi-GPU preset)")
-    p.add_argument("overrides", nargs="*")
-    p.set_defaults(fn=cmd_train)
-    for name, fn, help_ in [("eval", cmd_eval, "evaluate a checkpoint in one process"),
-                            ("play", cmd_play, "watch an agent in the terminal or write a video (one process)"),
-                            ("doctor", cmd_doctor, "check devices, backend, all_reduce and bandwidth"),
-                            ("plot", cmd_plot, "learning curves of run directories to a PNG"),
-                            ("keys", cmd_keys, "list config keys with their help")]:
-        p = sub.add_parser(name, help=help_)
-        p.add_argument("overrides", nargs="*")
-        p.set_defaults(fn=fn)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(with_keys=any(a in ("-h", "--help") for a in argv), argv=argv)
     args = parser.parse_args(argv)
     try:
         return args.fn(args)
     except UsageError as e:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"ddprl: error: {e}", file=sys.stderr, flush=True)
+        report_usage_error(e)
         return 2
     except KeyboardInterrupt:
         print("ddprl: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `ddprl keys | head`: the reader left; no traceback, nothing more to write
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except Exception as e:  # a rank failed: say which, briefly; its traceback was logged by it
         from ddprl.runtime import RankFailed
 

@@ -1,13 +1,15 @@
 """``ddprl plot``: learning curves of one or more runs, drawn from their ``metrics.jsonl``.
 
 One subplot per metric, one line per run (the same colour in every subplot), written without a
-display to PNG, PDF or SVG. matplotlib is imported inside ``plot_runs`` so that importing ddprl
-for training does not pay for it.
+display to PNG, PDF or SVG. Steps read 250k / 1.5M, wall time is in the unit that fits the
+longest run (s, min or h), and each y axis says what it measures. matplotlib is imported inside
+``figure`` so that importing ddprl for training does not pay for it.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import math
 from pathlib import Path
@@ -18,7 +20,9 @@ from ddprl.metrics import read_metrics
 
 # What a glance at a run asks first: does it learn (return), how fast (fps); losses follow.
 HEADLINE_KEYS = ("eval/return_mean", "train/episode_return", "time/global_fps")
-X_LABELS = {"step": "global steps", "wall_time": "wall time (s)"}
+X_LABELS = {"step": "global steps", "wall_time": "wall time"}
+# Wall-time units: the first whose span holds the longest run (seconds up to 2 minutes, ...).
+TIME_UNITS = ((120.0, 1.0, "s"), (7200.0, 60.0, "min"), (math.inf, 3600.0, "h"))
 SUFFIXES = (".png", ".pdf", ".svg")
 ARG_KEYS = ("out", "keys", "x")
 
@@ -67,34 +71,86 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path = "curves.png", keys: 
         if key not in available:
             raise UsageError(f"plot: no run has {key!r}{_did_you_mean(key, available)}; keys: {_brief(available)}")
 
-    from matplotlib.figure import Figure  # a bare Figure draws with Agg: no display, no global backend switch
+    fig = figure(runs, keys, x)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    return out
 
+
+def figure(runs: dict[str, list[dict[str, Any]]], keys: list[str], x: str = "step") -> Any:
+    """The matplotlib Figure of ``keys`` of ``runs`` (``load_runs``) against ``x``; its ``axes``
+    are the subplots, in the order of ``keys``."""
+    from matplotlib.figure import Figure  # a bare Figure draws with Agg: no display, no global backend switch
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    longest = max((r[x] for records in runs.values() for r in records if x in r), default=0.0)
+    scale, x_label = 1.0, X_LABELS[x]
+    if x == "wall_time":
+        _, scale, unit = next(u for u in TIME_UNITS if longest <= u[0])
+        x_label = f"wall time ({unit})"
     cols = min(3, len(keys))
     rows = math.ceil(len(keys) / cols)
     fig = Figure(figsize=(4.8 * cols, 3.4 * rows), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).flatten()
     for ax in axes[len(keys):]:
-        ax.set_visible(False)
+        fig.delaxes(ax)
     handles = {}
     for ax, key in zip(axes, keys):
         for i, (label, records) in enumerate(runs.items()):
-            points = sorted(((r[x], r[key], r.get("eval/return_std")) for r in records if key in r and x in r),
+            points = sorted(((r[x] / scale, r[key], r.get("eval/return_std")) for r in records if key in r and x in r),
                             key=lambda p: p[0])
             if not points:
                 continue
             xs, ys, stds = zip(*points)
-            (handles[label],) = ax.plot(xs, ys, color=f"C{i}", label=label)
+            # Few points (evaluations, a short run) get markers: a single point draws no line.
+            (handles[label],) = ax.plot(xs, ys, color=f"C{i}", label=label,
+                                        marker="o" if len(xs) <= 20 else None, markersize=3)
             # The spread over eval episodes tells a real gain from a lucky evaluation.
             if key == "eval/return_mean" and all(s is not None for s in stds):
                 ax.fill_between(xs, [y - s for y, s in zip(ys, stds)], [y + s for y, s in zip(ys, stds)],
                                 color=f"C{i}", alpha=0.2, linewidth=0)
         ax.set_title(key, fontsize=10)
-        ax.set_xlabel(X_LABELS[x])
+        ax.set_xlabel(x_label)
+        ax.set_ylabel(y_label(key))
+        # At most 6 ticks with short labels: long step counts ("1250000") ran into each other.
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: compact(v)))
+        ax.yaxis.set_major_formatter(FuncFormatter(functools.partial(_y_tick, ax)))
         ax.grid(alpha=0.3)
     fig.legend(list(handles.values()), list(handles), loc="outside upper center", ncol=min(4, len(handles)))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    return out
+    return fig
+
+
+def _y_tick(ax: Any, value: float, _pos: Any) -> str:
+    """Every label of an axis in one style: 8k, 10k, 12k (not 8000, 10k) once the axis reaches 10,000."""
+    return compact(value) if max(abs(v) for v in ax.get_ylim()) >= 10_000 else f"{value:g}"
+
+
+def compact(value: float) -> str:
+    """A tick label: 0, 512, 2.5k, 100k, 1M, 1.25M, 2B (at most 3 significant digits)."""
+    for size, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= size:
+            return f"{value / size:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def y_label(key: str) -> str:
+    """What a metric measures, for its y axis (the subplot's title names the key itself)."""
+    if key == "eval/return_mean":
+        return "return (mean ± std)"
+    name = key.rsplit("/", 1)[-1]
+    words = name.split("_")
+    if "fps" in words:
+        return "steps / s"
+    if name.endswith("_per_s"):
+        return " ".join(words[:-2]) + " / s"
+    if name.endswith("_s"):
+        return "seconds"
+    for word, label in (("return", "return"), ("loss", "loss"), ("length", "agent steps"),
+                        ("accuracy", "accuracy"), ("success", "success rate"), ("lr", "learning rate")):
+        if word in words:
+            return label
+    return " ".join(words)
 
 
 def default_keys(available: list[str]) -> list[str]:

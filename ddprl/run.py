@@ -32,8 +32,8 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
-from ddprl.checkpoint import (UnreadableCheckpoint, forget_checkpoint, load_checkpoint, rng_state, save_checkpoint,
-                              set_rng_state)
+from ddprl.checkpoint import (UnreadableCheckpoint, checkpoint_in, forget_checkpoint, load_checkpoint, rng_state,
+                              save_checkpoint, set_rng_state)
 from ddprl.config import save_yaml, to_dict
 from ddprl.errors import UsageError
 from ddprl.metrics import MetricsLogger
@@ -78,7 +78,7 @@ def resolve_resume(resume: str, run_dir: str, algo: str) -> Path | None:
         if not run_dir:
             raise UsageError("resume=auto needs run_dir=<the run's directory>")
         return newest_loadable(Path(run_dir) / "checkpoints", algo)
-    path = Path(resume)
+    path = checkpoint_in(resume, prefer=("latest.pt",))  # a run directory resumes from its newest state
     load_checkpoint(path, expect_algo=algo)  # raises a UsageError for missing/truncated/foreign files
     return path.resolve()
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
 
 from conftest import REPO, run_cli
 from ddprl.errors import UsageError
-from ddprl.plot import default_keys, load_runs, parse_plot_args, plot_runs
+from ddprl.plot import compact, default_keys, figure, load_runs, parse_plot_args, plot_runs, y_label
 
 
 def write_run(run_dir, records):
@@ -91,6 +92,55 @@ def test_x_wall_time_and_other_formats(two_runs, tmp_path):
     for suffix in ("pdf", "svg"):
         out = plot_runs(list(two_runs), out=tmp_path / f"c.{suffix}", keys=["train/loss"])
         assert out.stat().st_size > 1000
+
+
+def tick_labels(fig):
+    """The (x, y) tick labels each subplot shows (matplotlib also labels ticks beyond the view)."""
+    fig.canvas.draw()  # tick labels are set when the figure is drawn
+
+    def shown(ticks, labels, limits):
+        lo, hi = sorted(limits)
+        return [t.get_text() for v, t in zip(ticks, labels) if lo <= v <= hi]
+
+    return [(shown(ax.get_xticks(), ax.get_xticklabels(), ax.get_xlim()),
+             shown(ax.get_yticks(), ax.get_yticklabels(), ax.get_ylim())) for ax in fig.axes]
+
+
+def test_axes_readable_steps_and_labelled_y(tmp_path):
+    """Steps up to 2M in 10k increments: ticks like 500k / 1.5M, never 1250000 or a 1e6 offset."""
+    records = [{"step": 10240 * i, "wall_time": 3.1 * i, "train/episode_return": 5.0 * i,
+                "time/global_fps": 3000.0 + 100 * i, "train/loss": 1 / i} for i in range(1, 201)]
+    run = write_run(tmp_path / "long", records)
+    fig = figure(load_runs([run]), ["train/episode_return", "time/global_fps", "train/loss"])
+    assert len(fig.axes) == 3
+    for ax, (xs, ys) in zip(fig.axes, tick_labels(fig)):
+        assert xs and all(re.fullmatch(r"0|\d{1,3}(\.\d{1,2})?[kM]", x) for x in xs), xs
+        assert 3 <= len(xs) <= 7, xs
+        assert ax.xaxis.get_offset_text().get_text() == ""
+        assert ax.get_xlabel() == "global steps" and ax.get_ylabel()
+    assert [ax.get_ylabel() for ax in fig.axes] == ["return", "steps / s", "loss"]
+    assert "1M" in tick_labels(fig)[0][0]
+    fps_ticks = tick_labels(fig)[1][1]
+    assert all(t.endswith("k") or t == "0" for t in fps_ticks), fps_ticks  # one style on an axis: 10k, 15k, 20k
+
+
+def test_wall_time_in_the_unit_of_the_longest_run(tmp_path):
+    minutes = write_run(tmp_path / "m", [{"step": i, "wall_time": 60.0 * i, "train/loss": 1.0} for i in range(1, 31)])
+    seconds = write_run(tmp_path / "s", [{"step": i, "wall_time": 2.0 * i, "train/loss": 1.0} for i in range(1, 31)])
+    fig = figure(load_runs([minutes]), ["train/loss"], x="wall_time")
+    assert fig.axes[0].get_xlabel() == "wall time (min)"
+    assert max(fig.axes[0].lines[0].get_xdata()) == pytest.approx(30.0)
+    assert figure(load_runs([seconds]), ["train/loss"], x="wall_time").axes[0].get_xlabel() == "wall time (s)"
+    hours = write_run(tmp_path / "h", [{"step": i, "wall_time": 1800.0 * i, "train/loss": 1.0} for i in range(1, 31)])
+    assert figure(load_runs([hours, seconds]), ["train/loss"], x="wall_time").axes[0].get_xlabel() == "wall time (h)"
+
+
+def test_compact_and_y_label():
+    assert [compact(v) for v in (0, 512, 2500, 100_000, 1_000_000, 1_250_000, 2e9, -3000)] == [
+        "0", "512", "2.5k", "100k", "1M", "1.25M", "2B", "-3k"]
+    assert [y_label(k) for k in ("eval/return_mean", "train/value_loss", "time/rollout_s", "time/updates_per_s",
+                                 "train/lr", "val/accuracy", "train/approx_kl")] == [
+        "return (mean ± std)", "loss", "seconds", "updates / s", "learning rate", "accuracy", "approx kl"]
 
 
 def test_resumed_run_wall_time_is_cumulative(tmp_path):

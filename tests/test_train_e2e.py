@@ -160,7 +160,7 @@ def test_doctor_and_keys():
     assert res.returncode == 0, res.stderr[-2000:]
     assert "all_reduce correctness: OK" in res.stdout and "backend chosen: gloo" in res.stdout
     keys = run_cli(["keys"])
-    assert keys.returncode == 0 and re.search(r"^num_envs\s+Optional\[int\]\s+environments in the whole job", keys.stdout, re.M)
+    assert keys.returncode == 0 and re.search(r"^num_envs\s+int \| null\s+8\s+environments in the whole job", keys.stdout, re.M)
 
 
 def _bad(tmp_path, args, message):

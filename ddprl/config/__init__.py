@@ -29,15 +29,21 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ddprl.config.schema import JobConfig, RLConfig
 
-__all__ = ["load_config", "save_yaml", "to_dict", "describe", "JobConfig", "RLConfig"]
+__all__ = ["load_config", "save_yaml", "to_dict", "describe", "key_rows", "format_value", "JobConfig", "RLConfig"]
 from ddprl.errors import UsageError
 
 CONFIG_DIR = Path(str(resources.files("ddprl.config")))
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    with open(path) as f:
-        data = yaml.safe_load(f) or {}
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UsageError(f"{path} is not valid YAML{where}: {problem}; fix the file") from None
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a mapping of key: value")
     return data
@@ -73,6 +79,20 @@ def named_configs() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 
 
+def config_path(config_name: str) -> Path:
+    """The file of ``--config-name``: a shipped preset's name, or a path to a YAML file of your own."""
+    if config_name.endswith((".yaml", ".yml")) or "/" in config_name:
+        for path in (Path(config_name), Path(f"{config_name}.yaml")):
+            if path.is_file():
+                return path
+        raise UsageError(f"--config-name {config_name}: no such file")
+    path = CONFIG_DIR / f"{config_name}.yaml"
+    if not path.exists():
+        raise UsageError(f"unknown --config-name {config_name!r}{_suggest(config_name, named_configs())}; "
+                         f"choose from {', '.join(named_configs()) or 'none'}, or give a path to a .yaml file")
+    return path
+
+
 def _suggest(word: str, choices: Iterable[str]) -> str:
     near = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.6)
     return f" (did you mean {', '.join(near)}?)" if near else ""
@@ -92,10 +112,7 @@ def load_config(overrides: Iterable[str] = (), config_name: str | None = None,
     resumed = dict(resumed or {})
     named: dict[str, Any] = {}
     if config_name:
-        path = CONFIG_DIR / f"{config_name}.yaml"
-        if not path.exists():
-            raise UsageError(f"unknown --config-name {config_name!r}{_suggest(config_name, named_configs())}; "
-                             f"choose from {', '.join(named_configs()) or 'none'}")
+        path = config_path(config_name)
         named = _read_yaml(path)
 
     def chosen(key: str, default: str) -> str:
@@ -172,5 +189,39 @@ def save_yaml(cfg: Any, path: Path) -> None:
 
 
 def describe(schema: type = JobConfig) -> list[tuple[str, str, str]]:
-    """(key, type, help) for each field: the CLI's ``ddprl keys`` and the docs' tables."""
+    """(key, type, help) for each field of a schema, without values."""
     return [(f.name, str(f.type), f.metadata.get("help", "")) for f in dataclasses.fields(schema)]
+
+
+def key_rows(cfg: Any) -> list[tuple[str, str, str, str]]:
+    """(key, type, value, help) of every key of a resolved config (``load_config(...)``), values
+    as the command line writes them: ``ddprl keys`` and ``ddprl train --help`` show the defaults
+    of an algorithm (and task) this way."""
+    return [(f.name, type_name(f), format_value(getattr(cfg, f.name)), f.metadata.get("help", ""))
+            for f in dataclasses.fields(cfg)]
+
+
+def type_name(f: dataclasses.Field) -> str:
+    """A field's type in the words of the command line: ``int | null``, ``list[int]``, ``dict``."""
+    if "type_name" in f.metadata:
+        return f.metadata["type_name"]
+    text = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    text = text.replace("typing.", "")
+    if text.startswith("Optional[") and text.endswith("]"):
+        text = text[len("Optional["):-1] + " | null"
+    return "dict" if text.startswith("dict") else text
+
+
+def format_value(value: Any) -> str:
+    """A value as it is written after ``key=`` (Hydra's grammar): true, null, [64, 64], {a: 1}, ''."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value if value else "''"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(format_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {format_value(v)}" for k, v in value.items()) + "}"
+    return str(value)

@@ -17,11 +17,16 @@ from typing import Any, Optional
 from ddprl.errors import UsageError
 
 
-def key(help: str, default: Any = MISSING) -> Any:
-    """A config field with its help line; without ``default`` the algorithm's defaults file gives it."""
+def key(help: str, default: Any = MISSING, type_name: str | None = None) -> Any:
+    """A config field with its help line; without ``default`` the algorithm's defaults file gives it.
+
+    ``type_name``: what ``ddprl keys`` shows as the type where the annotation says too little
+    (``Any`` for "auto or a number").
+    """
+    metadata = {"help": help} if type_name is None else {"help": help, "type_name": type_name}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def _check(ok: bool, message: str) -> None:
@@ -39,7 +44,7 @@ class JobConfig:
     seed: int = key("base seed; every generator derives from (seed, global rank, purpose)", 1)
     # -- distributed ------------------------------------------------------------------------
     world_size: Any = key("processes in the job: a number, or auto (one per visible GPU with CUDA, else 2); "
-                          "torchrun/SLURM set it themselves", "auto")
+                          "torchrun/SLURM set it themselves", "auto", type_name="int | auto")
     nnodes: int = key("machines in a spawn-mode job (world_size is split evenly over them)", 1)
     node_rank: int = key("index of this machine in a spawn-mode multi-node job", 0)
     device: str = key("auto | cpu | cuda (rank -> cuda:LOCAL_RANK)", "auto")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import inspect
+import re
 from typing import Any, Iterator
 
 import gymnasium as gym
@@ -13,7 +15,7 @@ from ddprl.envs.base import VecEnv
 from ddprl.runtime.seeding import env_seed
 from ddprl.errors import UsageError
 
-__all__ = ["make_env", "check_task", "rendering", "VecEnv", "env_seed"]
+__all__ = ["make_env", "check_task", "env_spaces", "rendering", "VecEnv", "env_seed"]
 
 # Tasks implemented by ddprl itself, on top of every registered Gymnasium id.
 BUILTIN_TASKS: dict[str, str] = {"snake": "batched Snake in torch, on the rank's device (ddprl.envs.snake)"}
@@ -77,9 +79,24 @@ def check_task(task: str) -> None:
 def make_env(task: str, num_envs: int, seed: int, device: str | torch.device = "cpu", **kwargs: Any) -> VecEnv:
     """``num_envs`` environments of ``task`` on ``device``; env ``i`` seeded ``seed + i``.
 
-    Callers pass ``seed=env_seed(cfg.seed, rank)`` so ranks never share a seed.
+    Callers pass ``seed=env_seed(cfg.seed, rank)`` so ranks never share a seed. A keyword the
+    environment does not take (``env_kwargs``) is a UsageError naming those it takes.
     """
     check_task(task)
+    try:
+        return _make_env(task, num_envs, seed, device, **kwargs)
+    except TypeError as e:
+        unknown = re.search(r"unexpected keyword argument '([^']+)'", str(e))
+        if unknown is None or unknown.group(1) not in kwargs:
+            raise
+        name, takes = unknown.group(1), env_kwarg_names(task)
+        near = difflib.get_close_matches(name, takes, n=2, cutoff=0.6)
+        raise UsageError(f"env_kwargs: {task} takes no {name!r}"
+                         + (f" (did you mean {', '.join(near)}?)" if near else "")
+                         + (f"; it takes {', '.join(takes)}" if takes else "")) from None
+
+
+def _make_env(task: str, num_envs: int, seed: int, device: str | torch.device, **kwargs: Any) -> VecEnv:
     from ddprl.envs import dmc
 
     if dmc.parse_dmc_task(task) is not None:
@@ -91,3 +108,40 @@ def make_env(task: str, num_envs: int, seed: int, device: str | torch.device = "
     from ddprl.envs.gym_vec import GymVecEnv
 
     return GymVecEnv(task, num_envs, seed=seed, device=device, frames=_render_mode, **kwargs)
+
+
+def env_spaces(task: str, **kwargs: Any) -> tuple[gym.Space, gym.Space]:
+    """Observation and action space of ``task``, from one env made and closed on the CPU: what
+    an algorithm checks in the launching process, so that a task it cannot learn (or a bad
+    ``env_kwargs``) is refused before any rank starts."""
+    env = make_env(task, 1, seed=0, device="cpu", **kwargs)
+    try:
+        return env.single_observation_space, env.single_action_space
+    finally:
+        env.close()
+
+
+def env_kwarg_names(task: str) -> list[str]:
+    """The keywords ``env_kwargs`` may give ``task`` (empty when they cannot be told)."""
+    from ddprl.envs import dmc
+
+    own = ("self", "task", "num_envs", "seed", "device")
+    extra: list[str] = []
+    try:
+        if dmc.parse_dmc_task(task) is not None:
+            constructor: Any = dmc.DMCVecEnv.__init__
+        elif task == "snake":
+            from ddprl.envs.snake import SnakeEnv
+
+            constructor = SnakeEnv.__init__
+        else:
+            from gymnasium.envs.registration import load_env_creator
+
+            entry = gym.spec(task).entry_point
+            constructor = load_env_creator(entry) if isinstance(entry, str) else entry
+            extra = ["max_episode_steps"]  # gym.make's own, passed to its TimeLimit wrapper
+        params = inspect.signature(constructor).parameters.values()
+    except Exception:  # an entry point that cannot be imported or inspected: no list, still the error
+        return []
+    return [p.name for p in params if p.name not in own
+            and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)] + extra

@@ -45,6 +45,8 @@ class SupervisedConfig(JobConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.epochs >= 1, f"epochs={self.epochs} must be >= 1")
+        _check(all(isinstance(h, int) and h >= 1 for h in self.hidden_sizes),
+               f"hidden_sizes={self.hidden_sizes} must be widths >= 1, e.g. [128, 128]")
         _check(self.lr > 0, f"lr={self.lr} must be > 0")
         _check(self.weight_decay >= 0, f"weight_decay={self.weight_decay} must be >= 0")
         _check(self.optimizer in ("adam", "adamw", "sgd"), f"optimizer={self.optimizer!r} is not one of adam, adamw, sgd")

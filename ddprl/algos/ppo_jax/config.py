@@ -12,7 +12,8 @@ from ddprl.config.schema import _check, key
 
 @dataclass(kw_only=True)
 class JaxPPOConfig(PPOConfig):
-    devices: Any = key("JAX devices per process: auto (all local devices) or a number (the first N)", "auto")
+    devices: Any = key("JAX devices per process: auto (all local devices) or a number (the first N)", "auto",
+                       type_name="int | auto")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -63,7 +63,8 @@ class QMIXConfig(RLConfig):
             _check(0 <= getattr(self, name) <= 1, f"{name}={getattr(self, name)} must be in [0, 1]")
         _check(self.epsilon_anneal_steps >= 0, f"epsilon_anneal_steps={self.epsilon_anneal_steps} must be >= 0")
         _check(self.log_freq >= 1, f"log_freq={self.log_freq} must be >= 1")
-        _check(self.hidden_dim >= 1, f"hidden_dim={self.hidden_dim} must be >= 1")
+        for name in ("hidden_dim", "mixing_embed_dim", "hypernet_embed"):
+            _check(getattr(self, name) >= 1, f"{name}={getattr(self, name)} must be >= 1")
         _check(self.mixer in MIXERS, f"mixer={self.mixer!r} is not one of {', '.join(MIXERS)}")
         _check(self.hypernet_layers in (1, 2), f"hypernet_layers={self.hypernet_layers} must be 1 or 2")
         _check(self.stage in STAGES, f"stage={self.stage!r} is not one of {', '.join(STAGES)}")
@@ -72,7 +73,7 @@ class QMIXConfig(RLConfig):
                "stage=pretrain trains the observation encoder: give encoder_dim > 0")
 
     def check(self) -> None:
-        from ddprl.envs.marl import check_marl_task
+        from ddprl.envs.marl import check_marl_task, make_marl_env
 
         check_marl_task(self.task)
         _check(self.buffer_size % self.world_size == 0 and self.buffer_size // self.world_size >= self.batch_size,
@@ -86,6 +87,27 @@ class QMIXConfig(RLConfig):
             from pathlib import Path
 
             _check(Path(self.init_from).is_file(), f"init_from={self.init_from}: no such checkpoint file")
+        # One env (bad env_kwargs are refused here), and the networks init_from loads into,
+        # built as every rank builds them: a checkpoint that does not fit is refused before
+        # any rank starts.
+        env = make_marl_env(self.task, 1, seed=0, device="cpu", **self.env_kwargs)
+        try:
+            if self.init_from and not self.resume:
+                self._check_init_from(env)
+        finally:
+            env.close()
+
+    def _check_init_from(self, env: Any) -> None:
+        from ddprl.algos.qmix.loop import build_networks, init_from_checkpoint
+        from ddprl.checkpoint import load_checkpoint
+
+        networks = load_checkpoint(self.init_from, expect_algo="qmix")["state"]["networks"]
+        keeps_encoder = self.stage == "qmix" and self.encoder_dim > 0 and self.freeze_encoder
+        _check(not keeps_encoder or "encoder" in networks,
+               f"freeze_encoder=true keeps init_from's encoder, but {self.init_from} has none (it holds "
+               f"{', '.join(networks) or 'no networks'}): give init_from=<a stage=pretrain checkpoint>, "
+               "or freeze_encoder=false to train a new encoder")
+        init_from_checkpoint(build_networks(self, env), self.init_from)
 
     def learning_warnings(self) -> list[str]:
         """Besides the base checks: the warm-up (every rank collects batch_size episodes before

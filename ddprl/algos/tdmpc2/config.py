@@ -85,6 +85,21 @@ class TDMPC2Config(RLConfig):
                    f"buffer_size={self.buffer_size} must exceed episode_length={self.episode_length} "
                    "(episodes are stored whole)")
 
+    def check(self) -> None:
+        """The task made once, as every rank makes it: a task TD-MPC2 cannot learn (discrete
+        actions, image observations, no time limit) is refused before any rank starts."""
+        super().check()
+        import torch
+
+        from ddprl.algos.tdmpc2.acting import episode_length_of, make_tdmpc2_env
+
+        env = make_tdmpc2_env(self, 1, seed=0, device=torch.device("cpu"))
+        try:
+            length = episode_length_of(self, env)
+        finally:
+            env.close()
+        _check(self.buffer_size > length, f"buffer_size={self.buffer_size} must exceed the episode length {length}")
+
     def learning_warnings(self) -> list[str]:
         out = super().learning_warnings()
         length = self.known_episode_length()
