@@ -216,8 +216,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _eval_rank(rt: Any, cfg: Any, ckpt: dict[str, Any], video: str | None) -> None:
     from ddprl.evaluate import evaluate
 
+    from tqdm import tqdm
+
     actor = registry.get(cfg.algo, cfg.engine).actor_loader()(cfg, ckpt["state"], rt.device)
-    result = evaluate(rt, actor.make_env, actor.act, cfg.eval_episodes, cfg.seed, actor.extra_keys)
+    # Episodes can take minutes (TD-MPC2 plans every step): a terminal sees them come.
+    bar = tqdm(total=cfg.eval_episodes, desc="evaluating", unit="episode", file=sys.stderr, leave=False,
+               disable=not (rt.is_main and sys.stderr.isatty()))
+
+    def progress(done: int, episodes: int) -> None:
+        bar.update(done - bar.n)
+
+    result = evaluate(rt, actor.make_env, actor.act, cfg.eval_episodes, cfg.seed, actor.extra_keys, progress)
+    bar.close()
     if rt.is_main:  # the numbers first: a video that cannot be drawn does not take them away
         extras = " ".join(f"{k}={v:.4g}" for k, v in result.items() if k not in ("return_mean", "return_std", "episodes"))
         print(extras, flush=True)
