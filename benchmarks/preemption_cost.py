@@ -26,7 +26,8 @@ JOBS = {
     "PPO CartPole-v1, 2 ranks, 300k steps": ["world_size=2", "steps=300000", "eval_episodes=0"],
     "QMIX Foraging-8x8-2p-2f-coop-v3, 2 ranks, 20k steps": [
         "algo=qmix", "task=Foraging-8x8-2p-2f-coop-v3", "world_size=2", "steps=20000", "eval_episodes=0"],
-    "supervised digits, 2 ranks, 5 epochs": ["algo=supervised", "task=digits", "world_size=2", "epochs=5"],
+    "supervised digits, 2 ranks, 60 epochs": ["algo=supervised", "task=digits", "world_size=2", "epochs=60",
+                                             "patience=0"],
 }
 
 
