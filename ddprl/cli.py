@@ -1,8 +1,8 @@
 """``ddprl`` command line: train, eval, doctor, keys.
 
     ddprl train [--config-name NAME] [key=value ...]
-    ddprl eval checkpoint=PATH [episodes=10] [device=cpu] [seed=N]
-    ddprl play checkpoint=PATH [fps=10] [episodes=1] [video=out.gif] [device=cpu] [seed=N]
+    ddprl eval checkpoint=PATH|RUN_DIR [episodes=10] [device=cpu] [seed=N]
+    ddprl play checkpoint=PATH|RUN_DIR [fps=10] [episodes=1] [video=out.gif] [device=cpu] [seed=N]
     ddprl doctor [world_size=auto] [device=auto] [backend=auto] [engine=jax devices=N]
     ddprl plot RUN_DIR [RUN_DIR ...] [out=curves.png] [keys=a,b] [x=step|wall_time]
     ddprl keys [algo=NAME] [engine=jax] [task=NAME]
@@ -34,7 +34,7 @@ Row = tuple[str, str, str, str]  # (key, type, default, help), as `ddprl keys` p
 # their own; tests/test_help.py checks that these tables name exactly the keys they accept.
 COMMAND_KEYS: dict[str, list[Row]] = {
     "eval": [
-        ("checkpoint", "path", "(required)", "the checkpoint to evaluate, e.g. runs/<run>/checkpoints/best.pt"),
+        ("checkpoint", "path", "(required)", "a checkpoint file, or a run directory (its best.pt, else latest.pt)"),
         ("episodes", "int", "10", "episodes to roll out"),
         ("device", "str", "auto", "auto | cpu | cuda"),
         ("seed", "int", "the run's", "seed of the evaluation environments"),
@@ -49,7 +49,7 @@ COMMAND_KEYS: dict[str, list[Row]] = {
         ("task", "str", "the run's", "module:function of the task (required for a task of your own code)"),
     ],
     "play": [
-        ("checkpoint", "path", "(required)", "the checkpoint to watch, e.g. runs/<run>/checkpoints/latest.pt"),
+        ("checkpoint", "path", "(required)", "a checkpoint file, or a run directory (its best.pt, else latest.pt)"),
         ("episodes", "int", "1", "episodes to play"),
         ("fps", "float", "10", "frames per second in the terminal"),
         ("video", "path", "''", "write the episodes to this file (.gif, .mp4) instead of the terminal"),
