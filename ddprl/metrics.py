@@ -1,4 +1,4 @@
-"""Rank-aware metrics: every rank calls ``log``; rank 0 alone writes (DESIGN.md invariant 6).
+"""Rank-aware metrics: every rank calls ``log``; rank 0 alone writes (docs/distributed.md, invariant 6).
 
 Sinks: ``metrics.jsonl`` (one JSON object per line), TensorBoard under ``tb/``, W&B when
 enabled, and a tqdm progress bar on rank 0. Values handed to ``log`` must already be global

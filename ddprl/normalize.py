@@ -1,4 +1,5 @@
-"""Observation and reward normalisation whose statistics are the same on every rank (DESIGN.md invariant 2)."""
+"""Observation and reward normalisation whose statistics are the same on every rank
+(docs/distributed.md, invariant 2)."""
 
 from __future__ import annotations
 

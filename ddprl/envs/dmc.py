@@ -2,7 +2,8 @@
 
 Task names are ``<domain>-<task>`` as in TD-MPC2: ``walker-run``, ``dog-run``,
 ``humanoid_CMU-walk``, ``cartpole-swingup_sparse``; the aliases ``cup`` (``ball_in_cup``)
-and ``pointmass`` (``point_mass``) are accepted (REFERENCE.md, "DMC"). The protocol:
+and ``pointmass`` (``point_mass``) are accepted, as TD-MPC2 names them (docs/tdmpc2.md,
+"Quick start"). The protocol:
 
 - observation: every entry of the task's observation dict, flattened and concatenated in
   the dict's order, float32;

@@ -1,7 +1,7 @@
 """``Runtime``: rank, world and device of this process, and the collective verbs algorithms use.
 
-Every collective has the timeout ``dist_timeout`` given at start (DESIGN.md invariant 9), and
-``world_size=1`` goes through the same code (a process group of one).
+Every collective has the timeout ``dist_timeout`` given at start (docs/distributed.md,
+invariant 9), and ``world_size=1`` goes through the same code (a process group of one).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ _ddp_used = False
 class Runtime:
     """Rank, world and device of this process, and the collective verbs algorithms may use.
 
-    Every collective has the timeout ``dist_timeout`` given at start (DESIGN.md invariant 9),
-    and ``world_size=1`` goes through the same code (a process group of one).
+    Every collective has the timeout ``dist_timeout`` given at start (docs/distributed.md,
+    invariant 9), and ``world_size=1`` goes through the same code (a process group of one).
     """
 
     def __init__(self, placement: Placement, dist_timeout: float):

@@ -1,7 +1,7 @@
 """Every seed of a job, derived in one place from (seed, global rank, purpose, step).
 
-A fresh run uses the classic formulas (DESIGN.md invariant 3: env ``i`` of rank ``r`` is seeded
-``seed + r * 10_000 + i``). A resumed run that cannot restore a generator's saved state (the
+A fresh run uses the classic formulas (docs/distributed.md, invariant 3: env ``i`` of rank
+``r`` is seeded ``seed + r * 10_000 + i``). A resumed run that cannot restore a generator's saved state (the
 environment gives none, or the world size changed) reseeds it from the global step it resumes
 at: never the start-of-run seeds, so no episode of the interrupted run is replayed.
 
