@@ -150,9 +150,9 @@ def prepare_train(overrides: list[str], config_name: str | None, values: dict[st
     prepare = algorithm.prepare_fn() if prepare_hook else None
     if prepare is not None:
         cfg = prepare(cfg, overrides, config_name, ckpt_path is not None)
-    cfg.check()
-    if os.environ.get("RANK", "0") == "0" and os.environ.get("SLURM_PROCID", "0") == "0":  # said once per job
-        for line in cfg.learning_warnings():
+    warnings = cfg.check()
+    if first_process():  # said once per job
+        for line in warnings:
             print(f"ddprl: warning: {line}", file=sys.stderr, flush=True)
     if cfg.enable_wandb:
         try:
@@ -214,9 +214,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _eval_rank(rt: Any, cfg: Any, ckpt: dict[str, Any], video: str | None) -> None:
-    from ddprl.evaluate import evaluate
-
     from tqdm import tqdm
+
+    from ddprl.evaluate import evaluate
 
     actor = registry.get(cfg.algo, cfg.engine).actor_loader()(cfg, ckpt["state"], rt.device)
     # Episodes can take minutes (TD-MPC2 plans every step): a terminal sees them come.
@@ -254,12 +254,10 @@ def cmd_play(args: argparse.Namespace) -> int:
         raise UsageError(f"play: device={device!r} is not cpu or cuda")
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("play: device=cuda but no CUDA device is visible")
+    from ddprl.video import check_video_path, headless_rendering
+
     if "video" in kv:
-        from ddprl.video import check_video_path
-
         check_video_path(kv["video"])
-    from ddprl.video import headless_rendering
-
     headless_rendering()  # before an env library is imported: making the actor imports them
     ckpt = load_checkpoint(_checkpoint_file(kv["checkpoint"]))
     saved = {k: v for k, v in ckpt["config"].items() if k not in NOT_RESUMED}
@@ -448,14 +446,19 @@ def train_epilog(argv: list[str]) -> str:
             + format_rows(rows, header=True, indent="  "))
 
 
+def first_process() -> bool:
+    """Whether this process is the first of its job (rank 0 under torchrun or srun, the only
+    one otherwise): what the whole job has to say is said by it alone."""
+    return os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
+
+
 def report_usage_error(e: UsageError) -> None:
     """``ddprl: error: ...`` once per job. Under torchrun and srun every process runs this
     command line and finds the same bad input: the first process prints it, and each tells
     torchrun through its error file (TORCHELASTIC_ERROR_FILE), whose failure summary then shows
     this line instead of a link to its docs, on every machine of the job."""
     line = f"ddprl: error: {e}"
-    first = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
-    if first:
+    if first_process():
         print(line, file=sys.stderr, flush=True)
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if error_file:

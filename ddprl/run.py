@@ -32,6 +32,7 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
+from ddprl import registry
 from ddprl.checkpoint import (UnreadableCheckpoint, checkpoint_in, forget_checkpoint, load_checkpoint, rng_state,
                               save_checkpoint, set_rng_state)
 from ddprl.config import save_yaml, to_dict
@@ -189,13 +190,14 @@ class Run:
     """The job-level state every algorithm shares; see the module docstring for the calls.
 
     ``score_mode``: "max" (eval return) or "min" (a loss) decides which ``score`` is best, and
-    ``score_name`` names it; ``rate_key`` names the metric the progress bar shows as a rate.
+    ``score_name`` names it; ``rate_key`` names the metric the progress bar shows as a rate;
+    ``step_unit`` says what the global step counts (the summary's words).
     """
 
     def __init__(self, rt: Any, cfg: Any, score_mode: str = "max", rate_key: str = "time/global_fps",
-                 score_name: str = "eval/return_mean"):
+                 score_name: str = "eval/return_mean", step_unit: str = "steps"):
         self.rt, self.cfg, self.score_mode, self.rate_key = rt, cfg, score_mode, rate_key
-        self.score_name = score_name
+        self.score_name, self.step_unit = score_name, step_unit
         self.checkpoint = load_checkpoint(cfg.resume, expect_algo=cfg.algo) if cfg.resume else None
         forget_checkpoint()  # this Run holds it now; nothing else in the process needs the file again
         self.step = int(self.checkpoint["step"]) if self.checkpoint else 0
@@ -343,27 +345,23 @@ class Run:
         """What a finished job did and how to look at it: one block, its last line the run directory."""
         wall = time.perf_counter() - self._started
         what = f"algo={self.cfg.algo}" + (f" task={self.cfg.task}" if getattr(self.cfg, "task", None) else "")
-        lines = [f"ddprl: done: {what}, {self.last_step:,} {self.step_unit()} on {self.rt.world_size} "
+        lines = [f"ddprl: done: {what}, {self.last_step:,} {self.step_unit} on {self.rt.world_size} "
                  f"{'process' if self.rt.world_size == 1 else 'processes'} in {_duration(wall)}"]
         if self.last_eval is not None:
             step, values = self.last_eval
             shown = ", ".join(f"{k} {v:.4g}" for k, v in values.items()
                               if not k.endswith(("_std", "episodes", "num_samples")))
             lines.append(f"  final evaluation {shown} (step {step:,})")
-        checkpoints = self.dir / "checkpoints"
         if self.best is not None:
             lines.append(f"  best evaluation  {self.score_name} {self.best['score']:.4g} at step {self.best['step']:,}: "
-                         f"{checkpoints / 'best.pt'}")
-        chosen = checkpoints / ("best.pt" if (checkpoints / "best.pt").exists() else "latest.pt")
-        lines.append(f"  evaluate         ddprl eval checkpoint={chosen}")
-        if self.cfg.algo != "supervised":
-            lines.append(f"  watch            ddprl play checkpoint={chosen} video={self.cfg.algo}.gif")
+                         f"{self.dir / 'checkpoints' / 'best.pt'}")
+        # checkpoint=<run directory>: eval and play take its best.pt, else latest.pt
+        lines.append(f"  evaluate         ddprl eval checkpoint={self.dir}")
+        if registry.get(self.cfg.algo, self.cfg.engine).load_actor is not None:  # a policy to watch
+            lines.append(f"  watch            ddprl play checkpoint={self.dir} video={self.cfg.algo}.gif")
         lines.append(f"  plot             ddprl plot {self.dir}")
         lines.append(f"run directory: {self.dir}")
         return "\n".join(lines)
-
-    def step_unit(self) -> str:
-        return "optimizer steps" if self.cfg.algo == "supervised" else "steps"
 
     def close(self) -> None:
         self.logger.close()

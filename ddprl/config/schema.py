@@ -93,13 +93,11 @@ class JobConfig:
         """This config with ``world_size`` (and any size derived from it) made concrete."""
         return dataclasses.replace(self, world_size=world_size)
 
-    def check(self) -> None:
-        """Checks across keys that training needs, after sizes are resolved (eval and play skip them)."""
-
-    def learning_warnings(self) -> list[str]:
-        """Settings that let the job run but not do what it is for (no update before the end, an
-        evaluation that never comes): one line each, with the numbers and the key to change.
-        Asked once, before any process starts, after :meth:`check`."""
+    def check(self) -> list[str]:
+        """Checks across keys that training needs, after sizes are resolved, before any process
+        starts (eval and play skip them): a UsageError for what cannot run; returned, one line
+        each with the numbers and the key to change, what runs but cannot do what it is for (no
+        update before the end, an evaluation that never comes)."""
         return []
 
     def run_name(self) -> str:
@@ -140,12 +138,14 @@ class RLConfig(JobConfig):
         num_envs = world_size if self.num_envs is None else self.num_envs
         return dataclasses.replace(self, world_size=world_size, num_envs=num_envs)
 
-    def check(self) -> None:
+    def check(self) -> list[str]:
         from ddprl.envs import check_task
 
         check_task(self.task)
+        return self.schedule_warnings()
 
-    def learning_warnings(self) -> list[str]:
+    def schedule_warnings(self) -> list[str]:
+        """Evaluation and checkpoint frequencies that ``steps`` never reaches."""
         out = []
         if self.eval_freq > self.steps and self.eval_episodes > 0:
             out.append(f"eval_freq={self.eval_freq} is beyond steps={self.steps}: the only evaluation is the final "

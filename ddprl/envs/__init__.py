@@ -135,10 +135,9 @@ def env_kwarg_names(task: str) -> list[str]:
 
             constructor = SnakeEnv.__init__
         else:
-            from gymnasium.envs.registration import load_env_creator
+            from ddprl.envs.gym_vec import env_creator
 
-            entry = gym.spec(task).entry_point
-            constructor = load_env_creator(entry) if isinstance(entry, str) else entry
+            constructor = env_creator(task)
             extra = ["max_episode_steps"]  # gym.make's own, passed to its TimeLimit wrapper
         params = inspect.signature(constructor).parameters.values()
     except Exception:  # an entry point that cannot be imported or inspected: no list, still the error

@@ -179,14 +179,18 @@ class GymVecEnv:
         self.envs.close()
 
 
-def _render_modes(task: str, env_kwargs: dict[str, Any]) -> list[str]:
-    """What ``render_mode`` values ``task`` accepts, from its class's metadata when the entry
-    point is a class, else from an env made to ask."""
+def env_creator(task: str) -> Any:
+    """What ``gym.make(task)`` calls: the registered entry point, imported when it is a string."""
     from gymnasium.envs.registration import load_env_creator
 
     creator = gym.spec(task).entry_point
-    if isinstance(creator, str):
-        creator = load_env_creator(creator)
+    return load_env_creator(creator) if isinstance(creator, str) else creator
+
+
+def _render_modes(task: str, env_kwargs: dict[str, Any]) -> list[str]:
+    """What ``render_mode`` values ``task`` accepts, from its class's metadata when the entry
+    point is a class, else from an env made to ask."""
+    creator = env_creator(task)
     modes = getattr(creator, "metadata", {}).get("render_modes")
     if modes is None:  # a factory function: only the env it makes knows
         probe = gym.make(task, **env_kwargs)

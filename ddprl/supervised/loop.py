@@ -129,7 +129,8 @@ def train(rt: Any, cfg: Any) -> FitResult:
 def fit(rt: Any, cfg: Any, task: Task) -> FitResult:
     """Train ``task`` on this rank (every rank calls it); the result is the same on every rank."""
     monitor = monitored(cfg, task)
-    run = Run(rt, cfg, score_mode=cfg.mode, rate_key="time/samples_per_s", score_name=monitor)
+    run = Run(rt, cfg, score_mode=cfg.mode, rate_key="time/samples_per_s", score_name=monitor,
+              step_unit="optimizer steps")
     datasets = build_datasets(task)
     model = task.model()
     if run.resumed:

@@ -52,9 +52,9 @@ class PPOConfig(RLConfig):
         _check(self.policy_depth >= 1, f"policy_depth={self.policy_depth} must be >= 1")
         _check(self.compile_unroll >= 1, f"compile_unroll={self.compile_unroll} must be >= 1")
 
-    def check(self) -> None:
+    def check(self) -> list[str]:
         """Checks across keys that training needs (after autoscale; eval and play skip them)."""
-        super().check()
+        warnings = super().check()
         rollout = self.local_num_envs(self.world_size) * self.n_steps
         _check(self.batch_size <= rollout,
                f"batch_size={self.batch_size} is larger than the per-rank rollout "
@@ -68,5 +68,6 @@ class PPOConfig(RLConfig):
                f"ppo acts in Discrete or Box action spaces; {self.task} has {action_space}")
         _check(self.policy != "cnn" or len(obs_space.shape or ()) == 3,
                f"policy=cnn needs C x H x W observations; {self.task} observes shape {obs_space.shape}: use policy=mlp")
+        return warnings
 
 

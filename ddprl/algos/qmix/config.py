@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -72,10 +73,11 @@ class QMIXConfig(RLConfig):
         _check(self.stage != "pretrain" or self.encoder_dim > 0,
                "stage=pretrain trains the observation encoder: give encoder_dim > 0")
 
-    def check(self) -> None:
+    def check(self) -> list[str]:
         from ddprl.envs.marl import check_marl_task, make_marl_env
 
         check_marl_task(self.task)
+        warnings = self.schedule_warnings()
         _check(self.buffer_size % self.world_size == 0 and self.buffer_size // self.world_size >= self.batch_size,
                f"buffer_size={self.buffer_size} must be a multiple of world_size={self.world_size} and hold "
                f"batch_size={self.batch_size} episodes on every rank")
@@ -94,8 +96,23 @@ class QMIXConfig(RLConfig):
         try:
             if self.init_from and not self.resume:
                 self._check_init_from(env)
+            limit = env.episode_limit
         finally:
             env.close()
+        warmup = self.warmup_iterations(limit, self.world_size) * self.num_envs  # global steps
+        if self.stage == "qmix" and warmup >= self.steps:
+            warnings.append(f"steps={self.steps} ends before the first update: every rank first collects "
+                            f"batch_size={self.batch_size} episodes, {warmup} global steps with episodes of up to "
+                            f"{limit} steps and {self.local_num_envs(self.world_size)} env(s) per rank (raise steps "
+                            "or num_envs, or lower batch_size)")
+        return warnings
+
+    def warmup_iterations(self, episode_limit: int, world_size: int) -> int:
+        """Steps of every env before the first update. Each env ends an episode at least every
+        ``episode_limit`` steps, so by then every rank surely holds ``batch_size`` episodes: a
+        rule of steps, not of buffer sizes, so that every rank starts updating at the same
+        step without asking the others."""
+        return episode_limit * math.ceil(self.batch_size / self.local_num_envs(world_size))
 
     def _check_init_from(self, env: Any) -> None:
         from ddprl.algos.qmix.loop import build_networks, init_from_checkpoint
@@ -108,28 +125,6 @@ class QMIXConfig(RLConfig):
                f"{', '.join(networks) or 'no networks'}): give init_from=<a stage=pretrain checkpoint>, "
                "or freeze_encoder=false to train a new encoder")
         init_from_checkpoint(build_networks(self, env), self.init_from)
-
-    def learning_warnings(self) -> list[str]:
-        """Besides the base checks: the warm-up (every rank collects batch_size episodes before
-        the first update) must end before ``steps``; its length needs the task's episode limit."""
-        import math
-
-        from ddprl.envs.marl import make_marl_env
-
-        out = super().learning_warnings()
-        if self.stage != "qmix":
-            return out
-        probe = make_marl_env(self.task, 1, seed=self.seed, device="cpu", **self.env_kwargs)
-        limit = probe.episode_limit
-        probe.close()
-        local_num_envs = self.local_num_envs(self.world_size)
-        # the rule of the loop: episode_limit steps per batch_size / local_num_envs episodes, every env
-        warmup = limit * math.ceil(self.batch_size / local_num_envs) * self.num_envs
-        if warmup >= self.steps:
-            out.append(f"steps={self.steps} ends before the first update: every rank first collects "
-                       f"batch_size={self.batch_size} episodes, {warmup} global steps with episodes of up to {limit} "
-                       f"steps and {local_num_envs} env(s) per rank (raise steps or num_envs, or lower batch_size)")
-        return out
 
     def local_buffer_size(self, world_size: int) -> int:
         """Episodes each rank keeps (``buffer_size`` is global)."""

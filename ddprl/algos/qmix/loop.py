@@ -136,10 +136,7 @@ def train(rt: Any, cfg: Any) -> None:
     env = make_marl_env(cfg.task, local_num_envs, seed=run.env_seed, device=rt.device, **cfg.env_kwargs)
     obs = env.reset(seed=run.env_seed)
     update_every = cfg.update_every or env.episode_limit
-    # No update before every rank surely holds batch_size episodes: each env ends an episode at
-    # least every episode_limit steps. A rule of steps, not of buffer sizes, so that every rank
-    # starts updating at the same step without asking the others.
-    warmup_iterations = env.episode_limit * math.ceil(cfg.batch_size / local_num_envs)
+    warmup_iterations = cfg.warmup_iterations(env.episode_limit, rt.world_size)  # no update before
 
     # -- networks: init_from / resume before wrapping (DDP broadcasts rank 0's weights) --------
     nets = build_networks(cfg, env)

@@ -85,10 +85,11 @@ class TDMPC2Config(RLConfig):
                    f"buffer_size={self.buffer_size} must exceed episode_length={self.episode_length} "
                    "(episodes are stored whole)")
 
-    def check(self) -> None:
+    def check(self) -> list[str]:
         """The task made once, as every rank makes it: a task TD-MPC2 cannot learn (discrete
-        actions, image observations, no time limit) is refused before any rank starts."""
-        super().check()
+        actions, image observations, no time limit) is refused before any rank starts, and a
+        budget that ends before the first update is said."""
+        warnings = super().check()
         import torch
 
         from ddprl.algos.tdmpc2.acting import episode_length_of, make_tdmpc2_env
@@ -99,29 +100,15 @@ class TDMPC2Config(RLConfig):
         finally:
             env.close()
         _check(self.buffer_size > length, f"buffer_size={self.buffer_size} must exceed the episode length {length}")
+        seed_steps = self.seed_steps_for(length, self.world_size)
+        if seed_steps >= self.steps:
+            warnings.append(f"steps={self.steps} ends before the first update: the first seed_steps={seed_steps} "
+                            "global steps act randomly to fill the replay buffers (raise steps or lower seed_steps)")
+        return warnings
 
-    def learning_warnings(self) -> list[str]:
-        out = super().learning_warnings()
-        length = self.known_episode_length()
-        seed_steps = self.seed_steps
-        if seed_steps is None and length is not None:
-            seed_steps = self.world_size * max(1000, 5 * length)
-        if seed_steps is not None and seed_steps >= self.steps:
-            out.append(f"steps={self.steps} ends before the first update: the first seed_steps={seed_steps} "
-                       "global steps act randomly to fill the replay buffers (raise steps or lower seed_steps)")
-        return out
-
-    def known_episode_length(self) -> int | None:
-        """Agent steps per episode when known without building the env (None: not known)."""
-        if self.episode_length is not None:
-            return self.episode_length
-        from ddprl.envs import dmc
-
-        if dmc.parse_dmc_task(self.task) is not None:
-            return int(self.env_kwargs.get("episode_length", dmc.EPISODE_LENGTH))
-        import gymnasium as gym
-
-        spec = gym.spec(self.task) if self.task in gym.registry else None
-        return getattr(spec, "max_episode_steps", None)
+    def seed_steps_for(self, episode_length: int, world_size: int) -> int:
+        """Global steps of random actions before learning: ``seed_steps``, else the paper's
+        max(1000, 5 L) on every rank."""
+        return self.seed_steps if self.seed_steps is not None else world_size * max(1000, 5 * episode_length)
 
 

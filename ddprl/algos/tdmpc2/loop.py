@@ -71,7 +71,7 @@ def train(rt: Any, cfg: Any) -> None:
     obs_dim, action_dim = env.single_observation_space.shape[0], env.single_action_space.shape[0]
     episode_length = episode_length_of(cfg, env)
     discount = cfg.discount if cfg.discount is not None else discount_for_episode_length(episode_length)
-    seed_steps = cfg.seed_steps if cfg.seed_steps is not None else rt.world_size * max(1000, 5 * episode_length)
+    seed_steps = cfg.seed_steps_for(episode_length, rt.world_size)
     if cfg.buffer_size <= episode_length:
         raise UsageError(f"buffer_size={cfg.buffer_size} must exceed the episode length {episode_length}")
     # Shared randomness: the Q-member pairs of each update, identical on every rank.
