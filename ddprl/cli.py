@@ -28,7 +28,8 @@ from ddprl.errors import UsageError
 # Settings of the interrupted job that must not carry over into a resumed one.
 NOT_RESUMED = ("master_port", "master_addr", "node_rank", "resume", "run_dir")
 
-Row = tuple[str, str, str, str]  # (key, type, default, help), as `ddprl keys` prints them
+Row = tuple[str, str, str, str]  # (key, type, default, help) of a command's key
+KEY_COLUMNS = ("key", "type", "default", "from", "help")  # of training's keys: `ddprl keys`, `ddprl train --help`
 
 # The keys of the commands other than train, for their --help. cmd_eval and cmd_play parse
 # their own; tests/test_help.py checks that these tables name exactly the keys they accept.
@@ -354,32 +355,40 @@ def cmd_keys(args: argparse.Namespace) -> int:
         for algorithm in registry.declarations():
             print(f"  {algorithm.name:12s} {algorithm.engine:6s} {algorithm.description}")
         print()
-    title, rows = algo_keys(kv)
+    title, rows, preset = algo_keys(kv)
     print(f"{title}; set them as `ddprl train key=value`:")
-    print(format_rows(rows, header=True))
+    if preset:
+        print(f"(from: preset = a value of {preset}, whose comments give its source; keys you set win)")
+    print(format_rows(rows, header=KEY_COLUMNS))
     return 0
 
 
-def algo_keys(choice: dict[str, str]) -> tuple[str, list[Row]]:
-    """A title and the (key, type, default, help) rows of the algorithm (and task) in ``choice``,
-    resolved as ``ddprl train`` would: the algorithm's defaults, then the task's file."""
-    from ddprl.config import key_rows, load_config
+def algo_keys(choice: dict[str, str]) -> tuple[str, list[tuple[str, ...]], str]:
+    """A title, the (key, type, default, from, help) rows of the algorithm (and task) in
+    ``choice``, resolved as ``ddprl train`` would (the algorithm's defaults, then the task's
+    preset file), and that file's path ('' when the task has none)."""
+    from ddprl.config import key_rows, load_config, task_preset_file
 
     cfg = load_config([f"{k}={v}" for k, v in choice.items() if k in ("algo", "engine", "task")])
     title = f"keys of algo={cfg.algo}" + (f" engine={cfg.engine}" if cfg.engine != registry.DEFAULT_ENGINE else "")
     if getattr(cfg, "task", None) is not None:
         title += f" with task={cfg.task}"
-    return title, key_rows(cfg)
+    origin = {"task preset": "preset", "command line": "given"}
+    rows = [(k, t, d, origin.get(cfg.sources[k], "default"), h) for k, t, d, h in key_rows(cfg)]
+    preset = task_preset_file(cfg.task) if "task preset" in cfg.sources.values() else None
+    return title, rows, str(preset or "")
 
 
-def format_rows(rows: list[Row], header: bool = False, indent: str = "") -> str:
-    """Aligned columns, one key a line (so that ``ddprl keys | grep lr`` finds a key whole)."""
+def format_rows(rows: list[tuple[str, ...]], header: tuple[str, ...] = (), indent: str = "") -> str:
+    """Aligned columns, one key a line (so that ``ddprl keys | grep lr`` finds a key whole);
+    the last column (help) is not padded, and a long default (a dict) pushes only its own help."""
     if header:
-        rows = [("key", "type", "default", "help"), *rows]
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    widths[2] = min(widths[2], 24)  # a long default (a dict) may push its own help, not every line's
-    return "\n".join(f"{indent}{k:<{widths[0]}}  {t:<{widths[1]}}  {d:<{widths[2]}}  {h}".rstrip()
-                     for k, t, d, h in rows)
+        rows = [header, *rows]
+    columns = len(rows[0])
+    widths = [max(len(r[i]) for r in rows) for i in range(columns - 1)]
+    widths[2] = min(widths[2], 24)
+    return "\n".join((indent + "  ".join(f"{c:<{w}}" for c, w in zip(r, widths)) + "  " + r[-1]).rstrip()
+                     for r in rows)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -439,11 +448,11 @@ def train_epilog(argv: list[str]) -> str:
     """The keys of the algorithm (and task) named on this command line, ppo's when none is."""
     choice = {k: v for k, _, v in (a.partition("=") for a in argv if "=" in a) if k in ("algo", "engine", "task")}
     try:
-        title, rows = algo_keys(choice)
+        title, rows, _ = algo_keys(choice)
     except UsageError as e:
         return f"keys: cannot list them ({e})"
     return (f"{title} (ddprl train algo=NAME [task=NAME] --help, or ddprl keys algo=NAME, for another's):\n"
-            + format_rows(rows, header=True, indent="  "))
+            + format_rows(rows, header=KEY_COLUMNS, indent="  "))
 
 
 def first_process() -> bool:

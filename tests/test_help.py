@@ -100,11 +100,12 @@ def test_bad_input_printed_by_the_first_process_only(monkeypatch, capsys, tmp_pa
 def test_keys_print_type_and_default(capsys):
     assert main(["keys", "algo=qmix"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"^key\s+type\s+default\s+help$", out, re.M)
-    assert re.search(r"^lr\s+float\s+0\.0005\s+Adam learning rate$", out, re.M)
-    assert re.search(r"^update_every\s+int \| null\s+null\s+global env steps", out, re.M)
-    assert re.search(r"^world_size\s+int \| auto\s+auto\s+processes in the job", out, re.M)
-    assert re.search(r"^env_kwargs\s+dict\s+\{\}\s+keyword arguments", out, re.M)
+    assert re.search(r"^key\s+type\s+default\s+from\s+help$", out, re.M)
+    assert re.search(r"^lr\s+float\s+0\.0005\s+default\s+Adam learning rate$", out, re.M)
+    assert re.search(r"^update_every\s+int \| null\s+null\s+default\s+global env steps", out, re.M)
+    assert re.search(r"^world_size\s+int \| auto\s+auto\s+default\s+processes in the job", out, re.M)
+    assert re.search(r"^env_kwargs\s+dict\s+\{\}\s+default\s+keyword arguments", out, re.M)
+    assert re.search(r"^algo\s+str\s+qmix\s+given\s", out, re.M)
     assert re.search(r"^task\s+str\s+Foraging-8x8-2p-2f-coop-v3\s", out, re.M)
 
 
@@ -112,7 +113,7 @@ def test_keys_of_a_task_show_its_values(capsys):
     assert main(["keys", "algo=ppo", "task=snake"]) == 0
     out = capsys.readouterr().out
     assert "keys of algo=ppo with task=snake" in out
-    assert re.search(r"^hidden_sizes\s+list\[int\]\s+\[256, 256\]\s", out, re.M)  # task/snake.yaml's, not [64, 64]
+    assert re.search(r"^hidden_sizes\s+list\[int\]\s+\[256, 256\]\s+preset\s", out, re.M)  # task/snake.yaml's, not [64, 64]
     assert main(["keys", "algo=ppo", "tsak=snake"]) == 2
     assert "did you mean task" in capsys.readouterr().err
 
@@ -145,7 +146,7 @@ def test_help_of_each_command_lists_its_keys(capsys, command):
 def test_train_help_lists_the_keys_of_the_algorithm_named(capsys):
     out = _help(capsys, ["train", "--help"])
     assert "ddprl keys algo=NAME" in out and "--config-name" in out
-    assert re.search(r"^  n_steps\s+int\s+256\s+rollout length", out, re.M)
+    assert re.search(r"^  n_steps\s+int\s+256\s+default\s+rollout length", out, re.M)
     out = _help(capsys, ["train", "algo=qmix", "--help"])
     assert "keys of algo=qmix" in out and re.search(r"^  mixer\s+str\s+qmix\s", out, re.M)
 

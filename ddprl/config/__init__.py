@@ -8,7 +8,10 @@ The schema is the algorithm's config class (``ddprl.registry``): the job keys ev
 the RL keys on top for RL algorithms, and the algorithm's own. ``algo=`` picks the algorithm
 and ``task=`` the task file; every other ``key=value`` sets a key of the schema. A task file may hold a section per algorithm (``ppo: {...}``) applied only to it.
 Unknown keys, bad types and out-of-range values raise :class:`~ddprl.errors.UsageError` with
-the key named and near matches suggested. The result is a frozen dataclass instance.
+the key named and near matches suggested. The result is an instance of the algorithm's config
+class (a dataclass) whose ``sources`` name the layer that gave each value: ``default`` (the
+schema or the algorithm's defaults), ``task preset`` (the task's file), ``config file`` (``--config-name``),
+``checkpoint`` (a resumed run's) or ``command line`` (keys given from Python count as such).
 
 >>> cfg = load_config(["steps=20000", "world_size=1"])
 >>> cfg.algo, cfg.steps, cfg.world_size
@@ -17,6 +20,7 @@ the key named and near matches suggested. The result is a frozen dataclass insta
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 from importlib import resources
@@ -71,8 +75,28 @@ def _parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
     return parsed
 
 
-def known_tasks() -> list[str]:
-    return sorted(p.stem for p in (CONFIG_DIR / "task").glob("*.yaml"))
+def task_preset_file(task: Any) -> Path | None:
+    """The preset file of a task (``ddprl/config/task/<task>.yaml``), None when it has none."""
+    path = CONFIG_DIR / "task" / f"{task}.yaml"
+    return path if task is not None and "/" not in str(task) and path.exists() else None
+
+
+def _task_preset(path: Path, algo: str, algorithms: Iterable[str]) -> dict[str, Any]:
+    """The keys a task file gives ``algo``: its top-level keys, then its ``<algo>:`` section. A
+    file may start from a shared one (``base: _mujoco``, a file of the same folder), whose
+    keys its own override."""
+    data = _read_yaml(path)
+    values: dict[str, Any] = {}
+    base = data.pop("base", None)
+    if base is not None:
+        base_path = path.parent / f"{base}.yaml"
+        if not base_path.exists() or base_path == path:
+            raise UsageError(f"{path}: base: {base} names no other file of {path.parent}")
+        values = _task_preset(base_path, algo, algorithms)
+    per_algo = data.pop(algo, {}) or {}
+    values.update({k: v for k, v in data.items() if k not in algorithms})
+    values.update(per_algo)
+    return values
 
 
 def named_configs() -> list[str]:
@@ -122,24 +146,23 @@ def load_config(overrides: Iterable[str] = (), config_name: str | None = None,
     algo = algorithm.name
     defaults = algorithm.default_values()
     schema = algorithm.config
-    fields = [f.name for f in dataclasses.fields(schema)]
+    fields = [f.name for f in dataclasses.fields(schema) if not f.metadata.get("internal")]
 
-    layers: list[tuple[str, dict[str, Any]]] = [(f"algo={algo}'s defaults", defaults)]
+    # (label for `sources`, name in error messages, values), applied in this order
+    layers: list[tuple[str, str, dict[str, Any]]] = [("default", f"algo={algo}'s defaults", defaults)]
     task = cli.get("task", resumed.get("task", named.get("task", defaults.get("task"))))
-    task_file = CONFIG_DIR / "task" / f"{task}.yaml"
-    if "task" in fields and task is not None and task_file.exists():
-        task_values = _read_yaml(task_file)
-        per_algo = task_values.pop(algo, {}) or {}
-        task_values = {k: v for k, v in task_values.items() if k not in registry.names()}
-        layers.append((f"task/{task}.yaml", {**task_values, **per_algo}))
+    task_file = task_preset_file(task)
+    if "task" in fields and task_file is not None:
+        layers.append(("task preset", f"task/{task}.yaml", _task_preset(task_file, algo, registry.names())))
     if named:
-        layers.append((f"{config_name}.yaml", named))
+        layers.append(("config file", f"{config_name}.yaml", named))
     if resumed:
-        layers.append(("the checkpoint's config", resumed))
-    layers.append(("command line", cli))
+        layers.append(("checkpoint", "the checkpoint's config", resumed))
+    layers.append(("command line", "command line", cli))
 
     cfg = OmegaConf.structured(schema)
-    for source, values in layers:
+    sources = dict.fromkeys(fields, "default")
+    for label, source, values in layers:
         for key, value in values.items():
             if key not in fields and not _is_dict_entry(schema, key):
                 raise UsageError(f"unknown key {key!r} for algo={algo} (from {source}){_suggest(key, fields)}")
@@ -150,18 +173,21 @@ def load_config(overrides: Iterable[str] = (), config_name: str | None = None,
                 raise UsageError(f"{key}={value!r} ({source}): expected {expected}") from None
             except ValueError as e:
                 raise UsageError(f"{key}={value!r} ({source}): {e}") from None
+            sources[key.partition(".")[0]] = label
     OmegaConf.update(cfg, "algo", algo, merge=False)
     OmegaConf.update(cfg, "engine", algorithm.engine, merge=False)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise UsageError(f"no value for {', '.join(missing)} (algo={algo})")
     try:
-        return OmegaConf.to_object(cfg)  # runs the dataclass's __post_init__ range checks
+        resolved = OmegaConf.to_object(cfg)  # runs the dataclass's __post_init__ range checks
     except OmegaConfBaseException as e:
         cause = e.__cause__ if isinstance(e.__cause__, UsageError) else None
         if cause is not None:
             raise cause from None
         raise UsageError(str(e).splitlines()[0]) from None
+    resolved.sources = sources
+    return resolved
 
 
 def _is_dict_entry(schema: type, key: str) -> bool:
@@ -178,19 +204,33 @@ def _field_type_name(schema: type, key: str) -> str:
     return "another type"
 
 
+def public_fields(schema: Any) -> list[dataclasses.Field]:
+    """The fields of a config class (or instance) that are keys: not the internal ``sources``."""
+    return [f for f in dataclasses.fields(schema) if not f.metadata.get("internal")]
+
+
 def to_dict(cfg: Any) -> dict[str, Any]:
-    """Plain dict of a config (for config.yaml and checkpoints: primitives only)."""
-    return dataclasses.asdict(cfg)
+    """Plain dict of a config's keys (for config.yaml and checkpoints: primitives only)."""
+    return {f.name: copy.deepcopy(getattr(cfg, f.name)) for f in public_fields(cfg)}
 
 
 def save_yaml(cfg: Any, path: Path) -> None:
+    """The config as YAML, one key a line; a comment names where a value came from when it is
+    not a default (``norm_obs: true  # task``: the task's preset file)."""
+    sources = getattr(cfg, "sources", {}) or {}
+    text = yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=None, width=10**6)
+    lines = []
+    for line in text.splitlines():
+        key = line.partition(":")[0]
+        source = sources.get(key, "default") if not line.startswith(" ") else "default"
+        lines.append(line if source == "default" else f"{line}  # {source}")
     with open(path, "w") as f:
-        yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
+        f.write("\n".join(lines) + "\n")
 
 
 def describe(schema: type = JobConfig) -> list[tuple[str, str, str]]:
     """(key, type, help) for each field of a schema, without values."""
-    return [(f.name, str(f.type), f.metadata.get("help", "")) for f in dataclasses.fields(schema)]
+    return [(f.name, str(f.type), f.metadata.get("help", "")) for f in public_fields(schema)]
 
 
 def key_rows(cfg: Any) -> list[tuple[str, str, str, str]]:
@@ -198,7 +238,7 @@ def key_rows(cfg: Any) -> list[tuple[str, str, str, str]]:
     as the command line writes them: ``ddprl keys`` and ``ddprl train --help`` show the defaults
     of an algorithm (and task) this way."""
     return [(f.name, type_name(f), format_value(getattr(cfg, f.name)), f.metadata.get("help", ""))
-            for f in dataclasses.fields(cfg)]
+            for f in public_fields(cfg)]
 
 
 def type_name(f: dataclasses.Field) -> str:

@@ -70,6 +70,8 @@ class JobConfig:
     wandb_project: str = key("W&B project", "ddprl")
     wandb_entity: str = key("W&B entity ('' for your default)", "")
     wandb_mode: str = key("online | offline (offline needs no network; sync later)", "online")
+    # Not a key: which layer gave each value (load_config fills it; config.yaml and `ddprl keys` show it).
+    sources: dict[str, str] = field(default_factory=dict, repr=False, compare=False, metadata={"internal": True})
 
     def __post_init__(self) -> None:
         ws = self.world_size
