@@ -126,7 +126,7 @@ def prepare_train(overrides: list[str], config_name: str | None, values: dict[st
     comes as Python objects, not as a name to import).
     """
     from ddprl.checkpoint import load_checkpoint
-    from ddprl.config import load_config
+    from ddprl.config import load_config, preset_note
     from ddprl.run import resolve_resume, run_dir_of_checkpoint
     from ddprl.runtime import resolved_config
 
@@ -153,6 +153,9 @@ def prepare_train(overrides: list[str], config_name: str | None, values: dict[st
         cfg = prepare(cfg, overrides, config_name, ckpt_path is not None)
     warnings = cfg.check()
     if first_process():  # said once per job
+        preset = preset_note(cfg)
+        if preset:
+            print(f"ddprl: {preset}", file=sys.stderr, flush=True)
         for line in warnings:
             print(f"ddprl: warning: {line}", file=sys.stderr, flush=True)
     if cfg.enable_wandb:

@@ -99,6 +99,16 @@ def _task_preset(path: Path, algo: str, algorithms: Iterable[str]) -> dict[str, 
     return values
 
 
+def preset_note(cfg: Any) -> str:
+    """One line naming the keys a task preset set in this config ('' when it set none)."""
+    keys = [k for k, source in cfg.sources.items() if source == "task preset"]
+    if not keys:
+        return ""
+    values = ", ".join(f"{k}={format_value(getattr(cfg, k))}" for k in keys)
+    return (f"task={cfg.task} preset: {values} (keys you give win; `ddprl keys algo={cfg.algo} task={cfg.task}` "
+            "shows every value and where it comes from)")
+
+
 def named_configs() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 

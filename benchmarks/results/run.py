@@ -1,0 +1,224 @@
+"""Published results, reproduced: run one row of docs/results.md, or rebuild the page.
+
+    python benchmarks/results/run.py ROW [--seeds 3]      # train each seed, keep its curve, summarise
+    python benchmarks/results/run.py --page               # docs/results.md and its PNGs from what is kept
+    python benchmarks/results/run.py --list               # the rows and their commands
+
+Each seed trains with ``ddprl train`` (the row's keys, then ``seed=K``) in a scratch directory;
+its ``metrics.jsonl`` and ``config.yaml`` are kept under ``benchmarks/results/runs/<row>/seed<K>/``
+(small, committed, so anyone can re-plot), checkpoints and TensorBoard files are not.
+``summary.json`` beside them holds what the page shows: per seed the evaluation return at the
+reference's step count, the best and the final one, the wall time and the machine. The page is
+built only from those files, so its numbers are the ones the runs printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+RUNS = HERE / "runs"
+PAGE = ROOT / "docs" / "results.md"
+IMAGES = ROOT / "docs" / "results"
+sys.path.insert(0, str(HERE.parent))  # benchmarks/machine.py
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A published number: ``value`` (± ``std`` when the source gives one) at ``steps``."""
+
+    source: str  # who, where (paper table or repository file), what the std is over
+    value: float
+    std: float | None
+    steps: int
+
+
+@dataclass(frozen=True)
+class Row:
+    title: str
+    keys: tuple[str, ...]  # `ddprl train` keys; seed= and run_dir= are added per run
+    references: tuple[Reference, ...]
+    note: str = ""  # why ddprl differs from the reference, where it does by design
+    extra_keys: tuple[str, ...] = field(default=())  # bookkeeping that does not change learning
+
+    def command(self) -> str:
+        return "ddprl train " + " ".join(self.keys)
+
+
+ZOO = "SB3 zoo `benchmark.md` (rl-baselines3-zoo, one trained agent; ± over its evaluation episodes)"
+ROWS: dict[str, Row] = {
+    "ppo-cartpole": Row(
+        "PPO, CartPole-v1", ("task=CartPole-v1", "world_size=2", "steps=100000", "eval_freq=10000"),
+        (Reference(ZOO, 500.0, 0.0, 100_000),)),
+    "ppo-acrobot": Row(
+        "PPO, Acrobot-v1", ("task=Acrobot-v1", "world_size=2", "steps=1000000"),
+        (Reference(ZOO, -73.506, 18.201, 1_000_000),)),
+    "ppo-pendulum": Row(
+        "PPO, Pendulum-v1", ("task=Pendulum-v1", "world_size=2", "steps=200000", "eval_freq=10000"),
+        (Reference(ZOO + ", with gSDE exploration", -172.225, 104.159, 100_000),),
+        note="The zoo's agent explores with gSDE, which ddprl's PPO does not have; ddprl's preset "
+             "normalises observations and rewards instead (docs/ppo.md, task presets)."),
+    "ppo-lunarlander": Row(
+        "PPO, LunarLander-v3", ("task=LunarLander-v3", "world_size=2"),
+        (Reference(ZOO + " (LunarLander-v2: the same task before Gymnasium's fixes)", 242.119, 31.823, 1_000_000),)),
+    "ppo-halfcheetah": Row(
+        "PPO, HalfCheetah-v5", ("task=HalfCheetah-v5", "world_size=2", "n_steps=1024"),
+        (Reference(ZOO + ", HalfCheetah-v3, tuned keys (not the paper's)", 5819.099, 663.530, 1_000_000),)),
+    "ppo-hopper": Row(
+        "PPO, Hopper-v5", ("task=Hopper-v5", "world_size=2", "n_steps=1024"),
+        (Reference(ZOO + ", Hopper-v3, tuned keys", 2410.435, 10.026, 1_000_000),)),
+    "ppo-walker2d": Row(
+        "PPO, Walker2d-v5", ("task=Walker2d-v5", "world_size=2", "n_steps=1024"),
+        (Reference(ZOO + ", Walker2d-v3, tuned keys", 3478.798, 821.708, 1_000_000),)),
+}
+COMMON = ("progress=false", "checkpoint_freq=0", "keep_last=1")
+
+
+def eval_curve(metrics: Path) -> list[tuple[int, float]]:
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return [(int(r["step"]), float(r["eval/return_mean"])) for r in rows if "eval/return_mean" in r]
+
+
+def at_steps(curve: list[tuple[int, float]], steps: int) -> float | None:
+    """The last evaluation at or before ``steps`` (a run's budget rounds up to whole iterations, so
+    the final evaluation may lie a little past it: it counts when within 2.5 %)."""
+    done = [ret for step, ret in curve if step <= steps * 1.025]
+    return done[-1] if done else None
+
+
+def run_row(name: str, seeds: int) -> dict:
+    from machine import cpu_model
+
+    row = ROWS[name]
+    out = RUNS / name
+    results = []
+    for seed in range(1, seeds + 1):
+        with tempfile.TemporaryDirectory() as scratch:
+            run_dir = Path(scratch) / "run"
+            cmd = [sys.executable, "-m", "ddprl", "train", *row.keys, *COMMON, f"seed={seed}", f"run_dir={run_dir}"]
+            print("$", " ".join(cmd[2:]), flush=True)
+            start = time.time()
+            proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "disable")})
+            if proc.returncode != 0:
+                raise SystemExit(f"{name} seed {seed}: ddprl train exited {proc.returncode}")
+            keep = out / f"seed{seed}"
+            keep.mkdir(parents=True, exist_ok=True)
+            for file in ("metrics.jsonl", "config.yaml"):
+                shutil.copy(run_dir / file, keep / file)
+        curve = eval_curve(keep / "metrics.jsonl")
+        results.append({"seed": seed, "wall_s": round(time.time() - start, 1), "final": curve[-1][1],
+                        "final_step": curve[-1][0], "best": max(r for _, r in curve),
+                        "at_reference": [at_steps(curve, ref.steps) for ref in row.references]})
+        print(f"{name} seed {seed}: {results[-1]}", flush=True)
+    summary = {"row": name, "command": row.command(), "machine": f"{cpu_model()}, {os.cpu_count()} cores",
+               "date": time.strftime("%Y-%m-%d"), "seeds": results}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def mean_std(values: list[float]) -> str:
+    if not values:
+        return "—"
+    if len(values) == 1:
+        return f"{values[0]:.1f} (1 seed)"
+    return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
+
+
+def draw(name: str, row: Row) -> Path:
+    """Every seed's evaluation curve (``ddprl.plot``) with the references drawn as a line and band."""
+    from ddprl.plot import figure, load_runs
+
+    runs = load_runs(sorted((RUNS / name).glob("seed*")))
+    fig = figure(runs, ["eval/return_mean"])
+    ax = fig.axes[0]
+    for i, ref in enumerate(row.references):
+        colour = f"C{len(runs) + i}"
+        ax.axhline(ref.value, color=colour, linestyle="--", linewidth=1, label=f"reference at {ref.steps:,}")
+        if ref.std:
+            ax.axhspan(ref.value - ref.std, ref.value + ref.std, color=colour, alpha=0.1, linewidth=0)
+        ax.axvline(ref.steps, color=colour, linestyle=":", linewidth=1)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(f"{row.title}: evaluation return", fontsize=10)
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    path = IMAGES / f"{name}.png"
+    fig.savefig(path, dpi=90)
+    return path
+
+
+def page() -> str:
+    lines = [
+        "# Results: published numbers, reproduced",
+        "",
+        "Each row trains ddprl with the command shown, one run per seed, and sets its evaluation",
+        "return (the mean over the run's evaluation episodes, greedy actions) at the reference's",
+        "step count beside the published number. `python benchmarks/results/run.py ROW --seeds 3`",
+        "reruns a row; `--page` rebuilds this page from the runs kept in `benchmarks/results/runs/`",
+        "(their `metrics.jsonl` files: `ddprl plot benchmarks/results/runs/ROW/seed*` redraws them).",
+        "Mean ± standard deviation over seeds; a reference's ± is what its source reports.",
+        "",
+        "| row | reference | steps | ddprl at those steps | ddprl best | seeds | wall time per seed | curve |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    details = []
+    for name, row in ROWS.items():
+        summary_path = RUNS / name / "summary.json"
+        if not summary_path.exists():
+            for ref in row.references:
+                lines.append(f"| {row.title} | {ref.value:g}{f' ± {ref.std:g}' if ref.std is not None else ''} "
+                             f"| {ref.steps:,} | not run yet | | | | |")
+            continue
+        summary = json.loads(summary_path.read_text())
+        seeds = summary["seeds"]
+        image = draw(name, row).relative_to(PAGE.parent)
+        wall = statistics.mean(s["wall_s"] for s in seeds)
+        for i, ref in enumerate(row.references):
+            ours = [s["at_reference"][i] for s in seeds if s["at_reference"][i] is not None]
+            lines.append(f"| {row.title} | {ref.value:g}{f' ± {ref.std:g}' if ref.std is not None else ''} "
+                         f"| {ref.steps:,} | {mean_std(ours)} | {mean_std([s['best'] for s in seeds])} "
+                         f"| {len(seeds)} | {wall / 60:.1f} min | [png]({image}) |")
+        details += [f"### {row.title}", "", f"- command: `{summary['command']}` (+ `seed=K`)",
+                    f"- reference: {'; '.join(r.source for r in row.references)}",
+                    f"- machine: {summary['machine']}, {summary['date']}",
+                    "- per seed (return at the reference's steps / best / final at step): " + "; ".join(
+                        f"seed {s['seed']}: {s['at_reference'][0]} / {s['best']:.1f} / {s['final']:.1f} at "
+                        f"{s['final_step']:,}" for s in seeds)]
+        if row.note:
+            details.append(f"- {row.note}")
+        details += ["", f"![{row.title}]({image})", ""]
+    return "\n".join(lines + ["", "## Rows", ""] + details) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("row", nargs="?", choices=sorted(ROWS))
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--page", action="store_true", help="rebuild docs/results.md from the kept runs")
+    parser.add_argument("--list", action="store_true")
+    args = parser.parse_args()
+    if args.list:
+        for name, row in ROWS.items():
+            print(f"{name:18s} {row.command()}")
+        return 0
+    if args.row:
+        run_row(args.row, args.seeds)
+    if args.page or args.row:
+        PAGE.write_text(page())
+        print(f"wrote {PAGE.relative_to(ROOT)}")
+    if not (args.row or args.page):
+        parser.error("name a ROW, or --page, or --list")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
