@@ -172,13 +172,9 @@ class Learner:
     scale: RunningScale  # running 5-95% range of Q, identical on every rank (reduced)
     wm_optim: torch.optim.Optimizer
     pi_optim: torch.optim.Optimizer
-    region: UpdateStep  # the update as one function of tensors (torch.func gradients when compiled)
-    step: Callable[..., torch.Tensor]  # what the loop calls: ``region`` compiled, or ``region`` itself
-    names: list[str]
-
-    def metrics(self, values: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The update's metrics tensor as a dict of named 0-d tensors."""
-        return dict(zip(self.names, values))
+    # what the loop calls: the UpdateStep, or with compile=true a Region around it (its ``fn``)
+    step: Callable[..., torch.Tensor]
+    names: list[str]  # the metrics of ``step``'s output tensor, in order
 
     def state_dict(self) -> dict[str, Any]:
         return {"model": strip_prefixes(self.model.state_dict()), "wm_optimizer": self.wm_optim.state_dict(),
@@ -208,16 +204,16 @@ def build_learner(rt: Any, cfg: Any, obs_dim: int, action_dim: int,
         wm_optim.load_state_dict(state["wm_optimizer"])
         pi_optim.load_state_dict(state["pi_optimizer"])
         scale.load_state_dict(state["scale"])
-    region = UpdateStep(rt, model, scale, wm_optim, pi_optim, cfg, functional=cfg.compile)
-    step = compile_region(region, rt.device, rt.world_size, name="tdmpc2 update") if cfg.compile else region
-    return Learner(model, scale, wm_optim, pi_optim, region, step, region.names)
+    eager = UpdateStep(rt, model, scale, wm_optim, pi_optim, cfg, functional=cfg.compile)
+    step = compile_region(eager, rt.device, rt.world_size, name="tdmpc2 update") if cfg.compile else eager
+    return Learner(model, scale, wm_optim, pi_optim, step, eager.names)
 
 
 def update(rt: Any, learner: Learner, batches: list[TrajectoryBatch], noises: list[UpdateNoise], cfg: Any,
            discount: float) -> dict[str, torch.Tensor]:
     """One optimizer step of world model, then policy, on k = len(batches) micro-batches
     (:class:`UpdateStep`); returns the terms averaged over micro-batches as ONE device tensor
-    in ``learner.names`` order (no host sync here; ``learner.metrics`` names them)."""
+    in ``learner.names`` order (no host sync here: ``dict(zip(learner.names, values))`` names them)."""
     def stacked(values: list[Optional[torch.Tensor]]) -> Optional[torch.Tensor]:
         return None if values[0] is None else torch.stack(values)
 
