@@ -1,5 +1,5 @@
 """TD-MPC2's learner on one rank: world model + policy, their optimizers, the Q scale, and
-one update as ONE function of tensors (REFERENCE.md "Losses").
+one update as ONE function of tensors (docs/references.md#losses).
 
 Why one function and not DDP + ``loss.backward()`` + ``optimizer.step()``: both of those
 break a compiled graph (DDP splits it at every gradient bucket, ``backward`` and
@@ -64,7 +64,7 @@ class UpdateStep:
     World model: the gradient of each micro-batch's loss / k, summed, averaged over ranks,
     clipped, one Adam step. Then the Q scale takes one EMA step on the first-latent Qs of
     every micro-batch of every rank (gathered: the step one process takes on the whole batch;
-    REFERENCE.md: the scale is updated before the loss uses it). Policy: on the detached
+    as in TD-MPC2, the scale is updated before the loss uses it). Policy: on the detached
     latents of those passes, against the *updated* Qs, the same way; then the target Qs
     soft-update. Returns the metrics of :attr:`names` as one device tensor.
     """
@@ -185,8 +185,9 @@ def build_learner(rt: Any, cfg: Any, obs_dim: int, action_dim: int,
                   state: Optional[dict[str, Any]] = None) -> Learner:
     """World model + policy on the rank's device, their optimizers, the Q scale, the update.
 
-    Fresh: rank 0's weights are broadcast, then the target Qs are copied from them (DESIGN.md
-    invariant 2). Resumed: every rank loads the same checkpoint, targets included.
+    Fresh: rank 0's weights are broadcast, then the target Qs are copied from them
+    (docs/distributed.md, invariant 2). Resumed: every rank loads the same checkpoint, targets
+    included.
     """
     if cfg.compile and training_step_unsupported():
         raise UsageError(f"{training_step_unsupported()}: use compile=false, or a torch that can")
