@@ -189,7 +189,7 @@ case "$phase" in
     ;;
   returns)
     # 100k env steps of walker-run take longer than one device command at ~100 agent steps/s:
-    # this runs what fits and prints the eval returns reached (compare with REFERENCE.md's curve).
+    # this runs what fits and prints the eval returns reached (compare with docs/references.md#published-returns).
     timeout 540 python3 benchmarks/tdmpc2_returns.py --task walker-run --env-steps 100000 \
       --run-dir /tmp/returns device=cuda compile=true eval_freq=10000 eval_episodes=2 2>&1 | tee -a "$log"
     python3 -c "

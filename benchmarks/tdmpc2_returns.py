@@ -10,7 +10,7 @@ Environment steps are the published CSVs' unit: for DMC, agent steps x 2 (action
 training (``eval/return_mean`` in the run's metrics.jsonl) and, when the run evaluated along
 the way, its curve in environment steps.
 
-Published TD-MPC2 returns, mean over 3 seeds (REFERENCE.md), by environment steps.
+Published TD-MPC2 returns, mean over 3 seeds (docs/references.md#published-returns), by environment steps.
 """
 
 from __future__ import annotations

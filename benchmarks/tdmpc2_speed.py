@@ -12,11 +12,11 @@ seeding, one update per agent step. ``compile on``: the update is one compiled r
 the act three (the MPPI iteration one graph, replayed; CUDA graphs on a GPU); compile time
 is excluded (warm-up) and printed apart.
 
-References (the official code, model_size 5): REFERENCE.md, 2-core CPU, walker-run, no compile:
-484 ms per update, 496 ms per act. Issue #12, one H100, torch 2.11, walker-run: eager 35.8 ms
-per update, 36.7 ms per act; compiled (its reduce-overhead update and plan) 10.8 and 2.77 ms,
-61.0 agent steps/s. They were measured in another session: run the official code beside this
-script for a same-hour ratio.
+References (the official code, model_size 5; docs/references.md#speed-of-the-official-code):
+2-core CPU, walker-run, no compile: 484 ms per update, 496 ms per act. One H100, torch 2.11,
+walker-run: eager 35.8 ms per update, 36.7 ms per act; compiled (its reduce-overhead update and
+plan) 10.8 and 2.77 ms, 61.0 agent steps/s. Those are other runs on another day: run the
+official code beside this script for a same-hour ratio.
 """
 
 from __future__ import annotations

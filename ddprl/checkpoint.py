@@ -1,6 +1,6 @@
 """Checkpoints: plain state dicts, written atomically by rank 0, loaded with ``weights_only=True``.
 
-Layout of a checkpoint file (DESIGN.md invariant 8), the same for every algorithm::
+Layout of a checkpoint file (docs/distributed.md, invariant 8), the same for every algorithm::
 
     {"format_version": 2, "algo": str, "step": int, "world_size": int, "config": {...},
      "counters": {"iteration": ..., ...},                 # the loop's own counters

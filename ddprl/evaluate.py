@@ -1,7 +1,7 @@
 """Evaluation shared by all algorithms: episodes split over ranks, results gathered on all.
 
 Every rank takes part, also a rank with no episode to run (it still joins the gather), so no
-rank waits on a collective that another skipped (DESIGN.md invariant 1).
+rank waits on a collective that another skipped (docs/distributed.md, invariant 1).
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ class Algorithm:
     load_actor: FunctionRef | None = None  # (cfg, state, device) -> ddprl.evaluate.Actor; None: no eval/play
     defaults: Union[Path, Mapping[str, Any], None] = None  # values of its keys (YAML file or dict)
     architecture_keys: tuple[str, ...] = ()  # keys a resumed run may not change
-    # prepare(cfg, overrides, config_name) -> cfg: last changes before launch (PPO: autoscale)
+    # prepare(cfg, overrides, config_name, resuming) -> cfg: last changes before launch (PPO: autoscale)
     prepare: FunctionRef | None = None
     # eval_checkpoint(checkpoint_dict, args) -> exit code: `ddprl eval` for algorithms without a
     # policy to roll out (supervised: test-set metrics); None: eval/play go through load_actor

@@ -59,6 +59,18 @@ def env_seeds(rt, cfg, out: str) -> None:
     torch.save({"seed": env_seed(cfg.seed, rt.rank), "obs": obs}, Path(out) / f"rank{rt.rank}.pt")
 
 
+def evaluate_fewer_episodes_than_ranks(rt, cfg, out: str) -> None:
+    """One evaluation episode on 2 ranks: rank 1 runs none, yet joins the gather, and the
+    collectives after it still line up."""
+    from ddprl.envs import make_env
+    from ddprl.evaluate import evaluate
+
+    summary = evaluate(rt, lambda n, seed: make_env("CartPole-v1", n, seed=seed),
+                       lambda obs: torch.zeros(obs.shape[0], dtype=torch.long), episodes=1, seed=cfg.seed)
+    after = rt.all_reduce_sum(1)
+    torch.save({"summary": summary, "after": after}, Path(out) / f"rank{rt.rank}.pt")
+
+
 def rms_update(rt, cfg, out: str) -> None:
     from ddprl.normalize import RunningMeanStd
 

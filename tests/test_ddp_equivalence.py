@@ -1,4 +1,4 @@
-"""DDP equivalences (DESIGN.md invariants 1, 2, 5) on real gloo process groups, 2 ranks."""
+"""DDP equivalences (docs/distributed.md, invariants 1, 2, 5) on real gloo process groups, 2 ranks."""
 
 from __future__ import annotations
 

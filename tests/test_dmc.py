@@ -1,4 +1,4 @@
-"""DeepMind Control Suite behind ddprl's VecEnv contract (envs/base.py; REFERENCE.md "DMC").
+"""DeepMind Control Suite behind ddprl's VecEnv contract (envs/base.py; docs/references.md#deepmind-control).
 
 Checks the protocol TD-MPC2's published numbers rely on: flattened float32 state, action
 repeat 2 with summed rewards, 500 agent steps ending *truncated*, actions in [-1, 1] mapped
@@ -113,7 +113,7 @@ def test_episodes_are_500_agent_steps_and_truncated():
 
 
 def test_seeds_distinct_per_rank_and_reproducible():
-    # rank r's env i is seeded seed + r*10000 + i (DESIGN.md invariant 3)
+    # rank r's env i is seeded seed + r*10000 + i (docs/distributed.md, invariant 3)
     obs_r0 = make_env("walker-walk", 2, seed=env_seed(1, 0)).reset()
     obs_r1 = make_env("walker-walk", 2, seed=env_seed(1, 1)).reset()
     assert not torch.allclose(obs_r0[0], obs_r0[1])  # two envs of one rank differ

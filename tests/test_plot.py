@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import run_cli
 from ddprl.errors import UsageError
 from ddprl.plot import compact, default_keys, figure, load_runs, parse_plot_args, plot_runs, y_label
 
@@ -216,11 +216,6 @@ def test_parse_plot_args_errors():
         parse_plot_args(["runs/a", "keys=[]"])
 
 
-def _cli_has_plot() -> bool:
-    return "plot" in (REPO / "ddprl" / "cli.py").read_text()
-
-
-@pytest.mark.skipif(not _cli_has_plot(), reason="cli not wired")
 def test_plot_cli(two_runs, tmp_path):
     png = tmp_path / "cli" / "curves.png"
     res = run_cli(["plot", str(two_runs[0]), str(two_runs[1]), f"out={png}"], timeout=120)

@@ -183,6 +183,14 @@ def test_env_seeds_distinct_per_rank(tmp_path):
     assert not torch.allclose(r0["obs"][0], r0["obs"][1])  # envs of one rank differ too
 
 
+def test_evaluation_with_fewer_episodes_than_ranks_keeps_every_rank_in_step(tmp_path):
+    launch(functools.partial(dist_fns.evaluate_fewer_episodes_than_ranks, out=str(tmp_path)), cfg2())
+    r0, r1 = _results(tmp_path)
+    assert r0["summary"] == r1["summary"] and r0["summary"]["episodes"] == 1
+    assert r0["summary"]["return_mean"] >= 1  # CartPole pays 1 per step: the episode really ran
+    assert r0["after"] == r1["after"] == 2
+
+
 def test_running_stats_identical_across_ranks_and_exact(tmp_path):
     launch(functools.partial(dist_fns.rms_update, out=str(tmp_path)), cfg2())
     r0, r1 = _results(tmp_path)

@@ -1,6 +1,7 @@
 """TD-MPC2 losses, update and loop: hand-computed terms, 2-rank gloo equivalences, end to end.
 
-Distributed checks (DESIGN.md invariants 1, 2, 5, 8; REFERENCE.md "Common failures"):
+Distributed checks (docs/distributed.md invariants 1, 2, 5, 8; the failures of
+docs/references.md#failures-of-distributed-rl-that-ddprl-guards-against):
 N ranks on N shares of a batch == one process on the whole batch (with the randomness of
 an update fixed: same Q-member pair on every rank, given policy noise, dropout 0); target Qs
 and the Q scale identical on every rank; a 2-rank checkpoint evaluates in one process; a
@@ -441,7 +442,7 @@ def test_run_ddp_script_launches_torchrun(tmp_path):
 @pytest.mark.skipif(training_step_unsupported() is not None, reason=str(training_step_unsupported()))
 def test_compile_and_bf16_train_end_to_end(tmp_path):
     # the update one compiled region, the act three (tests/test_tdmpc2_regions.py); bf16 autocast
-    # updates. num_q=2 as in model_size 1 (randperm(2)[:2] once broke inductor, see WorldModel.Q);
+    # updates. num_q=2 as in model_size 1 (WorldModel.Q then draws no members: see there);
     # horizon 2, 1 MPPI iteration: the graphs unroll the horizon, and compile time on 2 cores grows with it.
     run_dir = tmp_path / "compiled"
     proc = run_cli(["train", "algo=tdmpc2", "task=cartpole-balance", *TINY, "num_q=2", "horizon=2", "iterations=1",

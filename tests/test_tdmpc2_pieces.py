@@ -1,6 +1,6 @@
 """Unit tests of the TD-MPC2 pieces: math, networks, MPPI planner, episodic buffer.
 
-Facts checked against REFERENCE.md ("TD-MPC2"); expected numbers are hand-computed here.
+Facts checked against docs/references.md#td-mpc2; expected numbers are hand-computed here.
 All CPU, small: the whole file runs in seconds on 2 cores.
 """
 
@@ -84,7 +84,7 @@ def test_running_scale_ema_of_percentile_range():
     x = torch.linspace(0, 100, 10001)  # 5th..95th percentile range = 90
     scale.update(x)
     assert scale.value.item() == pytest.approx(0.99 * 1 + 0.01 * 90, rel=1e-5)
-    # a small range is clamped to 1 (REFERENCE.md: min 1): value stays at 1 from the start
+    # a small range is clamped to 1 (TD-MPC2: never below 1): value stays at 1 from the start
     small = RunningScale()
     small.update(torch.linspace(0, 0.1, 100))
     assert small.value.item() == pytest.approx(1.0)
@@ -112,7 +112,7 @@ def test_simnorm_groups_sum_to_one():
 
 
 def _hand_count(obs: int, A: int, d: ModelDims, K: int = NUM_BINS) -> int:
-    """Parameters counted by hand from REFERENCE.md's layer list."""
+    """Parameters counted by hand from the layer list of docs/references.md#architecture."""
     lin = lambda i, o: i * o + o  # noqa: E731
     nl = lambda i, o: lin(i, o) + 2 * o  # NormedLinear: Linear + LayerNorm(weight, bias)  # noqa: E731
     e, h, z = d.enc_dim, d.mlp_dim, d.latent_dim

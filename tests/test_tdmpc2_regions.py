@@ -37,6 +37,11 @@ TINY = ["model_size=1", "enc_dim=32", "mlp_dim=32", "latent_dim=16", "num_q=3", 
 OBS, ACT, E = 5, 2, 2
 
 
+def named(learner, values: torch.Tensor) -> dict[str, torch.Tensor]:
+    """An update's metrics tensor as the loop reads it: one named 0-d tensor per term."""
+    return dict(zip(learner.names, values))
+
+
 def tiny_cfg(*overrides: str):
     return load_config(["algo=tdmpc2", "task=cartpole-balance", "world_size=1", "num_envs=1", "device=cpu",
                         "dist_timeout=120", "progress=false", *TINY, *overrides])
@@ -141,7 +146,7 @@ def updates_and_graph(rt, cfg, out: str, steps: int, fallen_back: bool = False) 
     metrics = []
     for _ in range(steps):
         noise = UpdateNoise(*members, data["eps_td"], data["eps_pi"])
-        metrics.append(learner.metrics(update(rt, learner, [batch], [noise], cfg, 0.99)))
+        metrics.append(named(learner, update(rt, learner, [batch], [noise], cfg, 0.99)))
     result = {"region": (learner.step.graphs, learner.step.eager) if cfg.compile else None,
               "state": {k: v.clone() for k, v in learner.model.state_dict().items()},
               "scale": learner.scale.value.clone(), "metrics": metrics,
@@ -150,7 +155,8 @@ def updates_and_graph(rt, cfg, out: str, steps: int, fallen_back: bool = False) 
         args = (*(t.unsqueeze(0) for t in batch), members[0][None], members[1][None], data["eps_td"][None],
                 data["eps_pi"][None], 0.99)
         with torch.no_grad():
-            captured = capture_graphs(build_learner(rt, dataclasses.replace(cfg, compile=True), OBS, ACT).region, *args)
+            region = build_learner(rt, dataclasses.replace(cfg, compile=True), OBS, ACT).step
+            captured = capture_graphs(region.fn, *args)
         result["graphs"], result["host_syncs"] = len(captured), host_syncs(captured)
     torch.save(result, Path(out) / ("fallen_back.pt" if fallen_back else f"compile{int(cfg.compile)}.pt"))
 
@@ -193,8 +199,8 @@ def cuda_regions(rt, cfg, out: str) -> None:
     fixed = UpdateNoise(torch.tensor([2, 0], device=rt.device), torch.tensor([1, 2], device=rt.device),
                         data["eps_td"], data["eps_pi"])
     for _ in range(4):  # the first calls record the graphs, the later ones replay them
-        eager_metrics = eager_learner.metrics(update(rt, eager_learner, [batch], [fixed], cfg, 0.99))
-        graph_metrics = graph_learner.metrics(update(rt, graph_learner, [batch], [fixed], cfg, 0.99))
+        eager_metrics = named(eager_learner, update(rt, eager_learner, [batch], [fixed], cfg, 0.99))
+        graph_metrics = named(graph_learner, update(rt, graph_learner, [batch], [fixed], cfg, 0.99))
     eager_act = Acting(eager_learner.model, cfg, 0.99)
     graph_act = Acting(graph_learner.model, cfg, 0.99, compile=True)
     g = torch.Generator(device=rt.device).manual_seed(0)
@@ -207,11 +213,11 @@ def cuda_regions(rt, cfg, out: str) -> None:
         graph_act(obs)
     torch.cuda.set_sync_debug_mode("error")  # a replay must not wait for the host
     try:
-        graph_metrics = graph_learner.metrics(update(rt, graph_learner, [batch], [fixed], cfg, 0.99))
+        graph_metrics = named(graph_learner, update(rt, graph_learner, [batch], [fixed], cfg, 0.99))
         graph_act(obs)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    eager_metrics = eager_learner.metrics(update(rt, eager_learner, [batch], [fixed], cfg, 0.99))  # 5 updates each
+    eager_metrics = named(eager_learner, update(rt, eager_learner, [batch], [fixed], cfg, 0.99))  # 5 updates each
     torch.save({"eager": {k: v.cpu() for k, v in eager_learner.model.state_dict().items()},
                 "graph": {k: v.cpu() for k, v in graph_learner.model.state_dict().items()},
                 "metrics": [{k: v.cpu() for k, v in m.items()} for m in (eager_metrics, graph_metrics)],

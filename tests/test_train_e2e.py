@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import socket
 import subprocess
@@ -239,7 +240,11 @@ def test_continuous_actions_and_mixed_precision(tmp_path):
                    f"run_dir={tmp_path / 'p'}", *FAST], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     final = read_metrics(tmp_path / "p")[-1]
-    assert final["step"] == 1024 and final["eval/return_mean"] < 0  # Pendulum's rewards are negative
+    assert final["step"] == 1024 and final["eval/episodes"] == 2
+    # every eval episode runs to Pendulum's 200-step time limit (truncated, never terminated), and its
+    # return is a sum of raw rewards, each in [-(pi^2 + 0.1 * 8^2 + 0.001 * 2^2), 0]
+    assert final["eval/length_mean"] == 200
+    assert -200 * (math.pi ** 2 + 0.1 * 64 + 0.001 * 4) <= final["eval/return_mean"] <= 0
     rms = torch.load(tmp_path / "p" / "checkpoints" / "latest.pt", weights_only=True)["state"]["obs_rms"]
     assert rms["count"].item() == 1024  # both ranks' observations, counted once each
 

@@ -128,7 +128,7 @@ class Acting:
 
 def train(rt: Any, cfg: Any) -> None:
     """Train ``cfg.stage`` on ``cfg.task`` for ``cfg.steps`` global env steps (runs on every rank)."""
-    # -- sizes: global in, local derived (DESIGN.md invariant 4) -------------------------------
+    # -- sizes: global in, local derived (docs/distributed.md, invariant 4) ------------------------
     local_num_envs = cfg.local_num_envs(rt.world_size)
     steps_per_iteration = local_num_envs * rt.world_size  # global env steps of one step of every env
 
@@ -231,7 +231,7 @@ def train(rt: Any, cfg: Any) -> None:
             scheduled += 1
         window.update_s += time.perf_counter() - t0
 
-        # -- bookkeeping: every number global (DESIGN.md invariant 7) ----------------------------
+        # -- bookkeeping: every number global (docs/distributed.md, invariant 7) -------------------
         last = iteration == total_iterations - 1
         evaluating = not pretrain and cfg.eval_episodes > 0 and (
             crossed(global_step, steps_per_iteration, cfg.eval_freq) or last)

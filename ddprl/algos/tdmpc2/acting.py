@@ -4,7 +4,7 @@
   observations, actions presented to the agent in [-1, 1] (:class:`UnitBoxActions` rescales
   a Gymnasium box such as Humanoid-v5's [-0.4, 0.4]; DMC envs do it themselves).
 - :class:`EpisodeRecorder`: keeps each env's transitions until its episode ends, then hands
-  the whole episode to the replay buffer (REFERENCE.md: episodes enter the buffer when they end).
+  the whole episode to the replay buffer (as in TD-MPC2: episodes enter the buffer when they end).
 - :class:`Acting`: MPPI warm-started from each env's previous plan, or the policy prior
   alone (``mpc=false``); :class:`NotifyEpisodeEnds` tells it when an eval env's episode ends.
 Nothing here is distributed.
@@ -161,7 +161,7 @@ class Acting:
     """Actions for one batch of E envs from the (unwrapped) world model, without gradients.
 
     ``mpc=true``: MPPI, warm-started from each env's previous plan shifted one step
-    (REFERENCE.md); call :meth:`episode_ended` with the done mask after every env step so a
+    (docs/references.md#mppi-planner); call :meth:`episode_ended` with the done mask after every env step so a
     new episode starts from a blank plan. ``mpc=false``: the policy prior (its mean in eval).
     The model is switched to eval mode (no Q dropout) while acting.
 

@@ -1,8 +1,8 @@
 """Per-rank episodic replay buffer for TD-MPC2.
 
-REFERENCE.md: episodes enter the buffer when they end; updates sample B sub-trajectories of
+As in TD-MPC2, episodes enter the buffer when they end; updates sample B sub-trajectories of
 H+1 observations from single episodes. Each rank owns one buffer filled by its own
-environments (DESIGN.md: "each rank runs its own environments and its own buffer"); nothing
+environments (docs/architecture.md: every rank owns its environments and its buffer); nothing
 here is distributed.
 
 Storage: preallocated tensors of ``capacity`` rows on ``device`` (CPU by default). An
@@ -11,7 +11,8 @@ action[t], reward[t], terminated[t] (the last row holds the final observation on
 never wrap around the end of the storage: one that does not fit in the rows left is written
 from row 0, and every stored episode it overlaps is evicted (oldest first in ring order), so
 the buffer is a ring of whole episodes. Truncation needs no flag: a sub-trajectory never
-crosses an episode's end, and ``terminated`` alone decides bootstrapping (STYLE.md 10).
+crosses an episode's end, and ``terminated`` alone decides bootstrapping (docs/architecture.md,
+convention 10).
 
 Sampling is uniform over all valid start positions (an episode of T transitions has
 T - H + 1 starts for horizon H), i.e. uniform over stored sub-trajectories.

@@ -10,7 +10,7 @@ from ddprl.config.schema import RLConfig, _check, key
 
 @dataclass(kw_only=True)
 class TDMPC2Config(RLConfig):
-    # -- model (REFERENCE.md table; null dims come from model_size) --------------------------
+    # -- model (docs/references.md#architecture; null dims come from model_size) -------------
     model_size: int = key("TD-MPC2 model size in millions of parameters: 1, 5, 19, 48 or 317")
     enc_dim: Optional[int] = key("encoder width (null: from model_size)")
     mlp_dim: Optional[int] = key("width of dynamics, reward, Q and policy MLPs (null: from model_size)")

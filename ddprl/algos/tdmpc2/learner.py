@@ -1,5 +1,5 @@
 """TD-MPC2's learner on one rank: world model + policy, their optimizers, the Q scale, and
-one update as ONE function of tensors (REFERENCE.md "Losses").
+one update as ONE function of tensors (docs/references.md#losses).
 
 Why one function and not DDP + ``loss.backward()`` + ``optimizer.step()``: both of those
 break a compiled graph (DDP splits it at every gradient bucket, ``backward`` and
@@ -64,7 +64,7 @@ class UpdateStep:
     World model: the gradient of each micro-batch's loss / k, summed, averaged over ranks,
     clipped, one Adam step. Then the Q scale takes one EMA step on the first-latent Qs of
     every micro-batch of every rank (gathered: the step one process takes on the whole batch;
-    REFERENCE.md: the scale is updated before the loss uses it). Policy: on the detached
+    as in TD-MPC2, the scale is updated before the loss uses it). Policy: on the detached
     latents of those passes, against the *updated* Qs, the same way; then the target Qs
     soft-update. Returns the metrics of :attr:`names` as one device tensor.
     """
@@ -172,13 +172,9 @@ class Learner:
     scale: RunningScale  # running 5-95% range of Q, identical on every rank (reduced)
     wm_optim: torch.optim.Optimizer
     pi_optim: torch.optim.Optimizer
-    region: UpdateStep  # the update as one function of tensors (torch.func gradients when compiled)
-    step: Callable[..., torch.Tensor]  # what the loop calls: ``region`` compiled, or ``region`` itself
-    names: list[str]
-
-    def metrics(self, values: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The update's metrics tensor as a dict of named 0-d tensors."""
-        return dict(zip(self.names, values))
+    # what the loop calls: the UpdateStep, or with compile=true a Region around it (its ``fn``)
+    step: Callable[..., torch.Tensor]
+    names: list[str]  # the metrics of ``step``'s output tensor, in order
 
     def state_dict(self) -> dict[str, Any]:
         return {"model": strip_prefixes(self.model.state_dict()), "wm_optimizer": self.wm_optim.state_dict(),
@@ -189,8 +185,9 @@ def build_learner(rt: Any, cfg: Any, obs_dim: int, action_dim: int,
                   state: Optional[dict[str, Any]] = None) -> Learner:
     """World model + policy on the rank's device, their optimizers, the Q scale, the update.
 
-    Fresh: rank 0's weights are broadcast, then the target Qs are copied from them (DESIGN.md
-    invariant 2). Resumed: every rank loads the same checkpoint, targets included.
+    Fresh: rank 0's weights are broadcast, then the target Qs are copied from them
+    (docs/distributed.md, invariant 2). Resumed: every rank loads the same checkpoint, targets
+    included.
     """
     if cfg.compile and training_step_unsupported():
         raise UsageError(f"{training_step_unsupported()}: use compile=false, or a torch that can")
@@ -208,16 +205,16 @@ def build_learner(rt: Any, cfg: Any, obs_dim: int, action_dim: int,
         wm_optim.load_state_dict(state["wm_optimizer"])
         pi_optim.load_state_dict(state["pi_optimizer"])
         scale.load_state_dict(state["scale"])
-    region = UpdateStep(rt, model, scale, wm_optim, pi_optim, cfg, functional=cfg.compile)
-    step = compile_region(region, rt.device, rt.world_size, name="tdmpc2 update") if cfg.compile else region
-    return Learner(model, scale, wm_optim, pi_optim, region, step, region.names)
+    eager = UpdateStep(rt, model, scale, wm_optim, pi_optim, cfg, functional=cfg.compile)
+    step = compile_region(eager, rt.device, rt.world_size, name="tdmpc2 update") if cfg.compile else eager
+    return Learner(model, scale, wm_optim, pi_optim, step, eager.names)
 
 
 def update(rt: Any, learner: Learner, batches: list[TrajectoryBatch], noises: list[UpdateNoise], cfg: Any,
            discount: float) -> dict[str, torch.Tensor]:
     """One optimizer step of world model, then policy, on k = len(batches) micro-batches
     (:class:`UpdateStep`); returns the terms averaged over micro-batches as ONE device tensor
-    in ``learner.names`` order (no host sync here; ``learner.metrics`` names them)."""
+    in ``learner.names`` order (no host sync here: ``dict(zip(learner.names, values))`` names them)."""
     def stacked(values: list[Optional[torch.Tensor]]) -> Optional[torch.Tensor]:
         return None if values[0] is None else torch.stack(values)
 

@@ -1,7 +1,7 @@
 """TD-MPC2 losses (Hansen, Wang, Su, ICLR 2024), each a dict of named terms.
 
 Pure functions of tensors: no module, no optimizer, no rank. Notation: H horizon, B batch,
-d latent_dim, Q ensemble members, K = 101 bins. Facts from REFERENCE.md ("Losses"):
+d latent_dim, Q ensemble members, K = 101 bins. Facts from docs/references.md#losses:
 
 - world model: consistency 20 * sum_t rho^t MSE(z_{t+1}, enc(o_{t+1})) / H, plus reward 0.1 and
   value 0.1 as soft cross-entropies against two-hot targets, weighted by rho^t the same way

@@ -1,7 +1,7 @@
 """Numerical helpers of TD-MPC2 (Hansen, Wang, Su, ICLR 2024).
 
 Rewards and values are predicted as a categorical distribution over 101 bins laid out evenly
-in *symlog* space on [-10, 10] (REFERENCE.md, "Losses"), trained with a soft cross-entropy
+in *symlog* space on [-10, 10] (docs/references.md#losses), trained with a soft cross-entropy
 against a two-hot encoding of the scalar target. This makes the losses invariant to the
 scale of a task's rewards, which is what lets one set of hyper-parameters work across tasks.
 
@@ -22,9 +22,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 NUM_BINS = 101
-"""Number of bins of the reward / value distributions (REFERENCE.md: 101 bins)."""
+"""Number of bins of the reward / value distributions (TD-MPC2 uses 101)."""
 VMIN, VMAX = -10.0, 10.0
-"""Support of the bins, in symlog space (REFERENCE.md: clamp [-10, 10])."""
+"""Support of the bins, in symlog space (TD-MPC2 clamps targets to [-10, 10])."""
 BIN_SIZE = (VMAX - VMIN) / (NUM_BINS - 1)  # 0.2
 
 
@@ -96,7 +96,7 @@ def soft_ce(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Cross-entropy between predicted logits (..., 101) and the two-hot of ``target`` (..., 1).
 
     Returns (..., 1), one loss per element, so the caller can weight by rho^t before
-    averaging (REFERENCE.md: reward and value losses are soft CE on two-hot targets).
+    averaging (TD-MPC2's reward and value losses are soft CE on two-hot targets).
 
     >>> soft_ce(torch.zeros(2, NUM_BINS), torch.zeros(2, 1)).shape
     torch.Size([2, 1])
@@ -110,7 +110,7 @@ def soft_ce(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 def squash_log_std(raw: torch.Tensor, low: float = -10.0, high: float = 2.0) -> torch.Tensor:
     """Map an unbounded network output to a log-std in [low, high] with a tanh.
 
-    REFERENCE.md: the policy prior's log_std is squashed into [-10, 2]. A smooth squash
+    TD-MPC2 squashes the policy prior's log_std into [-10, 2]. A smooth squash
     (rather than a clamp) keeps a gradient at the bounds.
 
     >>> squash_log_std(torch.tensor([-1e3, 0.0, 1e3]))
@@ -173,14 +173,15 @@ def squashed_gaussian_sample(
 class RunningScale(nn.Module):
     """EMA of the 5th-95th percentile range of Q values, used to normalise the policy loss.
 
-    REFERENCE.md: "RunningScale (EMA tau=0.01 of the 5th-95th percentile range of Q, min 1)".
+    TD-MPC2 (docs/references.md#losses): an EMA (tau=0.01) of the range between the 5th and
+    95th percentiles of Q, never below 1.
     Dividing Q by this scale makes the policy objective (and so the relative weight of the
     entropy bonus) independent of the task's return scale.
 
     The statistic lives in the buffer ``value`` (shape (1,), starts at 1), so it is saved in
     state dicts. Distributed training: give :meth:`update` the Q values of *all* ranks
     (gathered): every rank then takes the identical EMA step, the one a single process would
-    take on the whole batch, and the buffers never drift apart (DESIGN.md, invariant 2).
+    take on the whole batch, and the buffers never drift apart (docs/distributed.md, invariant 2).
     Nothing here is distributed. ``update`` never syncs with the host.
 
     Example:
@@ -222,7 +223,8 @@ class RunningScale(nn.Module):
 def discount_for_episode_length(episode_length: int, low: float = 0.95, high: float = 0.995) -> float:
     """Per-task discount heuristic: clip((L/5 - 1) / (L/5), 0.95, 0.995).
 
-    REFERENCE.md ("Discount per task"): L is the episode length in *agent* steps (after
+    TD-MPC2's discount per task (docs/references.md#schedule-and-discount): L is the episode
+    length in *agent* steps (after
     action repeat); longer episodes get a longer horizon. DMC (L = 500) gives 0.99.
 
     >>> discount_for_episode_length(500)

@@ -1,6 +1,6 @@
 """TD-MPC2 networks (Hansen, Wang, Su, ICLR 2024): world model, Q ensemble, policy prior.
 
-Facts (sizes, layers, init) are from REFERENCE.md, "TD-MPC2". Notation: B batch, H horizon,
+Facts (sizes, layers, init): docs/references.md#architecture. Notation: B batch, H horizon,
 Q ensemble members, d latent_dim, A action_dim, h mlp_dim, K = 101 bins.
 
 Training design (``learner.py``)
@@ -19,8 +19,8 @@ trainable parameters; the learner takes the gradient of each with ``torch.func``
 
 The target Q copy is a set of buffers (never trainable), created at construction so state
 dicts always hold it; ``make_target()`` refreshes it from the online Qs after rank 0's
-weights were broadcast (REFERENCE.md: the official distributed branch copied before the
-broadcast, so ranks started with different targets).
+weights were broadcast (the official code's distributed branch copies before the broadcast,
+so its ranks start with different targets: docs/references.md#the-official-distributed-branch).
 
 The Q ensemble is computed in one batched call over members: weights are stacked with shape
 (Q, in, out), the first layer is one einsum for all members and later layers one baddbmm.
@@ -45,7 +45,7 @@ from .math import NUM_BINS, gaussian_log_prob, squash_log_std, squashed_gaussian
 
 @dataclass(frozen=True)
 class ModelDims:
-    """Widths of one TD-MPC2 model size (REFERENCE.md, model-size table)."""
+    """Widths of one TD-MPC2 model size (docs/references.md#architecture, model sizes)."""
 
     enc_dim: int
     mlp_dim: int
@@ -119,8 +119,8 @@ class QEnsemble(nn.Module):
     """Q members of (in -> h -> h -> K), evaluated in ONE batched call over members.
 
     Tensors (stacked over members): ``weight{i}`` (Q, in_i, out_i), ``bias{i}`` (Q, out_i),
-    and for the two hidden layers ``ln_weight{i}``, ``ln_bias{i}`` (Q, out_i). Dropout (0.01,
-    REFERENCE.md) on the first layer only. ``trainable=False`` registers the same tensors as
+    and for the two hidden layers ``ln_weight{i}``, ``ln_bias{i}`` (Q, out_i). Dropout (0.01 in
+    TD-MPC2) on the first layer only. ``trainable=False`` registers the same tensors as
     buffers: that is the target copy, invisible to optimizers and to gradient averaging.
 
     Example:
@@ -184,7 +184,7 @@ class PolicyPrior(nn.Module):
     action (..., A) in (-1, 1), and info with ``mean`` (tanh of the mean, the deterministic
     action), ``log_std`` (..., A), ``log_prob`` (..., 1) log density of the squashed action
     summed over dims, ``entropy`` = -log_prob (a one-sample estimate) and ``scaled_entropy``,
-    the bonus of the policy loss (REFERENCE.md: "entropy 1e-4 * scaled entropy"): the
+    the bonus of the policy loss (TD-MPC2: 1e-4 x the scaled entropy): the
     Gaussian part of -log_prob, itself a sum over the A dims, multiplied by A once more,
     minus the squash's log-det: -(A * log N(u) - log|det d tanh(u)/du|). That is the official
     release's form (its ``gaussian_logprob(..., size)``; today's official code drops the
@@ -264,7 +264,7 @@ class WorldModel(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """REFERENCE.md init: weights ~ truncated normal(std 0.02), biases 0, LayerNorm (1, 0);
+        """TD-MPC2's init: weights ~ truncated normal(std 0.02), biases 0, LayerNorm (1, 0);
         last layer of reward and of every Q zeroed (value/reward predictions start at 0)."""
         for m in self.modules():
             if isinstance(m, nn.Linear):
@@ -323,7 +323,7 @@ class WorldModel(nn.Module):
 
     @torch.no_grad()
     def soft_update_target(self, tau: float) -> None:
-        """target <- (1 - tau) target + tau online (REFERENCE.md: tau = 0.01)."""
+        """target <- (1 - tau) target + tau online (TD-MPC2: tau = 0.01)."""
         for t, p in zip(self.target_qs.tensors(), self.qs.tensors()):
             t.lerp_(p, tau)
 
@@ -350,7 +350,7 @@ class WorldModel(nn.Module):
         :meth:`td_target`).
         Returns dict: ``z`` (H+1, B, d) latent rollout from enc(obs[0]) through the dynamics
         (with grad); ``next_z`` (H, B, d) = enc(obs[1:]) without grad (consistency target, no
-        target encoder: REFERENCE.md); ``reward_logits`` (H, B, K) and ``q_logits``
+        target encoder, as in TD-MPC2); ``reward_logits`` (H, B, K) and ``q_logits``
         (Q, H, B, K) at (z[:-1], action); ``td_target`` (H, B, 1) when reward is given.
         """
         with torch.no_grad():
@@ -368,7 +368,7 @@ class WorldModel(nn.Module):
         return out
 
     def world_model_param_groups(self, lr: float, encoder_lr_scale: float = 0.3) -> list[dict]:
-        """Adam param groups for the world-model optimizer (REFERENCE.md: encoder lr x 0.3);
+        """Adam param groups for the world-model optimizer (TD-MPC2: encoder lr x 0.3);
         the policy has its own optimizer over ``model.policy.parameters()``."""
         rest = [p for m in (self.dynamics, self.reward_head, self.qs) for p in m.parameters()]
         return [{"params": list(self.encoder.parameters()), "lr": lr * encoder_lr_scale},

@@ -1,6 +1,6 @@
 """MPPI planning in the latent space of a TD-MPC2 world model (Hansen, Wang, Su, ICLR 2024).
 
-Settings from REFERENCE.md ("MPPI planner"): horizon 3, 6 iterations (+2 when the action dim
+Settings from docs/references.md#mppi-planner: horizon 3, 6 iterations (+2 when the action dim
 is >= 20), 512 samples, 64 elites, 24 trajectories from the policy prior, temperature 0.5,
 std in [0.05, 2], warm start from the previous plan's mean shifted by one step.
 
@@ -39,7 +39,7 @@ Tensor = torch.Tensor
 
 
 def mppi_iterations(action_dim: int, base: int = 6) -> int:
-    """REFERENCE.md: 6 MPPI iterations, 2 more for large action spaces (action_dim >= 20).
+    """TD-MPC2: 6 MPPI iterations, 2 more for large action spaces (action_dim >= 20).
 
     >>> mppi_iterations(6), mppi_iterations(38)
     (6, 8)
@@ -49,7 +49,7 @@ def mppi_iterations(action_dim: int, base: int = 6) -> int:
 
 @dataclass(frozen=True)
 class MPPIConfig:
-    """MPPI hyper-parameters (REFERENCE.md defaults)."""
+    """MPPI hyper-parameters (TD-MPC2's defaults: docs/references.md#mppi-planner)."""
 
     horizon: int = 3
     """planning horizon H in agent steps"""

@@ -36,10 +36,6 @@ class MAObs(NamedTuple):
     avail: torch.Tensor  # (N, A, U) bool: available actions (at least one True per agent)
     first: torch.Tensor  # (N,) bool: the first step of an episode (recurrent agents reset here)
 
-    def select(self, index: torch.Tensor) -> "MAObs":
-        """The envs at ``index`` (an index tensor or a bool mask over N)."""
-        return MAObs(*(t[index] for t in self))
-
     def to(self, device: torch.device | str) -> "MAObs":
         return MAObs(*(t.to(device) for t in self))
 
