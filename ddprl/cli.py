@@ -1,4 +1,4 @@
-"""``ddprl`` command line: train, eval, doctor, keys.
+"""``ddprl`` command line: train, eval, play, plot, doctor, keys.
 
     ddprl train [--config-name NAME] [key=value ...]
     ddprl eval checkpoint=PATH|RUN_DIR [episodes=10] [device=cpu] [seed=N]

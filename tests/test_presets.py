@@ -15,7 +15,7 @@ from ddprl.cli import main
 from ddprl.config import CONFIG_DIR, load_config, save_yaml, to_dict
 from ddprl.errors import UsageError
 
-GYMNASIUM_PRESETS = ["Pendulum-v1", "Acrobot-v1", "LunarLander-v3", "HalfCheetah-v5",
+GYMNASIUM_PRESETS = ["Pendulum-v1", "Acrobot-v1", "MountainCarContinuous-v0", "LunarLander-v3", "HalfCheetah-v5",
                      "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5"]
 
 
