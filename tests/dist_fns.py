@@ -118,10 +118,13 @@ def ppo_learn(rt, cfg, out: str, batch_path: str, steps: int = 1, per_rank: bool
 
     ``per_rank``: the file holds a list of batches, one per rank, instead of one batch that is
     split. Besides parameters and checksums the file records what ``learn`` returned, how many
-    optimizer steps this rank took, the pre-clip gradient norms ``clip_grad_norm_`` returned
-    and the (local, global) KLs of the early-stop decisions.
+    optimizer steps this rank took (the optimizer state's ``step``), the pre-clip gradient
+    norms of the update's clip and the (local, global) KLs of the early-stop decisions.
     """
-    from ddprl.algos.ppo.loop import learn
+    from contextlib import nullcontext
+
+    from ddprl.algos.ppo import update as ppo_update
+    from ddprl.algos.ppo.update import UpdateStep, learn
 
     data = torch.load(batch_path)
     if per_rank:
@@ -130,31 +133,30 @@ def ppo_learn(rt, cfg, out: str, batch_path: str, steps: int = 1, per_rank: bool
         n = data["obs"].shape[0] // rt.world_size
         local = {k: v[rt.rank * n:(rt.rank + 1) * n] for k, v in data.items()}
     agent = make_agent()
-    model = rt.wrap(agent)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2, eps=1e-5, fused=True)
-    optimizer_steps = [0]
-    opt.register_step_post_hook(lambda *_: optimizer_steps.__setitem__(0, optimizer_steps[0] + 1))
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    rt.broadcast_module(agent)
+    opt = torch.optim.Adam(agent.parameters(), lr=1e-2, eps=1e-5)
     recorder = RecordingRuntime(rt)
+    update = UpdateStep(recorder, agent, opt, local, cfg, lambda x: x, nullcontext())
     grad_norms: list[float] = []
-    clip = torch.nn.utils.clip_grad_norm_
+    clip = ppo_update.clip_grad
 
     def recording_clip(*args, **kwargs):
-        norm = clip(*args, **kwargs)
+        clipped, norm = clip(*args, **kwargs)
         grad_norms.append(float(norm))
-        return norm
+        return clipped, norm
 
-    # learn looks clip_grad_norm_ up at call time. With world_size=1 this runs in the test
+    # The update looks clip_grad up at call time. With world_size=1 this runs in the test
     # process itself: restore the original afterwards.
-    torch.nn.utils.clip_grad_norm_ = recording_clip
+    ppo_update.clip_grad = recording_clip
     try:
         torch.manual_seed(100 + rt.rank)
-        metrics = [learn(recorder, model, opt, scaler, local, cfg) for _ in range(steps)]
+        metrics = [learn(recorder, update, cfg) for _ in range(steps)]
     finally:
-        torch.nn.utils.clip_grad_norm_ = clip
-    checksums = rt.all_gather_object(float(sum(p.detach().double().sum() for p in model.parameters())))
-    torch.save({"params": {k: v.clone() for k, v in rt.unwrap(model).state_dict().items()},
-                "checksums": checksums, "metrics": metrics, "optimizer_steps": optimizer_steps[0],
+        ppo_update.clip_grad = clip
+    checksums = rt.all_gather_object(float(sum(p.detach().double().sum() for p in agent.parameters())))
+    optimizer_steps = int(opt.state[next(iter(agent.parameters()))]["step"]) if opt.state else 0
+    torch.save({"params": {k: v.clone() for k, v in agent.state_dict().items()},
+                "checksums": checksums, "metrics": metrics, "optimizer_steps": optimizer_steps,
                 "grad_norms": grad_norms, "kl_decisions": recorder.scalar_means}, Path(out) / f"rank{rt.rank}.pt")
 
 
@@ -230,21 +232,20 @@ def qmix_wrapped_modules(rt, cfg, out: str) -> None:
 
 
 def ppo_learn_compiled(rt, cfg, out: str, batch_path: str, steps: int = 1, backend: str = "inductor") -> None:
-    """``learn_compiled`` (each optimizer step one compiled graph, gradients averaged inside it by
+    """``learn`` with each optimizer step one compiled graph (gradients averaged inside it by
     ``rt.region_mean``) on this rank's half of a fixed batch; saves what ``ppo_learn`` saves.
 
     Rank 1 starts from other weights on purpose: ``rt.broadcast_module`` must replace them by
-    rank 0's, as DDP's construction does for the eager path. ``backend``: torch.compile's
-    (``aot_eager`` traces the same whole graph, collective included, without inductor's codegen).
+    rank 0's. ``backend``: torch.compile's (``aot_eager`` traces the same whole graph,
+    collective included, without inductor's codegen).
     """
     from contextlib import nullcontext
 
-    from ddprl.algos.ppo import regions
-    from ddprl.algos.ppo.loop import learn_compiled
-    from ddprl.algos.ppo.regions import CompiledUpdate
+    from ddprl.algos.ppo import update as ppo_update
+    from ddprl.algos.ppo.update import UpdateStep, learn
 
     if backend != "inductor":
-        regions.compile_region = lambda fn, device, world_size=1, name=None: torch.compile(
+        ppo_update.compile_region = lambda fn, device, world_size=1, name=None: torch.compile(
             fn, fullgraph=True, dynamic=False, backend=backend)
 
     data = torch.load(batch_path)
@@ -257,9 +258,9 @@ def ppo_learn_compiled(rt, cfg, out: str, batch_path: str, steps: int = 1, backe
                 p.add_(1.0)
     rt.broadcast_module(agent)
     opt = torch.optim.Adam(agent.parameters(), lr=1e-2, eps=1e-5)
-    update = CompiledUpdate(rt, agent, opt, local, cfg, lambda x: x, nullcontext())
+    update = UpdateStep(rt, agent, opt, local, cfg, lambda x: x, nullcontext(), compile=True)
     torch.manual_seed(100 + rt.rank)
-    metrics = [learn_compiled(rt, update, cfg) for _ in range(steps)]
+    metrics = [learn(rt, update, cfg) for _ in range(steps)]
     checksums = rt.all_gather_object(float(sum(p.detach().double().sum() for p in agent.parameters())))
     torch.save({"params": {k: v.clone() for k, v in agent.state_dict().items()}, "checksums": checksums,
                 "metrics": metrics}, Path(out) / f"rank{rt.rank}.pt")

@@ -1,6 +1,7 @@
-"""PPO's compiled regions (``compile=true``, ``ddprl.algos.ppo.regions``) on the CPU: each region is
+"""PPO's rollout step and update step as compiled regions (``compile=true``) on the CPU: each is
 one graph without host reads, and compiled it computes what it computes eagerly; the update
-region equals the eager ``learn`` (one process and 2 gloo ranks); the loop runs and resumes on it.
+equals a plain backward + ``torch.optim.Adam`` loop (one process and 2 gloo ranks); the loop
+runs and resumes on the regions.
 
 Compiling on a 2-core CPU is slow (15-40 s a region): only the tests named ``compiled`` run
 inductor, on tiny networks; the others trace (``capture_graphs``) or run the regions eagerly.
@@ -19,11 +20,14 @@ import torch
 
 import dist_fns
 from ddprl.algos.graphs import capture_graphs, host_syncs, training_step_unsupported
-from ddprl.algos.ppo import regions
-from ddprl.algos.ppo.loop import learn, learn_compiled, train
+from ddprl.algos.ppo import loop
+from ddprl.algos.ppo import rollout as ppo_rollout
+from ddprl.algos.ppo import update as ppo_update
+from ddprl.algos.ppo.loop import train
+from ddprl.algos.ppo.loss import ppo_loss
 from ddprl.algos.ppo.networks import ActorCritic
-from ddprl.algos.ppo.regions import CompiledRollout, CompiledUpdate
-from ddprl.algos.ppo.rollout import RolloutBuffer
+from ddprl.algos.ppo.rollout import RolloutBuffer, RolloutStep
+from ddprl.algos.ppo.update import UpdateStep, learn
 from ddprl.cli import prepare_train
 from ddprl.config import load_config
 from ddprl.envs.snake import SnakeEnv
@@ -39,7 +43,7 @@ PRECISIONS = {"fp32": contextlib.nullcontext, "bf16": lambda: torch.autocast("cp
 
 
 class LocalRuntime:
-    """``rt`` of a world of one without a process group: the verbs ``learn`` and the regions call."""
+    """``rt`` of a world of one without a process group: the verbs ``learn`` and the steps call."""
 
     world_size = 1
     device = torch.device("cpu")
@@ -71,12 +75,12 @@ def snake_rollout(compile=False, unroll=2, n_steps=4, num_envs=8, precision="fp3
         rms = RunningMeanStd(obs_shape).to(device)
         rms.update(torch.rand(32, *obs_shape, device=device))
         normalize = rms.normalize
-    rollout = CompiledRollout(env, policy, buffer, normalize, PRECISIONS[precision](), unroll, compile=compile)
+    rollout = RolloutStep(env, policy, buffer, normalize, PRECISIONS[precision](), unroll, compile=compile)
     return rollout
 
 
 def fixed_batch(n=96, seed=3):
-    """A flat PPO batch of ``n`` samples for a 4-d observation, 3 actions (what ``learn`` takes)."""
+    """A flat PPO batch of ``n`` samples for a 4-d observation, 3 actions (what ``learn`` reads)."""
     g = torch.Generator().manual_seed(seed)
     return {"obs": torch.randn(n, 4, generator=g), "actions": torch.randint(0, 3, (n,), generator=g),
             "log_probs": -1.1 + 0.1 * torch.randn(n, generator=g), "values": torch.randn(n, generator=g),
@@ -95,24 +99,58 @@ def ppo_cfg(**keys):
     return load_config([f"{k}={v}" for k, v in base.items()])
 
 
-def region_update(batch, cfg, compile=False, precision="fp32", normalize=lambda x: x, device="cpu"):
+def region_update(batch, cfg, compile=False, precision="fp32", normalize=lambda x: x, device="cpu", functional=True):
     agent = mlp_agent().to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=1e-2, eps=1e-5)
     region_batch = {k: v.to(device, copy=True) for k, v in batch.items()}
-    return agent, CompiledUpdate(LocalRuntime(), agent, optimizer, region_batch, cfg, normalize,
-                                 PRECISIONS[precision](), compile=compile)
+    return agent, UpdateStep(LocalRuntime(), agent, optimizer, region_batch, cfg, normalize,
+                             PRECISIONS[precision](), compile=compile, functional=functional)
+
+
+def reference_learn(agent, optimizer, batch, cfg):
+    """PPO's update phase written plainly: ``loss.backward()`` accumulated over ``sync_freq``
+    minibatches, ``clip_grad_norm_``, ``torch.optim.Adam``; the same minibatches (one randperm
+    per epoch) and the same KL early stop and metrics as ``learn``."""
+    n = batch["obs"].shape[0]
+    num_minibatches, k = n // cfg.batch_size, cfg.sync_freq
+    sums, count, epochs_done = {}, 0, 0
+    for _ in range(cfg.epochs):
+        perm = torch.randperm(n)
+        epoch_kl = 0.0
+        for i in range(num_minibatches):
+            idx = perm[i * cfg.batch_size:(i + 1) * cfg.batch_size]
+            group_start = (i // k) * k
+            group_size = min(k, num_minibatches - group_start)
+            terms = ppo_loss(agent(batch["obs"][idx], batch["actions"][idx]), batch["log_probs"][idx],
+                             batch["values"][idx], batch["advantages"][idx], batch["returns"][idx],
+                             cfg.clip_coef, cfg.clip_vloss, cfg.vf_coef, cfg.ent_coef)
+            (terms["loss"] / group_size).backward()
+            if i - group_start == group_size - 1:
+                if cfg.max_grad_norm > 0:
+                    torch.nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            for key, value in terms.items():
+                sums[key] = sums.get(key, 0.0) + float(value.detach())
+            epoch_kl += float(terms["approx_kl"])
+            count += 1
+        epochs_done += 1
+        if cfg.target_kl is not None and epoch_kl / num_minibatches > cfg.target_kl:
+            break
+    metrics = {f"train/{key}": value / count for key, value in sums.items()}
+    metrics["train/epochs"] = float(epochs_done)
+    return metrics
 
 
 def eager_learn(batch, cfg, seed=5, lrs=(1e-2,)):
-    """The reference: ``learn`` with torch.optim.Adam, backward and clip_grad_norm_; once per lr."""
+    """The reference: ``reference_learn`` with torch.optim.Adam, backward and clip_grad_norm_; once per lr."""
     agent = mlp_agent()
     optimizer = torch.optim.Adam(agent.parameters(), lr=lrs[0], eps=1e-5)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
     metrics = []
     torch.manual_seed(seed)
     for lr in lrs:
         optimizer.param_groups[0]["lr"] = lr
-        metrics.append(learn(LocalRuntime(), agent, optimizer, scaler, batch, cfg))
+        metrics.append(reference_learn(agent, optimizer, batch, cfg))
     return agent, metrics
 
 
@@ -146,7 +184,7 @@ def test_update_region_is_one_graph_without_host_reads(precision):
     assert host_syncs(graphs) == []
 
 
-class UpdateReadingTheHost(CompiledUpdate):
+class UpdateReadingTheHost(UpdateStep):
     def loss(self, params, idx):
         loss, terms = super().loss(params, idx)
         return loss, terms + terms.cpu()
@@ -171,7 +209,7 @@ def test_the_checks_catch_a_host_read_put_into_a_region(how):
     if how == "cpu":
         agent = mlp_agent()
         update = UpdateReadingTheHost(LocalRuntime(), agent, torch.optim.Adam(agent.parameters()), fixed_batch(),
-                                      ppo_cfg(), lambda x: x, contextlib.nullcontext(), compile=False)
+                                      ppo_cfg(), lambda x: x, contextlib.nullcontext(), functional=True)
         fn, args = update.step_eager, (torch.randperm(96)[:32].view(1, 32),)
     else:
         SnakeReadingTheHost.how = how
@@ -274,15 +312,17 @@ def test_act_with_noise_samples_the_policy():
 
 # -- the update region equals learn ------------------------------------------------------------------
 
-def test_update_region_equals_learn_with_accumulation_and_clipping():
-    """Eagerly, the region's gradients (torch.func), sync_freq accumulation (3 minibatches in
-    groups of 2: the last group is shorter), norm clip and Adam equal ``learn``'s backward,
-    no_sync accumulation, clip_grad_norm_ and torch.optim.Adam over 2 epochs."""
+@pytest.mark.parametrize("functional", [True, False], ids=["torch.func", "autograd"])
+def test_update_region_equals_learn_with_accumulation_and_clipping(functional):
+    """Eagerly, the region's gradients (torch.func, or autograd as ``compile=false`` takes them),
+    sync_freq accumulation (3 minibatches in groups of 2: the last group is shorter), norm clip
+    and Adam equal a plain loop's backward accumulation, clip_grad_norm_ and torch.optim.Adam
+    over 2 epochs."""
     batch, cfg = fixed_batch(), ppo_cfg(sync_freq=2, epochs=2, max_grad_norm=0.05)
     ref, ref_metrics = eager_learn(batch, cfg)
-    agent, update = region_update(batch, cfg)
+    agent, update = region_update(batch, cfg, functional=functional)
     torch.manual_seed(5)
-    metrics = learn_compiled(LocalRuntime(), update, cfg)
+    metrics = learn(LocalRuntime(), update, cfg)
     assert_same_weights(ref, agent, atol=1e-6)
     assert metrics == pytest.approx(ref_metrics[0], rel=1e-5, abs=1e-6)
     assert max((p - q).abs().max() for p, q in zip(mlp_agent().parameters(), agent.parameters())) > 1e-3  # it moved
@@ -296,10 +336,10 @@ def test_compiled_update_equals_learn_and_follows_the_lr_without_recompiling():
     ref, ref_metrics = eager_learn(batch, cfg, lrs=(1e-2, 3e-3))
     agent, update = region_update(batch, cfg, compile=True)
     torch.manual_seed(5)
-    first = learn_compiled(LocalRuntime(), update, cfg)
+    first = learn(LocalRuntime(), update, cfg)
     assert update.region.graphs == 1 and not update.region.eager
     update.optimizer.param_groups[0]["lr"] = 3e-3
-    second = learn_compiled(LocalRuntime(), update, cfg)
+    second = learn(LocalRuntime(), update, cfg)
     assert update.region.graphs == 1 and not update.region.eager
     assert_same_weights(ref, agent, atol=1e-5)
     assert [first, second] == [pytest.approx(m, rel=1e-4, abs=1e-6) for m in ref_metrics]
@@ -345,7 +385,7 @@ def test_update_region_two_ranks_equal_one_process(tmp_path):
     single = ppo_cfg(batch_size=n, **common)
     ref_agent = dist_fns.make_agent()
     optimizer = torch.optim.Adam(ref_agent.parameters(), lr=1e-2, eps=1e-5)
-    learn(LocalRuntime(), ref_agent, optimizer, torch.amp.GradScaler("cpu", enabled=False), batch, single)
+    reference_learn(ref_agent, optimizer, batch, single)
     cfg = ppo_cfg(batch_size=n // 2, **{**common, "world_size": 2})
     launch(functools.partial(dist_fns.ppo_learn_compiled, out=str(tmp_path), batch_path=str(path),
                              backend="aot_eager"), cfg)
@@ -361,9 +401,9 @@ def test_update_region_two_ranks_equal_one_process(tmp_path):
 def test_plan_says_what_stays_out_of_the_graphs():
     cfg = load_config(["task=snake", "compile=true", "n_steps=12", "compile_unroll=5"])
     snake = SnakeEnv(2, grid_size=5)
-    assert regions.plan(cfg, snake) == regions.Plan(update=True, unroll=4)  # the largest divisor of 12 <= 5
-    assert regions.plan(load_config(["compile=true", "n_steps=7", "compile_unroll=4"]), snake).unroll == 1
-    assert regions.plan(load_config(["compile=false"]), snake) == regions.Plan(update=False, unroll=0)
+    assert loop.plan(cfg, snake) == loop.Plan(update=True, unroll=4)  # the largest divisor of 12 <= 5
+    assert loop.plan(load_config(["compile=true", "n_steps=7", "compile_unroll=4"]), snake).unroll == 1
+    assert loop.plan(load_config(["compile=false"]), snake) == loop.Plan(update=False, unroll=0)
     lines = []
     handler = logging.Handler()
     handler.emit = lambda record: lines.append(record.getMessage())
@@ -372,7 +412,7 @@ def test_plan_says_what_stays_out_of_the_graphs():
     logger.setLevel(logging.INFO)
     try:
         host_env = object()  # no traceable_step: a Gymnasium vector env, DMC
-        assert regions.plan(load_config(["compile=true", "precision=fp16"]), host_env) == regions.Plan(False, 0)
+        assert loop.plan(load_config(["compile=true", "precision=fp16"]), host_env) == loop.Plan(False, 0)
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
@@ -384,7 +424,8 @@ def test_plan_says_what_stays_out_of_the_graphs():
 def test_train_on_regions_resumes_to_the_same_parameters(tmp_path, monkeypatch, capfd):
     """``compile=true`` on Snake runs the loop on both regions (run eagerly here: the compiled ==
     eager tests above cover inductor); interrupted and resumed == never interrupted."""
-    monkeypatch.setattr(regions, "compile_region", lambda fn, *args, **kwargs: fn)
+    monkeypatch.setattr(ppo_rollout, "compile_region", lambda fn, *args, **kwargs: fn)
+    monkeypatch.setattr(ppo_update, "compile_region", lambda fn, *args, **kwargs: fn)
     common = ["task=snake", "world_size=1", "num_envs=8", "n_steps=4", "batch_size=16", "epochs=2", "sync_freq=2",
               "steps=96", "checkpoint_freq=64", "eval_episodes=0", "progress=false", "compile=true",
               "policy=cnn", "policy_width=4", "policy_depth=1", "hidden_sizes=[16]", "env_kwargs={grid_size: 5}",
@@ -438,7 +479,7 @@ def test_regions_replay_as_cuda_graphs_without_host_syncs():
     for compile in (False, True):
         agent, update = region_update(batch, cfg, compile=compile, device="cuda")
         torch.manual_seed(5)
-        learn_compiled(LocalRuntime(), update, cfg)
+        learn(LocalRuntime(), update, cfg)
         idx = torch.randperm(96, device="cuda")[:32].view(1, 32)
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")

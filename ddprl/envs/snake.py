@@ -202,7 +202,7 @@ class SnakeEnv:
         actions = torch.as_tensor(actions).to(self.device, torch.long).reshape(self.num_envs)
         return self.advance(actions, self._draw())
 
-    # ``advance`` traces into one graph (PPO's compiled rollout, ddprl.algos.ppo.regions): the
+    # ``advance`` traces into one graph (PPO's rollout step, ddprl.algos.ppo.rollout): the
     # random draw is an argument, nothing is read on the host, and every state tensor is
     # updated in place, so that a CUDA graph replays on the same addresses.
     traceable_step = True

@@ -1,10 +1,10 @@
-"""PPO with DDP: every rank collects its own rollout, one model learns from all of them.
+"""PPO with data parallelism: every rank collects its own rollout, one model learns from all of them.
 
-The whole algorithm is :func:`train`, read top to bottom; :func:`learn` is its update phase
-(epochs x minibatches, ``sync_freq`` accumulation, global-KL early stop), and
-:func:`learn_compiled` the same phase with each optimizer step one compiled graph
-(``compile=true``, ``ddprl.algos.ppo.regions``). None touches the process group: collectives
-go through the runtime ``rt``.
+The whole algorithm is :func:`train`, read top to bottom: a rollout (``rollout.RolloutStep``),
+GAE, the update (``update.learn`` around one ``update.UpdateStep``), bookkeeping. The rollout
+step and the optimizer step are each one function, run eagerly or, with ``compile=true``, as
+compiled regions (:func:`plan`). None of it touches the process group: collectives go
+through the runtime ``rt``.
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from ddprl.algos.common import autocast_context, crossed
-from ddprl.algos.ppo.loss import ppo_loss
+from ddprl.algos.graphs import training_step_unsupported
 from ddprl.algos.ppo.networks import ActorCritic
-from ddprl.algos.ppo.regions import TERMS, CompiledRollout, CompiledUpdate, plan, update_batch
-from ddprl.algos.ppo.rollout import RolloutBuffer, compute_gae
+from ddprl.algos.ppo.rollout import Rollout, RolloutBuffer, RolloutStep, compute_gae
+from ddprl.algos.ppo.update import UpdateStep, learn, update_batch
 from ddprl.checkpoint import strip_prefixes
 from ddprl.envs import make_env
 from ddprl.evaluate import Actor, evaluate
@@ -38,95 +38,65 @@ def build_agent(cfg: Any, env: Any) -> ActorCritic:
                        policy_depth=cfg.policy_depth)
 
 
-def learn(rt: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-          batch: dict[str, torch.Tensor], cfg: Any) -> dict[str, float]:
-    """PPO's update phase on this rank's flattened rollout ``batch``; returns global means.
+class Plan(NamedTuple):
+    """What ``compile=true`` runs as compiled regions in this job."""
 
-    Each optimizer step sees ``sync_freq`` minibatches of ``batch_size`` per rank: the first
-    k-1 backward passes run under ``no_sync`` (local accumulation), the k-th all-reduces
-    (DESIGN.md invariant 5). Every rank has the same number of samples, so the same number of
-    minibatches, so the same collectives; the KL early stop uses the globally reduced KL.
-    """
-    n = batch["obs"].shape[0]
-    num_minibatches = n // cfg.batch_size
-    k = cfg.sync_freq
-    autocast = autocast_context(rt.device, cfg.precision)
-    sums: dict[str, torch.Tensor] = {}
-    count = 0
-    epochs_done = 0
-    for _ in range(cfg.epochs):
-        perm = torch.randperm(n, device=batch["obs"].device)
-        epoch_kl = torch.zeros((), device=rt.device)
-        for i in range(num_minibatches):
-            idx = perm[i * cfg.batch_size:(i + 1) * cfg.batch_size]
-            group_start = (i // k) * k
-            group_size = min(k, num_minibatches - group_start)  # the last group may be shorter
-            steps_optimizer = i - group_start == group_size - 1
-            with rt.no_sync(model, enabled=not steps_optimizer):
-                with autocast:
-                    out = model(batch["obs"][idx], batch["actions"][idx])
-                terms = ppo_loss(out, batch["log_probs"][idx], batch["values"][idx], batch["advantages"][idx],
-                                 batch["returns"][idx], cfg.clip_coef, cfg.clip_vloss, cfg.vf_coef, cfg.ent_coef)
-                scaler.scale(terms["loss"] / group_size).backward()
-            if steps_optimizer:
-                scaler.unscale_(optimizer)
-                if cfg.max_grad_norm > 0:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
-            for key, value in terms.items():
-                sums[key] = sums.get(key, 0.0) + value.detach().float()
-            epoch_kl += terms["approx_kl"]
-            count += 1
-        epochs_done += 1
-        if cfg.target_kl is not None:
-            # Decided on the KL averaged over ranks: a per-rank decision would let one rank
-            # leave the epoch loop while the others wait in its all-reduce (a deadlock).
-            global_kl = rt.all_reduce_mean(float(epoch_kl) / max(1, num_minibatches))
-            if global_kl > cfg.target_kl:
-                break
-    local = {f"train/{k}": float(v) / max(1, count) for k, v in sums.items()}
-    local["train/epochs"] = float(epochs_done)
-    return rt.all_reduce_mean(local)
+    update: bool  # the optimizer step as one graph (else eagerly, on the compiled model)
+    unroll: int  # env steps per rollout graph (0: the env steps eagerly, the policy is compiled)
 
 
-def learn_compiled(rt: Any, update: CompiledUpdate, cfg: Any) -> dict[str, float]:
-    """:func:`learn` with each optimizer step one replay of ``update``'s graph; returns global means.
+def steps_per_call(cfg: Any, env: Any) -> int:
+    """Env steps per call of the rollout step: for an env whose step traces, the largest divisor
+    of ``n_steps`` not above ``compile_unroll`` (every call runs the same graph); else 1."""
+    if not getattr(env, "traceable_step", False):
+        return 1
+    return max(d for d in range(1, min(cfg.compile_unroll, cfg.n_steps) + 1) if cfg.n_steps % d == 0)
 
-    The same minibatches (one ``randperm`` per epoch, cut in ``batch_size`` slices, grouped by
-    ``sync_freq``: a shorter last group compiles a second graph) and the same global-KL early
-    stop; the only host reads are the KL once per epoch and the metrics at the end.
-    """
-    n = update.batch["advantages"].shape[0]
-    num_minibatches = n // cfg.batch_size
-    k = cfg.sync_freq
-    device = update.batch["advantages"].device
-    update.sync_lr()
-    sums = torch.zeros(len(TERMS), device=device)
-    epochs_done = 0
-    for _ in range(cfg.epochs):
-        perm = torch.randperm(n, device=device)
-        minibatches = perm[:num_minibatches * cfg.batch_size].view(num_minibatches, cfg.batch_size)
-        epoch_sums = torch.zeros(len(TERMS), device=device)
-        for group_start in range(0, num_minibatches, k):
-            epoch_sums += update.step(minibatches[group_start:group_start + k]).sum(0)
-        sums += epoch_sums
-        epochs_done += 1
-        if cfg.target_kl is not None:
-            # Decided on the KL averaged over ranks (see learn): no rank leaves the loop alone.
-            global_kl = rt.all_reduce_mean(float(epoch_sums[TERMS.index("approx_kl")]) / max(1, num_minibatches))
-            if global_kl > cfg.target_kl:
-                break
-    count = max(1, epochs_done * num_minibatches)
-    local = {f"train/{name}": value / count for name, value in zip(TERMS, sums.tolist())}
-    local["train/epochs"] = float(epochs_done)
-    return rt.all_reduce_mean(local)
+
+def plan(cfg: Any, env: Any) -> Plan:
+    """The regions for ``cfg`` and ``env``; logs one line naming what stays out and why."""
+    if not cfg.compile:
+        return Plan(update=False, unroll=0)
+    unsupported = training_step_unsupported()  # an old torch: the eager update on the compiled model
+    update = cfg.precision != "fp16" and unsupported is None
+    unroll, left_out = 0, []
+    if getattr(env, "traceable_step", False):
+        unroll = steps_per_call(cfg, env)
+    else:
+        left_out.append(f"the rollout compiles only the policy ({type(env).__name__} steps outside a graph)")
+    if not update:
+        why = unsupported or "precision=fp16: GradScaler skips steps on the host"
+        left_out.insert(0, f"the update runs eagerly on the compiled model ({why})")
+    compiled = ([f"rollout as graphs of {unroll} env steps"] if unroll else []) + (
+        ["update as one graph per optimizer step"] if update else [])
+    log.info("compile=true: %s", "; ".join([", ".join(compiled) or "torch.compile of the model", *left_out]))
+    return Plan(update=update, unroll=unroll)
+
+
+def advantages_and_returns(rt: Any, cfg: Any, rollout: Rollout, next_values: torch.Tensor,
+                           return_scaler: ReturnScaler) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE on this rank's rollout, (T, N) each, with the reward scaling and advantage
+    normalisation of ``cfg``; their statistics come from all ranks."""
+    if cfg.norm_reward:
+        # Statistics first (this rollout's returns from all ranks), then the scaling: GAE and
+        # the value function work in units of the return's std, the same on every rank.
+        return_scaler.update(rollout.rewards, rollout.terminated | rollout.truncated, reduce_sum=rt.all_reduce_sum)
+        rollout = rollout._replace(rewards=return_scaler.scale(rollout.rewards))
+    advantages, returns = compute_gae(rollout, next_values, cfg.gamma, cfg.gae_lambda)
+    if cfg.norm_adv:
+        # Normalised with the global mean/std (over all ranks' rollouts), so N ranks on N half
+        # rollouts compute the same update as one process on the whole rollout.
+        moments = rt.all_reduce_sum(torch.stack([advantages.new_tensor(advantages.numel()),
+                                                 advantages.sum(), (advantages ** 2).sum()]))
+        mean = moments[1] / moments[0]
+        std = (moments[2] / moments[0] - mean ** 2).clamp_min(0).sqrt()
+        advantages = (advantages - mean) / (std + 1e-8)
+    return advantages, returns
 
 
 def train(rt: Any, cfg: Any) -> None:
     """Train PPO on ``cfg.task`` for ``cfg.steps`` global agent steps (runs on every rank)."""
-    # -- sizes: global in, local derived (DESIGN.md invariant 4) -------------------------------
+    # -- sizes: global in, local derived (docs/distributed.md) ---------------------------------
     local_num_envs = cfg.local_num_envs(rt.world_size)
     steps_per_iteration = cfg.n_steps * local_num_envs * rt.world_size  # global
     num_iterations = math.ceil(cfg.steps / steps_per_iteration)
@@ -134,33 +104,22 @@ def train(rt: Any, cfg: Any) -> None:
     run = Run(rt, cfg)  # the checkpoint being resumed (if any), seeds, later the run directory
     env = make_env(cfg.task, local_num_envs, seed=run.env_seed, device=rt.device, **cfg.env_kwargs)
     obs = env.reset()
-
-    agent = build_agent(cfg, env)
+    policy = build_agent(cfg, env).to(rt.device)
     obs_rms = RunningMeanStd(tuple(env.single_observation_space.shape)).to(rt.device)
     return_scaler = ReturnScaler(local_num_envs, cfg.gamma).to(rt.device)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=1e-5)
+    scaler = torch.amp.GradScaler(rt.device.type, enabled=cfg.precision == "fp16")
     global_step, start_iteration = run.step, 0
     if run.resumed:
-        agent.load_state_dict(run.state["model"])
+        policy.load_state_dict(run.state["model"])
+        optimizer.load_state_dict(run.state["optimizer"])
+        scaler.load_state_dict(run.state["scaler"])
         obs_rms.load_state_dict(run.state["obs_rms"])
         return_scaler.stats.load_state_dict(run.state["reward_stats"])
         start_iteration = run.counters["iteration"]
-    regions = plan(cfg, env)  # what compile=true runs as compiled graphs here (logged)
-    if regions.update:
-        # The update region averages gradients itself (rt.region_mean): no DDP wrapper,
-        # so rank 0's weights are broadcast here, as DDP would at construction.
-        model = agent.to(rt.device)
-        rt.broadcast_module(model)
-    else:
-        model = rt.wrap(agent, compile=cfg.compile)
-    policy = rt.unwrap(model)  # acting needs no gradient sync: skip the DDP forward
-    act = torch.compile(policy.act) if cfg.compile and not regions.unroll else policy.act
-    checksum = rt.check_in_sync(model)
+    rt.broadcast_module(policy)  # rank 0's weights on every rank; the update averages gradients itself
+    checksum = rt.check_in_sync(policy)
     log.info("parameters synchronised across %d rank(s) (checksum %.6f)", rt.world_size, checksum)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=1e-5, fused=True)  # one kernel for all params
-    scaler = torch.amp.GradScaler(rt.device.type, enabled=cfg.precision == "fp16")
-    if run.resumed:
-        optimizer.load_state_dict(run.state["optimizer"])
-        scaler.load_state_dict(run.state["scaler"])
     # Continue exactly where the interrupted run was (same RNG streams, same episodes) when this
     # rank has a saved state; otherwise the envs were built with seeds of the resume step.
     own = run.restore_rank_state()
@@ -173,40 +132,26 @@ def train(rt: Any, cfg: Any) -> None:
         return obs_rms.normalize(x) if cfg.norm_obs else x
 
     def save(step: int, iteration: int, score: float | None) -> None:
-        rt.check_in_sync(model, "parameters at checkpoint")
+        rt.check_in_sync(policy, "parameters at checkpoint")
         state = {"model": strip_prefixes(policy.state_dict()), "optimizer": optimizer.state_dict(),
                  "scaler": scaler.state_dict(), "obs_rms": obs_rms.state_dict(),
                  "reward_stats": return_scaler.stats.state_dict()}
         run.save(step, state, counters={"iteration": iteration}, score=score,
                  own={"env": env.state_dict(), "reward_carry": return_scaler.carry.cpu()})
 
-    def run_eval(step: int) -> dict[str, float]:
-        # Sampled eval actions come from a generator of their own: the training RNG is untouched.
-        generator = torch.Generator(device=rt.device).manual_seed(run.seeds.eval_actions(step))
-
-        @torch.no_grad()
-        def eval_act(x: torch.Tensor) -> torch.Tensor:
-            return policy.eval_action(normalize(x), cfg.eval_deterministic, generator)
-
-        result = evaluate(rt, lambda n, s: make_env(cfg.task, n, seed=s, device=rt.device, **cfg.env_kwargs),
-                          eval_act, cfg.eval_episodes, cfg.seed, extra_keys=getattr(env, "extra_info_keys", ()),
-                          progress=run.eval_progress)
-        return {f"eval/{k}": v for k, v in result.items()}
-
     effective_batch = cfg.effective_batch_size(rt.world_size)
     run_dir = run.open(total_steps=num_iterations * steps_per_iteration)
     log.info("run directory %s | %d ranks x %d envs | effective batch %d | %d iterations of %d steps",
              run_dir, rt.world_size, local_num_envs, effective_batch, num_iterations, steps_per_iteration)
-    action_shape = tuple(env.single_action_space.shape)
-    buffer = RolloutBuffer(cfg.n_steps, local_num_envs, tuple(env.single_observation_space.shape), action_shape,
-                           torch.long if agent.discrete else torch.float32, rt.device)
+    buffer = RolloutBuffer(cfg.n_steps, local_num_envs, tuple(env.single_observation_space.shape),
+                           tuple(env.single_action_space.shape), torch.long if policy.discrete else torch.float32,
+                           rt.device)
     autocast = autocast_context(rt.device, cfg.precision)
-    zeros = torch.zeros(local_num_envs, device=rt.device)
-    # After a resume's optimizer state is loaded: the update region holds that state's tensors.
-    rollout_region = (CompiledRollout(env, policy, buffer, normalize, autocast, regions.unroll)
-                      if regions.unroll else None)
-    update_region = CompiledUpdate(rt, policy, optimizer, update_batch(buffer), cfg, normalize,
-                                   autocast) if regions.update else None
+    regions = plan(cfg, env)  # what compile=true runs as compiled graphs here (logged)
+    rollout = RolloutStep(env, policy, buffer, normalize, autocast, steps_per_call(cfg, env), cfg.compile, obs)
+    # After a resume's optimizer state is loaded: the update holds that state's tensors.
+    update = UpdateStep(rt, policy, optimizer, update_batch(buffer), cfg, normalize, autocast, compile=regions.update,
+                        scaler=scaler, model=torch.compile(policy) if cfg.compile and not regions.update else None)
 
     for iteration in range(start_iteration, num_iterations):
         if cfg.anneal_lr:
@@ -214,83 +159,25 @@ def train(rt: Any, cfg: Any) -> None:
                 group["lr"] = cfg.lr * (1.0 - iteration / num_iterations)
         # -- rollout: n_steps in each local env (no gradient, no collective) ---------------------
         t_start = time.perf_counter()
-        ep_return_sum = torch.zeros((), device=rt.device)
-        ep_count = torch.zeros((), device=rt.device)
-        with torch.no_grad():
-            if rollout_region is not None:  # the same steps, `unroll` of them per graph replay
-                ep_return_sum, ep_count = rollout_region.collect()
-                obs = env.observe()
-            else:
-                for t in range(cfg.n_steps):
-                    with autocast:
-                        action, log_prob, value = act(normalize(obs))
-                    next_obs, reward, terminated, truncated, info = env.step(action)
-                    # V(final_obs) bootstraps truncated episodes (kept apart from terminated ones). On
-                    # the CPU, skip the forward when nothing was truncated; on a GPU asking would cost
-                    # a host sync, so always compute it.
-                    if rt.device.type != "cpu" or bool(truncated.any()):
-                        with autocast:
-                            final_values = policy.value(normalize(info["final_obs"])).float()
-                    else:
-                        final_values = zeros
-                    buffer.store(t, obs=obs, actions=action, log_probs=log_prob, values=value,
-                                 rewards=reward, terminated=terminated, truncated=truncated, final_values=final_values)
-                    done = terminated | truncated
-                    ep_return_sum += (info["episode_return"] * done).sum()
-                    ep_count += done.sum()
-                    obs = next_obs
-            with autocast:
-                next_values = policy.value(normalize(obs)).float()
-        rollout = buffer.data
-        if cfg.norm_reward:
-            # Statistics first (this rollout's returns from all ranks), then the scaling: GAE and
-            # the value function work in units of the return's std, the same on every rank.
-            return_scaler.update(rollout.rewards, rollout.terminated | rollout.truncated, reduce_sum=rt.all_reduce_sum)
-            rollout = rollout._replace(rewards=return_scaler.scale(rollout.rewards))
-        advantages, returns = compute_gae(rollout, next_values, cfg.gamma, cfg.gae_lambda)
-        if cfg.norm_adv:
-            # Normalised with the global mean/std (over all ranks' rollouts), so DDP on N half
-            # rollouts computes the same update as one process on the whole rollout.
-            moments = rt.all_reduce_sum(torch.stack([advantages.new_tensor(advantages.numel()),
-                                                     advantages.sum(), (advantages ** 2).sum()]))
-            mean = moments[1] / moments[0]
-            std = (moments[2] / moments[0] - mean ** 2).clamp_min(0).sqrt()
-            advantages = (advantages - mean) / (std + 1e-8)
+        ep_return_sum, ep_count = rollout.collect()
+        with torch.no_grad(), autocast:
+            next_values = policy.value(normalize(rollout.observe())).float()
+        advantages, returns = advantages_and_returns(rt, cfg, buffer.data, next_values, return_scaler)
         t_rollout = time.perf_counter() - t_start
-
         # -- update -------------------------------------------------------------------------------
         t_update_start = time.perf_counter()
-        if update_region is not None:  # reads the rollout storage in place, normalises inside
-            update_region.load(advantages.flatten(), returns.flatten())
-            metrics = learn_compiled(rt, update_region, cfg)
-        else:
-            batch = {
-                "obs": normalize(rollout.obs.flatten(0, 1)), "actions": rollout.actions.flatten(0, 1),
-                "log_probs": rollout.log_probs.flatten(), "values": rollout.values.flatten(),
-                "advantages": advantages.flatten(), "returns": returns.flatten(),
-            }
-            metrics = learn(rt, model, optimizer, scaler, batch, cfg)
+        update.load(advantages.flatten(), returns.flatten())  # the rest of the batch: the rollout storage
+        metrics = learn(rt, update, cfg)
         if cfg.norm_obs:  # after the update: rollout and update used the same statistics
-            obs_rms.update(rollout.obs, reduce_sum=rt.all_reduce_sum)
+            obs_rms.update(buffer.data.obs, reduce_sum=rt.all_reduce_sum)
         t_update = time.perf_counter() - t_update_start
-
-        # -- bookkeeping: every number is global (DESIGN.md invariant 7) -------------------------
+        # -- bookkeeping: every number is global (docs/distributed.md) ---------------------------
         global_step += steps_per_iteration
-        local_fps = cfg.n_steps * local_num_envs / (t_rollout + t_update)
-        # One collective for all bookkeeping sums; times are then averaged over ranks.
-        sums = rt.all_reduce_sum({"fps": local_fps, "rollout_s": t_rollout, "update_s": t_update,
-                                  "ep_return": ep_return_sum, "ep_count": ep_count})
-        metrics["time/rollout_s"] = sums["rollout_s"] / rt.world_size
-        metrics["time/update_s"] = sums["update_s"] / rt.world_size
-        metrics["time/global_fps"] = sums["fps"]
-        metrics.update(system_metrics(rt))  # GPU utilisation and memory per rank (CUDA only)
-        metrics["train/effective_batch_size"] = float(effective_batch)
-        metrics["train/lr"] = optimizer.param_groups[0]["lr"]
-        if sums["ep_count"] > 0:
-            metrics["train/episode_return"] = sums["ep_return"] / sums["ep_count"]
+        metrics.update(iteration_metrics(rt, cfg.n_steps * local_num_envs, t_rollout, t_update, ep_return_sum,
+                                         ep_count, effective_batch, optimizer.param_groups[0]["lr"]))
         last = iteration == num_iterations - 1
         if crossed(global_step, steps_per_iteration, cfg.eval_freq) or (last and cfg.eval_episodes > 0):
-            metrics.update(run_eval(global_step))
+            metrics.update(run_eval(rt, cfg, run, env, policy, normalize, global_step))
         run.log(global_step, metrics)
         preempted = not last and run.stop_requested()  # collective: a SIGTERM/SIGUSR1 reached some rank
         score = metrics.get("eval/return_mean")
@@ -302,6 +189,36 @@ def train(rt: Any, cfg: Any) -> None:
     env.close()
     run.finish()  # rank 0 prints the summary block
 
+
+def iteration_metrics(rt: Any, local_steps: int, t_rollout: float, t_update: float, ep_return_sum: torch.Tensor,
+                      ep_count: torch.Tensor, effective_batch: int, lr: float) -> dict[str, float]:
+    """An iteration's times, throughput and training episodes over all ranks (one collective)."""
+    local_fps = local_steps / (t_rollout + t_update)
+    sums = rt.all_reduce_sum({"fps": local_fps, "rollout_s": t_rollout, "update_s": t_update,
+                              "ep_return": ep_return_sum, "ep_count": ep_count})
+    metrics = {"time/rollout_s": sums["rollout_s"] / rt.world_size, "time/update_s": sums["update_s"] / rt.world_size,
+               "time/global_fps": sums["fps"]}
+    metrics.update(system_metrics(rt))  # GPU utilisation and memory per rank (CUDA only)
+    metrics["train/effective_batch_size"] = float(effective_batch)
+    metrics["train/lr"] = lr
+    if sums["ep_count"] > 0:
+        metrics["train/episode_return"] = sums["ep_return"] / sums["ep_count"]
+    return metrics
+
+
+def run_eval(rt: Any, cfg: Any, run: Run, env: Any, policy: ActorCritic, normalize: Any, step: int) -> dict[str, float]:
+    """Evaluate ``policy`` on fresh envs (episodes split over ranks); global means."""
+    # Sampled eval actions come from a generator of their own: the training RNG is untouched.
+    generator = torch.Generator(device=rt.device).manual_seed(run.seeds.eval_actions(step))
+
+    @torch.no_grad()
+    def eval_act(x: torch.Tensor) -> torch.Tensor:
+        return policy.eval_action(normalize(x), cfg.eval_deterministic, generator)
+
+    result = evaluate(rt, lambda n, s: make_env(cfg.task, n, seed=s, device=rt.device, **cfg.env_kwargs),
+                      eval_act, cfg.eval_episodes, cfg.seed, extra_keys=getattr(env, "extra_info_keys", ()),
+                      progress=run.eval_progress)
+    return {f"eval/{k}": v for k, v in result.items()}
 
 
 def load_actor(cfg: Any, state: dict[str, Any], device: torch.device) -> Actor:

@@ -1,7 +1,7 @@
 """PPO actor-critic networks: an MLP for vector observations, a CNN for C x H x W planes.
 
-``forward`` computes everything the PPO loss needs in one call, so that under DDP the whole
-gradient-carrying computation goes through the wrapped module's ``forward`` (docs/architecture.md, convention 5).
+``forward`` computes everything the PPO loss needs in one call: the update step differentiates
+one call of the module (``torch.func.functional_call`` when compiled), trunk computed once.
 """
 
 from __future__ import annotations

@@ -1,14 +1,19 @@
-"""PPO's per-rank rollout storage and GAE, all tensors on the rank's device.
+"""PPO's rollout: the storage, the step that fills it (:class:`RolloutStep`) and GAE, all
+tensors on the rank's device.
 
-``terminated`` and ``truncated`` are stored apart (STYLE.md rule 10): a truncated step
-bootstraps from V(final_obs), a terminated one does not; both end the GAE chain.
+``terminated`` and ``truncated`` are stored apart: a truncated step bootstraps from
+V(final_obs), a terminated one does not; both end the GAE chain (docs/ppo.md).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import contextlib
+from typing import Any, Callable, NamedTuple
 
 import torch
+
+from ddprl.algos.graphs import compile_region, mark_static, step_begin
+from ddprl.algos.ppo.networks import ActorCritic
 
 
 class Rollout(NamedTuple):
@@ -38,9 +43,104 @@ class RolloutBuffer:
         )
         self.n_steps = n_steps
 
-    def store(self, t: int, **step: torch.Tensor) -> None:
+    def store(self, t: int | torch.Tensor, **step: torch.Tensor) -> None:
         for name, value in step.items():
             getattr(self.data, name)[t] = value
+
+
+class RolloutStep:
+    """``unroll`` env steps of the policy into ``buffer`` per call: act, env step, V(final_obs),
+    store, episode sums. One function, run eagerly or compiled (``compile=True``).
+
+    An env whose step traces (``env.traceable_step``: Snake) steps inside the function
+    (``env.advance`` on random integers drawn before each call): compiled, the ``unroll`` steps
+    are ONE graph (``ddprl.algos.graphs``; a CUDA graph on one GPU). Any other env (Gymnasium,
+    DMC) steps on the host, and compiling covers the policy alone. The policy's random draw is
+    an input either way (``act_with_noise`` on noise filled from the global generator before
+    each call), so an eager and a compiled run act alike.
+
+    Writes rows ``0..n_steps-1`` through a device cursor; :meth:`collect` returns the episode
+    sums the loop logs.
+
+    >>> rollout = RolloutStep(env, policy, buffer, lambda x: x, nullcontext(), unroll=8)  # doctest: +SKIP
+    >>> ep_return_sum, ep_count = rollout.collect()      # buffer.n_steps env steps, 0-d tensors
+    """
+
+    def __init__(self, env: Any, policy: ActorCritic, buffer: RolloutBuffer, normalize: Callable,
+                 autocast: contextlib.AbstractContextManager, unroll: int = 1, compile: bool = False,
+                 obs: torch.Tensor | None = None):
+        if buffer.n_steps % unroll:
+            raise ValueError(f"unroll={unroll} must divide n_steps={buffer.n_steps}")
+        device = env.device
+        self.env, self.policy, self.buffer, self.normalize, self.autocast = env, policy, buffer, normalize, autocast
+        self.unroll, self.device = unroll, device
+        self.in_graph = bool(getattr(env, "traceable_step", False))
+        self.obs = obs  # a host env's current observation; a traceable env observes its state
+        self.cursor = torch.zeros(1, dtype=torch.long, device=device)  # buffer row of the next step
+        self.action_noise = torch.empty(unroll, env.num_envs, *policy.noise_shape, device=device)
+        self.env_noise = (torch.empty(unroll, *env.draw_shape, dtype=torch.long, device=device)
+                          if self.in_graph else None)
+        self.act = policy.act_with_noise
+        self.region: Callable = self.steps
+        if self.in_graph:
+            # fixed addresses: a CUDA graph reads and writes these in place (mark_static)
+            mark_static(self.cursor, self.action_noise, self.env_noise, *buffer.data,
+                        *(t for t in vars(env).values() if isinstance(t, torch.Tensor)))
+            if compile:
+                self.region = compile_region(self.steps, device, name="ppo rollout")
+        elif compile:
+            self.act = torch.compile(policy.act_with_noise)
+
+    def observe(self) -> torch.Tensor:
+        """The observation the next step acts on."""
+        return self.env.observe() if self.in_graph else self.obs
+
+    def steps(self, action_noise: torch.Tensor, env_noise: torch.Tensor | None) -> torch.Tensor:
+        """``unroll`` steps from the env's current state, stored at the cursor.
+
+        ``action_noise`` (K, N, *noise_shape), ``env_noise`` (K, *draw_shape) or None (a host
+        env draws its own). Returns (2,): the summed returns of the episodes that ended, and
+        their count.
+        """
+        obs = self.observe()
+        finished = torch.zeros(2, device=self.device)
+        for j in range(self.unroll):  # unrolled: K copies of the step in one graph
+            with self.autocast:
+                action, log_prob, value = self.act(self.normalize(obs), action_noise[j])
+            if self.in_graph:
+                next_obs, reward, terminated, truncated, info = self.env.advance(action, env_noise[j])
+            else:
+                next_obs, reward, terminated, truncated, info = self.env.step(action)
+            # V(final_obs) bootstraps truncated episodes. Asking whether any was truncated is a
+            # host read: only a host env on the CPU asks, to skip the forward.
+            if self.in_graph or self.device.type != "cpu" or bool(truncated.any()):
+                with self.autocast:
+                    final_values = self.policy.value(self.normalize(info["final_obs"])).float()
+            else:
+                final_values = torch.zeros_like(value)
+            self.buffer.store(self.cursor + j, obs=obs, actions=action, log_probs=log_prob, values=value,
+                              rewards=reward, terminated=terminated, truncated=truncated, final_values=final_values)
+            done = terminated | truncated
+            finished = finished + torch.stack([(info["episode_return"] * done).sum(), done.sum().float()])
+            obs = next_obs
+        if not self.in_graph:
+            self.obs = obs
+        self.cursor.add_(self.unroll)
+        return finished
+
+    @torch.no_grad()
+    def collect(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``buffer.n_steps`` steps of every env: n_steps / unroll calls. Returns the summed
+        returns of the episodes that ended and their count (0-d device tensors)."""
+        self.cursor.zero_()
+        finished = torch.zeros(2, device=self.device)
+        for _ in range(self.buffer.n_steps // self.unroll):
+            self.policy.fill_noise_(self.action_noise)
+            if self.env_noise is not None:
+                self.env.draw_into(self.env_noise)
+            step_begin(self.device)
+            finished += self.region(self.action_noise, self.env_noise)  # read before the next replay reuses it
+        return finished[0], finished[1]
 
 
 def compute_gae(
