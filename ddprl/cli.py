@@ -16,17 +16,14 @@ preempted (a signal stopped the job after a checkpoint: the same command with re
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import os
 import sys
-from typing import Any, Callable
+from typing import Any
 
 from ddprl import registry
 from ddprl.errors import UsageError
-
-# Settings of the interrupted job that must not carry over into a resumed one.
-NOT_RESUMED = ("master_port", "master_addr", "node_rank", "resume", "run_dir")
+from ddprl.prepare import NOT_RESUMED, first_process, key_values, launcher_overrides, prepare_train
 
 Row = tuple[str, str, str, str]  # (key, type, default, help) of a command's key
 KEY_COLUMNS = ("key", "type", "default", "from", "help")  # of training's keys: `ddprl keys`, `ddprl train --help`
@@ -83,92 +80,9 @@ COMMAND_KEYS: dict[str, list[Row]] = {
 }
 
 
-def _key_values(args: list[str], allowed: dict[str, Callable[[str], Any]], command: str) -> dict[str, Any]:
-    """Parse ``key=value`` arguments of the small commands (eval, doctor)."""
-    import difflib
-
-    values: dict[str, Any] = {}
-    for arg in args:
-        if "=" not in arg:
-            raise UsageError(f"{command}: expected key=value, got {arg!r}")
-        key, value = arg.split("=", 1)
-        if key not in allowed:
-            near = difflib.get_close_matches(key, list(allowed), n=3, cutoff=0.6)
-            hint = f" (did you mean {', '.join(near)}?)" if near else ""
-            raise UsageError(f"{command}: unknown key {key!r}{hint}; keys: {', '.join(allowed)}")
-        try:
-            values[key] = allowed[key](value)
-        except ValueError:
-            raise UsageError(f"{command}: {key}={value!r} is not a valid {allowed[key].__name__}") from None
-    return values
-
-
-def _launcher_overrides(overrides: list[str]) -> list[str]:
-    """Under torchrun/srun the launcher fixes world_size: take it (or refuse a contradiction)."""
-    from ddprl.runtime import detect_launcher
-
-    launcher = detect_launcher()
-    if launcher == "spawn":
-        return overrides
-    actual = int(os.environ["WORLD_SIZE"] if launcher == "torchrun" else os.environ["SLURM_NTASKS"])
-    for o in overrides:
-        if o.startswith("world_size=") and o.split("=", 1)[1] != str(actual):
-            raise UsageError(f"{o} contradicts the {launcher} launcher's world size {actual}; drop world_size=")
-    return [o for o in overrides if not o.startswith("world_size=")] + [f"world_size={actual}"]
-
-
-def prepare_train(overrides: list[str], config_name: str | None, values: dict[str, Any] | None = None,
-                  prepare_hook: bool = True):
-    """Resolve and check everything a training job needs before any process starts.
-
-    ``values``: keys given from Python (the supervised Trainer), like command-line keys;
-    ``prepare_hook=False`` skips the algorithm's command-line preparation (the Trainer's task
-    comes as Python objects, not as a name to import).
-    """
-    from ddprl.checkpoint import load_checkpoint
-    from ddprl.config import load_config, preset_note
-    from ddprl.run import resolve_resume, run_dir_of_checkpoint
-    from ddprl.runtime import resolved_config
-
-    overrides = _launcher_overrides(overrides)
-    cfg = load_config(overrides, config_name, values=values)
-    algorithm = registry.get(cfg.algo, cfg.engine)
-    ckpt_path = resolve_resume(cfg.resume, cfg.run_dir, cfg.algo)
-    if ckpt_path is not None:
-        saved = load_checkpoint(ckpt_path, expect_algo=cfg.algo)["config"]
-        resumed = {k: v for k, v in saved.items() if k not in NOT_RESUMED}
-        cfg = load_config(overrides, config_name, resumed=resumed, values=values)
-        if getattr(cfg, "task", None) != saved.get("task"):
-            raise UsageError(f"resume: checkpoint {ckpt_path} is for task={saved['task']}, not task={cfg.task}")
-        for key in algorithm.architecture_keys:
-            if getattr(cfg, key) != saved.get(key):
-                raise UsageError(f"resume: {key}={getattr(cfg, key)!r} differs from the checkpoint's {saved.get(key)!r}")
-        run_dir = cfg.run_dir or str(run_dir_of_checkpoint(ckpt_path))
-        cfg = dataclasses.replace(cfg, resume=str(ckpt_path), run_dir=run_dir)
-    elif cfg.resume:  # resume=auto with nothing to resume yet
-        cfg = dataclasses.replace(cfg, resume="")
-    cfg = resolved_config(cfg)
-    prepare = algorithm.prepare_fn() if prepare_hook else None
-    if prepare is not None:
-        cfg = prepare(cfg, overrides, config_name, ckpt_path is not None)
-    warnings = cfg.check()
-    if first_process():  # said once per job
-        preset = preset_note(cfg)
-        if preset:
-            print(f"ddprl: {preset}", file=sys.stderr, flush=True)
-        for line in warnings:
-            print(f"ddprl: warning: {line}", file=sys.stderr, flush=True)
-    if cfg.enable_wandb:
-        try:
-            import wandb  # noqa: F401
-        except ImportError:
-            raise UsageError("enable_wandb=true needs the wandb package: pip install 'ddprl[wandb]'") from None
-    return cfg
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     from ddprl.checkpoint import forget_checkpoint
-    from ddprl.runtime import launch, runs_in_this_process
+    from ddprl.runtime import runs_in_this_process
 
     cfg = prepare_train(args.overrides, args.config_name)
     if not runs_in_this_process(cfg):
@@ -194,7 +108,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     evaluator = algorithm.checkpoint_evaluator()
     if evaluator is not None:  # no policy to roll out: the algorithm evaluates itself
         return evaluator(ckpt, overrides)
-    kv = _key_values(overrides, {"checkpoint": str, "episodes": int, "device": str, "seed": int,
+    kv = key_values(overrides, {"checkpoint": str, "episodes": int, "device": str, "seed": int,
                                  "video": str, "deterministic": boolean}, "eval")
     if kv.get("episodes", 10) < 1:
         raise UsageError("eval: episodes must be >= 1")
@@ -249,7 +163,7 @@ def cmd_play(args: argparse.Namespace) -> int:
     from ddprl.checkpoint import load_checkpoint
     from ddprl.config import load_config
 
-    kv = _key_values(args.overrides, {"checkpoint": str, "episodes": int, "fps": float, "video": str,
+    kv = key_values(args.overrides, {"checkpoint": str, "episodes": int, "fps": float, "video": str,
                                       "device": str, "seed": int, "deterministic": boolean}, "play")
     if "checkpoint" not in kv:
         raise UsageError("play: give checkpoint=PATH")
@@ -331,13 +245,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from ddprl.config import load_config
     from ddprl.runtime import resolved_config
 
-    kv = _key_values(args.overrides, {"world_size": str, "device": str, "backend": str, "master_port": str,
+    kv = key_values(args.overrides, {"world_size": str, "device": str, "backend": str, "master_port": str,
                                       "size_mb": float, "dist_timeout": float, "engine": str, "devices": str},
                      "doctor")
     size_mb = kv.pop("size_mb", 64.0)
     if "devices" in kv and kv.get("engine") != "jax":
         raise UsageError("doctor: devices= is a key of engine=jax (the torch engine has one device per rank)")
-    cfg = resolved_config(load_config(_launcher_overrides([f"{k}={v}" for k, v in kv.items()])))
+    cfg = resolved_config(load_config(launcher_overrides([f"{k}={v}" for k, v in kv.items()])))
     if cfg.engine == "jax":
         from ddprl.jax.runtime import doctor as jax_doctor, launch as jax_launch
 
@@ -352,7 +266,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
-    kv = _key_values(args.overrides, {"algo": str, "engine": str, "task": str}, "keys")
+    kv = key_values(args.overrides, {"algo": str, "engine": str, "task": str}, "keys")
     if "algo" not in kv:
         print("algorithms (ddprl keys algo=NAME [engine=jax] [task=NAME] lists the keys of one):")
         for algorithm in registry.declarations():
@@ -456,12 +370,6 @@ def train_epilog(argv: list[str]) -> str:
         return f"keys: cannot list them ({e})"
     return (f"{title} (ddprl train algo=NAME [task=NAME] --help, or ddprl keys algo=NAME, for another's):\n"
             + format_rows(rows, header=KEY_COLUMNS, indent="  "))
-
-
-def first_process() -> bool:
-    """Whether this process is the first of its job (rank 0 under torchrun or srun, the only
-    one otherwise): what the whole job has to say is said by it alone."""
-    return os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
 
 
 def report_usage_error(e: UsageError) -> None:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -21,7 +22,8 @@ import dist_fns
 from conftest import REPO, cli_env
 from ddprl import registry
 from ddprl.checkpoint import FORMAT_VERSION, load_checkpoint
-from ddprl.cli import main, prepare_train
+from ddprl.cli import main
+from ddprl.prepare import prepare_train
 from ddprl.config import load_config
 from ddprl.config.schema import JobConfig, RLConfig, key
 from ddprl.errors import UsageError
@@ -376,3 +378,18 @@ def test_only_the_runtime_imports_torch_distributed():
             if any(n.startswith(("torch.distributed", "torch.nn.parallel", "torch.multiprocessing")) for n in names):
                 offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert not offenders, offenders
+
+
+def test_the_library_never_imports_its_command_line():
+    """The command line sits on top: ddprl's modules (the supervised Trainer included) reach the
+    shared preparation in ddprl.prepare, never ddprl.cli (only the entry point imports it)."""
+    package = Path(registry.__file__).parent
+    offenders = []
+    for path in package.rglob("*.py"):
+        if path.name in ("cli.py", "__main__.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.relative_to(package)}:{node.lineno}" for n in names if n == "ddprl.cli"]
+    assert offenders == []

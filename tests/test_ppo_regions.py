@@ -28,7 +28,7 @@ from ddprl.algos.ppo.loss import ppo_loss
 from ddprl.algos.ppo.networks import ActorCritic
 from ddprl.algos.ppo.rollout import RolloutBuffer, RolloutStep
 from ddprl.algos.ppo.update import UpdateStep, learn
-from ddprl.cli import prepare_train
+from ddprl.prepare import prepare_train
 from ddprl.config import load_config
 from ddprl.envs.snake import SnakeEnv
 from ddprl.metrics import read_metrics

@@ -32,7 +32,7 @@ import pytest
 import torch
 
 from conftest import cli_env
-from ddprl.cli import prepare_train
+from ddprl.prepare import prepare_train
 from ddprl.config import load_config
 from ddprl.runtime import placement_from_env, resolve_world_size
 

@@ -73,7 +73,7 @@ class Trainer:
 
     def config(self) -> Any:
         """The job's resolved config (keys checked; resume resolved)."""
-        from ddprl.cli import prepare_train
+        from ddprl.prepare import prepare_train
 
         return prepare_train([], None, values=self.keys, prepare_hook=False)
 
@@ -119,7 +119,7 @@ def evaluate_checkpoint(checkpoint: str | Path, task: Task, split: str = "test",
     if getattr(task, split) is None:
         raise UsageError(f"the task has no {split} set")
     ckpt = load_checkpoint(checkpoint, expect_algo="supervised")
-    from ddprl.cli import NOT_RESUMED
+    from ddprl.prepare import NOT_RESUMED
 
     saved = {k: v for k, v in ckpt["config"].items() if k not in NOT_RESUMED}
     values = {"world_size": 1, "nnodes": 1, "progress": False, "device": device}
@@ -160,10 +160,10 @@ def prepare_cli(cfg: Any, overrides: list[str], config_name: str | None, resumed
 
 def eval_cli(ckpt: dict[str, Any], args: list[str]) -> int:
     """``ddprl eval checkpoint=PATH [split=test] [device=auto] [batch_size=N] [task=module:function]``."""
-    from ddprl.cli import _key_values
+    from ddprl.prepare import key_values
     from ddprl.config import load_config
 
-    kv = _key_values(args, {"checkpoint": str, "split": str, "device": str, "batch_size": int, "task": str}, "eval")
+    kv = key_values(args, {"checkpoint": str, "split": str, "device": str, "batch_size": int, "task": str}, "eval")
     stored = ckpt["config"]["task"]
     if stored == PYTHON_TASK and "task" not in kv:
         raise UsageError("this checkpoint was trained from Python (Trainer): evaluate it with Trainer.test(checkpoint), "

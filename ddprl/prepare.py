@@ -1,0 +1,107 @@
+"""What a training job is resolved to before any process starts, below the command line and
+the Python API alike (``ddprl train`` and ``ddprl.supervised.Trainer`` both call
+:func:`prepare_train`): the config with the launcher's world size, a resumed run's settings, the
+algorithm's own preparation, the checks and the warnings said once per job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from typing import Any, Callable
+
+from ddprl import registry
+from ddprl.errors import UsageError
+
+# Settings of the interrupted job that must not carry over into a resumed one.
+NOT_RESUMED = ("master_port", "master_addr", "node_rank", "resume", "run_dir")
+
+
+def key_values(args: list[str], allowed: dict[str, Callable[[str], Any]], command: str) -> dict[str, Any]:
+    """Parse ``key=value`` arguments of the small commands (eval, doctor)."""
+    import difflib
+
+    values: dict[str, Any] = {}
+    for arg in args:
+        if "=" not in arg:
+            raise UsageError(f"{command}: expected key=value, got {arg!r}")
+        key, value = arg.split("=", 1)
+        if key not in allowed:
+            near = difflib.get_close_matches(key, list(allowed), n=3, cutoff=0.6)
+            hint = f" (did you mean {', '.join(near)}?)" if near else ""
+            raise UsageError(f"{command}: unknown key {key!r}{hint}; keys: {', '.join(allowed)}")
+        try:
+            values[key] = allowed[key](value)
+        except ValueError:
+            raise UsageError(f"{command}: {key}={value!r} is not a valid {allowed[key].__name__}") from None
+    return values
+
+
+def launcher_overrides(overrides: list[str]) -> list[str]:
+    """Under torchrun/srun the launcher fixes world_size: take it (or refuse a contradiction)."""
+    from ddprl.runtime import detect_launcher
+
+    launcher = detect_launcher()
+    if launcher == "spawn":
+        return overrides
+    actual = int(os.environ["WORLD_SIZE"] if launcher == "torchrun" else os.environ["SLURM_NTASKS"])
+    for o in overrides:
+        if o.startswith("world_size=") and o.split("=", 1)[1] != str(actual):
+            raise UsageError(f"{o} contradicts the {launcher} launcher's world size {actual}; drop world_size=")
+    return [o for o in overrides if not o.startswith("world_size=")] + [f"world_size={actual}"]
+
+
+def prepare_train(overrides: list[str], config_name: str | None, values: dict[str, Any] | None = None,
+                  prepare_hook: bool = True):
+    """Resolve and check everything a training job needs before any process starts.
+
+    ``values``: keys given from Python (the supervised Trainer), like command-line keys;
+    ``prepare_hook=False`` skips the algorithm's command-line preparation (the Trainer's task
+    comes as Python objects, not as a name to import).
+    """
+    from ddprl.checkpoint import load_checkpoint
+    from ddprl.config import load_config, preset_note
+    from ddprl.run import resolve_resume, run_dir_of_checkpoint
+    from ddprl.runtime import resolved_config
+
+    overrides = launcher_overrides(overrides)
+    cfg = load_config(overrides, config_name, values=values)
+    algorithm = registry.get(cfg.algo, cfg.engine)
+    ckpt_path = resolve_resume(cfg.resume, cfg.run_dir, cfg.algo)
+    if ckpt_path is not None:
+        saved = load_checkpoint(ckpt_path, expect_algo=cfg.algo)["config"]
+        resumed = {k: v for k, v in saved.items() if k not in NOT_RESUMED}
+        cfg = load_config(overrides, config_name, resumed=resumed, values=values)
+        if getattr(cfg, "task", None) != saved.get("task"):
+            raise UsageError(f"resume: checkpoint {ckpt_path} is for task={saved['task']}, not task={cfg.task}")
+        for key in algorithm.architecture_keys:
+            if getattr(cfg, key) != saved.get(key):
+                raise UsageError(f"resume: {key}={getattr(cfg, key)!r} differs from the checkpoint's {saved.get(key)!r}")
+        run_dir = cfg.run_dir or str(run_dir_of_checkpoint(ckpt_path))
+        cfg = dataclasses.replace(cfg, resume=str(ckpt_path), run_dir=run_dir)
+    elif cfg.resume:  # resume=auto with nothing to resume yet
+        cfg = dataclasses.replace(cfg, resume="")
+    cfg = resolved_config(cfg)
+    prepare = algorithm.prepare_fn() if prepare_hook else None
+    if prepare is not None:
+        cfg = prepare(cfg, overrides, config_name, ckpt_path is not None)
+    warnings = cfg.check()
+    if first_process():  # said once per job
+        preset = preset_note(cfg)
+        if preset:
+            print(f"ddprl: {preset}", file=sys.stderr, flush=True)
+        for line in warnings:
+            print(f"ddprl: warning: {line}", file=sys.stderr, flush=True)
+    if cfg.enable_wandb:
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise UsageError("enable_wandb=true needs the wandb package: pip install 'ddprl[wandb]'") from None
+    return cfg
+
+
+def first_process() -> bool:
+    """Whether this process is the first of its job (rank 0 under torchrun or srun, the only
+    one otherwise): what the whole job has to say is said by it alone."""
+    return os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
