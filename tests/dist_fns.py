@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import time
 from pathlib import Path
 
@@ -43,6 +44,20 @@ def rank_one_raises(rt, cfg, out: str) -> None:
         raise ValueError("deliberate failure on rank 1")
     rt.barrier()  # rank 0 waits here for a rank that never comes
     time.sleep(600)
+
+
+def first_error_exits_last(rt, cfg, out: str) -> None:
+    """Rank 1 raises at once, then takes 8 s to end its process; rank 0 fails after it with what a
+    broken collective says, and ends at once. The job's root cause is still rank 1's error."""
+    raised = Path(out) / "rank1_raised"
+    if rt.rank == 1:
+        atexit.register(time.sleep, 8)  # runs after the rank reported its error, before the process ends
+        raised.touch()
+        raise ValueError("deliberate failure on rank 1")
+    while not raised.exists():
+        time.sleep(0.01)
+    time.sleep(0.5)
+    raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1")
 
 
 def rank_one_usage_error(rt, cfg, out: str) -> None:

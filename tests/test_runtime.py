@@ -6,6 +6,7 @@ import functools
 import subprocess
 import sys
 import socket
+import tempfile
 import time
 
 import pytest
@@ -16,6 +17,7 @@ import dist_fns
 from ddprl.config import load_config
 from ddprl.errors import UsageError
 from ddprl.runtime.placement import expand_hostlist, slurm_tasks_per_node
+from ddprl.runtime import failures
 from ddprl.runtime.compat import COMPILED_PREFIX
 from ddprl.runtime import (RankFailed, check_port_free, choose_device_and_backend, detect_launcher, launch,
                            placement_from_env, unwrap)
@@ -145,8 +147,12 @@ def _results(tmp_path, n=2):
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(n)]
 
 
-def test_collectives_two_ranks(tmp_path):
+def test_collectives_two_ranks(tmp_path, monkeypatch):
+    reports = tmp_path / "tmp"  # where the launcher makes its directory of failure reports
+    reports.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(reports))
     launch(functools.partial(dist_fns.collectives, out=str(tmp_path)), cfg2())
+    assert list(reports.iterdir()) == []
     r0, r1 = _results(tmp_path)
     for r in (r0, r1):
         assert r["sum"] == 3 and isinstance(r["sum"], int)
@@ -169,10 +175,60 @@ def test_failing_rank_takes_job_down_within_timeout(tmp_path):
     assert time.monotonic() - start < 30 + 30  # dist_timeout + margin (spawn start-up included)
 
 
-def test_usage_error_inside_a_rank_exits_2(tmp_path):
+def test_root_cause_is_the_first_error_not_the_first_process_to_exit(tmp_path, monkeypatch):
+    # Rank 0 exits first, with a broken collective's message; rank 1 raised before it but is
+    # still ending its process: the launcher names rank 1's error, and leaves no report behind.
+    reports = tmp_path / "tmp"
+    reports.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(reports))
+    with pytest.raises(RankFailed) as exc:
+        launch(functools.partial(dist_fns.first_error_exits_last, out=str(tmp_path)), cfg2(dist_timeout=30))
+    assert str(exc.value) == "rank 1 failed: ValueError: deliberate failure on rank 1"
+    assert "dist_fns.py" in exc.value.traceback and "first_error_exits_last" in exc.value.traceback
+    assert list(reports.iterdir()) == []
+
+
+def _failure(rank, time, consequence=False, **kw):
+    return failures.Failure(index=rank, rank=rank, time=time, summary=f"E{rank}", consequence=consequence, **kw)
+
+
+def test_root_cause_rule():
+    echo_first, real_later = _failure(0, 1.0, consequence=True), _failure(1, 2.0)
+    assert failures.root_cause([echo_first, real_later]) is real_later  # an echo never wins over an error
+    assert failures.root_cause([real_later, _failure(2, 1.5)]).rank == 2  # the earliest error
+    assert failures.root_cause([_failure(3, 4.0, True), echo_first]) is echo_first  # only echoes: the earliest
+    assert failures.root_cause([]) is None
+    died = failures.Failure(index=1, rank=None, time=3.0, summary="exited with code -9 (SIGKILL)", reported=False)
+    assert failures.root_cause([_failure(0, 5.0, True), died]).message() == "rank 1 exited with code -9 (SIGKILL)"
+    assert _failure(4, 0.0).message() == "rank 4 failed: E4"
+
+
+def test_failure_report_round_trip(tmp_path, monkeypatch):
+    path = str(tmp_path / "process0.json")
+    monkeypatch.setattr(failures, "_report_path", path)
+    try:
+        raise RuntimeError("[gloo] Timed out waiting 30000ms for recv\nException raised from recv at pair.cc")
+    except RuntimeError as e:
+        failures.record_failure(3, e)
+    failures.record_failure(3, ValueError("later, while tearing down"))  # the first error stays
+    report = failures.read_report(path, 0)
+    assert report.rank == 3 and report.consequence and not report.usage
+    assert report.summary == "RuntimeError: [gloo] Timed out waiting 30000ms for recv"
+    assert "raise RuntimeError" in report.traceback
+    assert report.message() == "rank 3 failed: RuntimeError: [gloo] Timed out waiting 30000ms for recv"
+    assert failures.read_report(str(tmp_path / "none.json"), 1) is None
+    assert not failures.is_consequence(ValueError("Connection closed by peer"))  # not a collective's error
+    assert failures.summary(UsageError("bad\nmore")) == "ddprl.errors.UsageError: bad"
+
+
+def test_usage_error_inside_a_rank_exits_2(tmp_path, monkeypatch):
+    reports = tmp_path / "tmp"
+    reports.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(reports))
     with pytest.raises(SystemExit) as exc:
         launch(functools.partial(dist_fns.rank_one_usage_error, out=str(tmp_path)), cfg2(dist_timeout=30))
     assert exc.value.code == 2
+    assert list(reports.iterdir()) == []
 
 
 def test_env_seeds_distinct_per_rank(tmp_path):

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ddprl.errors import UsageError
-from ddprl.runtime import Seeds, detect_launcher, exit_process, preemption, setup_logging, spawn
+from ddprl.runtime import Seeds, detect_launcher, exit_process, failures, preemption, setup_logging, spawn
 from ddprl.runtime.launch import spawn_port, spawn_sizes
 from ddprl.runtime.placement import rendezvous_from_env
 
@@ -215,6 +215,7 @@ def _run_process(fn: Callable, cfg: Any, process_id: int, num_processes: int, co
         rt.barrier()
         return result
     except UsageError as e:
+        failures.record_failure(process_id, e)
         if process_id == 0:
             print(f"ddprl: error: {e}", file=sys.stderr, flush=True)
         else:
@@ -222,7 +223,8 @@ def _run_process(fn: Callable, cfg: Any, process_id: int, num_processes: int, co
         sys.exit(2)
     except preemption.Preempted:  # every process saved and left together (Run.preempted)
         sys.exit(preemption.PREEMPTED_EXIT_CODE)
-    except BaseException:
+    except BaseException as e:
+        failures.record_failure(process_id, e)  # first, with the time: the launcher orders errors by it
         log.error("process %d failed:\n%s", process_id, traceback.format_exc())
         raise
     finally:

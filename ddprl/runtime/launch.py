@@ -14,8 +14,10 @@ import dataclasses
 import logging
 import multiprocessing.connection
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import traceback
 from typing import Any, Callable
@@ -24,7 +26,7 @@ import torch
 import torch.multiprocessing as mp
 
 from ddprl.errors import UsageError
-from ddprl.runtime import collectives, preemption
+from ddprl.runtime import collectives, failures, preemption
 from ddprl.runtime.collectives import Runtime
 from ddprl.runtime.nccl import apply_nccl_preset
 from ddprl.runtime.placement import (Placement, check_port_free, choose_device_and_backend, detect_launcher,
@@ -138,7 +140,7 @@ def _child(local_rank: int, fn: Callable, cfg: Any, dist_timeout: float) -> None
         _run_rank(placement, fn, cfg, dist_timeout)
     except SystemExit as e:  # bad input (exit 2) found inside this rank
         exit_process(e.code if isinstance(e.code, int) else 1)
-    # Any other exception propagates: torch.multiprocessing sends its traceback to the parent.
+    # Any other exception propagates (exit code 1); the rank's report tells the launcher what it was.
     exit_process(0)
 
 
@@ -162,6 +164,7 @@ def _run_rank(placement: Placement, fn: Callable, cfg: Any, dist_timeout: float)
         rt.barrier()
         return result
     except UsageError as e:
+        failures.record_failure(rt.rank, e)
         if rt.is_main:
             print(f"ddprl: error: {e}", file=sys.stderr, flush=True)
         else:  # bad input seen by this rank alone would otherwise go unsaid
@@ -170,30 +173,21 @@ def _run_rank(placement: Placement, fn: Callable, cfg: Any, dist_timeout: float)
     except preemption.Preempted:  # every rank saved and left together (Run.preempted)
         sys.exit(preemption.PREEMPTED_EXIT_CODE)
     except BaseException as e:
+        failures.record_failure(rt.rank, e)  # first, with the time: the launcher orders errors by it
         log.error("rank %d failed:\n%s", rt.rank, traceback.format_exc())
-        if _is_peer_failure(e):
-            # A collective broke because *another* rank died: leave the stage to that rank's
-            # error for a moment, so the launcher reports the root cause, not the echo.
-            time.sleep(3)
         raise
     finally:
         rt.close()
         preemption.restore_handlers(previous_handlers)
 
 
-def _is_peer_failure(e: BaseException) -> bool:
-    text = str(e)
-    return isinstance(e, RuntimeError) and any(
-        s in text for s in ("Connection closed by peer", "Connection reset by peer", "NCCL communicator was aborted",
-                            "Broken pipe", "timed out", "Timed out"))
-
-
 def launch(fn: Callable[[Runtime, Any], Any], cfg: Any) -> Any:
     """Run ``fn(runtime, cfg)`` on every rank of the job (use functools.partial for more arguments).
 
     Under torchrun or srun this process *is* one rank. Otherwise ``cfg.world_size`` processes are
-    spawned here (``world_size / nnodes`` per node). When one rank fails, the others are killed
-    and ``launch`` raises ``RankFailed`` (``SystemExit(2)`` for bad input found inside a rank).
+    spawned here (``world_size / nnodes`` per node). When one rank fails, the others are stopped
+    and ``launch`` raises ``RankFailed`` naming the root cause (see :func:`spawn`), or
+    ``SystemExit(2)`` for bad input found inside a rank.
     A script of your own run under torchrun should end with ``exit_process(0)`` (see there).
     """
     launcher = detect_launcher()
@@ -211,48 +205,125 @@ def launch(fn: Callable[[Runtime, Any], Any], cfg: Any) -> Any:
     return None
 
 
-def spawn(child: Callable[..., None], args: tuple, nprocs: int) -> None:
+def spawn(child: Callable[..., None], args: tuple, nprocs: int, stop_grace_s: float = 30.0) -> None:
     """Start ``child(local_index, *args)`` in ``nprocs`` fresh processes and wait for all.
 
-    When one fails the others are stopped: exit code 2 (bad input found inside a process)
-    becomes ``SystemExit(2)``, 75 (preempted, saved) ``SystemExit(75)``, any other failure
-    :class:`RankFailed` naming the process. A SIGTERM or SIGUSR1 sent to this process is passed
-    on to every child, which stop together at a step boundary with a checkpoint.
+    When one fails the others are stopped (SIGTERM, then SIGKILL after ``stop_grace_s``) and,
+    once all have ended, the root cause is reported: the earliest error that is not an echo of
+    another process's death (:mod:`ddprl.runtime.failures`), whichever process exited first.
+    Bad input found inside a process (exit code 2) becomes ``SystemExit(2)``, any other failure
+    :class:`RankFailed` naming the rank and its error; when every process ended with 0 or 75
+    (preempted, saved) and one with 75, ``SystemExit(75)``. A SIGTERM or SIGUSR1 sent to this
+    process is passed on to every child, which stop together at a step boundary with a checkpoint.
     """
-    context = mp.start_processes(child, args=args, nprocs=nprocs, join=False, start_method="spawn")
-
-    def forward(signum: int, frame: Any) -> None:
-        preemption.note(signum)
-        for process in context.processes:
-            if process.is_alive() and process.pid is not None:
-                try:
-                    os.kill(process.pid, signum)
-                except ProcessLookupError:  # ended in between
-                    pass
-
-    previous = {sig: signal.signal(sig, forward) for sig in preemption.STOP_SIGNALS}
+    reports = tempfile.mkdtemp(prefix="ddprl-failures-")
+    previous: dict[int, Any] = {}
     try:
+        context = mp.start_processes(_reporting_child, args=(child, reports, args), nprocs=nprocs, join=False,
+                                     start_method="spawn")
+        processes = context.processes
+
+        def forward(signum: int, frame: Any) -> None:
+            preemption.note(signum)
+            for process in processes:
+                if process.is_alive() and process.pid is not None:
+                    try:
+                        os.kill(process.pid, signum)
+                    except ProcessLookupError:  # ended in between
+                        pass
+
+        previous = {sig: signal.signal(sig, forward) for sig in preemption.STOP_SIGNALS}
         # Preempted ranks leave together (after a barrier), some an instant before the others:
-        # wait for all of them rather than have the join stop the late ones as if they had failed.
-        pending = list(context.processes)
+        # wait for all of them rather than stop the late ones as if they had failed.
+        ended_at: dict[int, float] = {}  # process index -> when this launcher saw it end
+        pending = list(range(nprocs))
         while pending:
-            multiprocessing.connection.wait([p.sentinel for p in pending])
-            pending = [p for p in pending if p.exitcode is None]
-            if any(p.exitcode not in (None, 0, preemption.PREEMPTED_EXIT_CODE) for p in context.processes):
-                break  # a failure: the join below stops the others and reports it
-        while not context.join():
-            pass
-    except mp.ProcessExitedException as e:
-        if e.exit_code in (2, preemption.PREEMPTED_EXIT_CODE):
-            raise SystemExit(e.exit_code) from None
-        raise RankFailed(f"rank {e.error_index} exited with code {e.exit_code}") from None
-    except mp.ProcessRaisedException as e:
-        last = [line for line in str(e).strip().splitlines() if line.strip()]
-        raise RankFailed(f"rank {e.error_index} failed: {last[-1] if last else 'unknown error'}") from None
+            multiprocessing.connection.wait([processes[i].sentinel for i in pending])
+            now = time.monotonic()
+            for i in pending:
+                if processes[i].exitcode is not None:
+                    ended_at[i] = now
+            pending = [i for i in pending if processes[i].exitcode is None]
+            if any(_failed(processes[i].exitcode) for i in ended_at):
+                break
+        # Who ended unasked, and how: a process that failed without a report (killed by a signal,
+        # os._exit) is a root cause candidate at the time it was seen to end.
+        unasked = {i: processes[i].exitcode for i in ended_at}
+        _stop(processes, stop_grace_s)
+        failed = [_failure(reports, i, code, ended_at[i]) for i, code in unasked.items() if _failed(code)]
+        # Processes stopped here may still have reported an error of their own (or an echo).
+        failed += [f for i in range(nprocs) if i not in unasked
+                   and (f := failures.read_report(_report_file(reports, i), i)) is not None]
+        cause = failures.root_cause(failed)
+        if cause is None:
+            if preemption.PREEMPTED_EXIT_CODE in unasked.values():
+                raise SystemExit(preemption.PREEMPTED_EXIT_CODE)
+            return
+        if cause.usage or (not cause.reported and unasked.get(cause.index) == 2):
+            raise SystemExit(2)
+        raise RankFailed(cause.message(), cause.traceback)
     finally:
+        shutil.rmtree(reports, ignore_errors=True)
         if preemption.received() is None:  # else keep forwarding (to nobody): a repeat must not kill us
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def _failed(exitcode: int | None) -> bool:
+    return exitcode not in (None, 0, preemption.PREEMPTED_EXIT_CODE)
+
+
+def _report_file(reports: str, index: int) -> str:
+    return os.path.join(reports, f"process{index}.json")
+
+
+def _reporting_child(index: int, child: Callable[..., None], reports: str, args: tuple) -> None:
+    """``child(index, *args)`` in a spawned process whose failure report goes to ``reports``.
+
+    An error ends the process here with code 1, so that torch.multiprocessing does not write
+    its own copy of the traceback to a temporary file nobody reads or removes.
+    """
+    report = _report_file(reports, index)
+    failures.report_to(report)
+    try:
+        child(index, *args)
+    except (SystemExit, KeyboardInterrupt):  # KeyboardInterrupt: torch's way to end a child whose parent died
+        raise
+    except BaseException as e:
+        if not os.path.exists(report):  # failed before its rank could report (set-up, placement): say it here
+            failures.record_failure(None, e)
+            traceback.print_exc()
+        exit_process(1)
+
+
+def _failure(reports: str, index: int, exitcode: int, seen_at: float) -> failures.Failure:
+    """What process ``index``, which ended with ``exitcode`` unasked, reported; or how it ended."""
+    reported = failures.read_report(_report_file(reports, index), index)
+    if reported is not None:
+        return reported
+    how = f"exited with code {exitcode}"
+    if exitcode < 0:
+        try:
+            how += f" ({signal.Signals(-exitcode).name})"
+        except ValueError:
+            pass
+    return failures.Failure(index=index, rank=None, time=seen_at, summary=how, reported=False)
+
+
+def _stop(processes: list[Any], grace_s: float) -> None:
+    """SIGTERM to the processes still running, SIGKILL to those still running ``grace_s`` later;
+    returns once all have ended."""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in processes:
+        if process.is_alive():
+            log.warning("process %d did not stop within %.0f s of SIGTERM: SIGKILL", process.pid, grace_s)
+            process.kill()
+        process.join()
 
 
 def runs_in_this_process(cfg: Any) -> bool:
@@ -261,4 +332,9 @@ def runs_in_this_process(cfg: Any) -> bool:
 
 
 class RankFailed(RuntimeError):
-    """A rank of a spawned job failed; the others were stopped."""
+    """A rank of a spawned job failed; the others were stopped. The message names the rank and
+    its error in one line; ``traceback`` is that rank's (empty when it ended without a report)."""
+
+    def __init__(self, message: str, traceback: str = ""):
+        super().__init__(message)
+        self.traceback = traceback

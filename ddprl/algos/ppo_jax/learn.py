@@ -6,7 +6,8 @@ own environments (``carry`` entries of :data:`SHARDED`) and a replica of everyth
 Collectives, all over ``dev``, all where the torch engine has an all-reduce:
 
 - gradients: ``pmean`` once every ``sync_freq`` minibatches (accumulated locally in between);
-- advantage normalisation, observation and return statistics: ``psum`` of the moments;
+- advantage normalisation: ``psum`` of the moments; observation and return statistics: ``psum``
+  of centred moments (:func:`global_moments`);
 - the ``target_kl`` early stop: decided on the ``pmean`` of the epoch's KL, so every device
   runs the same number of epochs (a per-device decision would desynchronise the replicas);
 - metrics: ``pmean``/``psum`` (``train/grad_norm``: the averaged gradient's norm before clipping).
@@ -55,22 +56,42 @@ def _same(tree: Any) -> Any:
     return tree
 
 
-# -- running statistics (the torch engine's RunningMeanStd, moments summed over devices) --------
+# -- running statistics (the torch engine's RunningMeanStd, centred moments merged over devices)
 def rms_init(shape: tuple[int, ...]) -> dict[str, jax.Array]:
     return {"mean": jnp.zeros(shape, jnp.float32), "var": jnp.ones(shape, jnp.float32),
             "count": jnp.zeros((), jnp.float32)}
 
 
+def global_moments(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Count, mean and M2 (sum of squared deviations from the mean) of the rows of ``x`` on every
+    device, replicated; ``x`` (n, *shape) is this device's share.
+
+    Centred moments, because E[x^2] - mean^2 in float32 cancels to nothing when the mean is
+    large against the spread (1e4 + N(0, 1) gives a variance of 0). Each device sums in a frame
+    shifted by its first row, so that its mean and M2 add values of the spread's size (how
+    accurately a float32 sum of many large values comes out depends on XLA's reduction order);
+    the merge over devices is Chan et al.'s, written as sums of non-negative terms so that
+    ``psum`` cancels nothing: M2 = sum_d [M2_d + n_d (mean_d - mean)^2].
+    """
+    n_local = jnp.float32(x.shape[0])
+    shift = x[0]
+    d = x - shift
+    d_mean = d.mean(0)
+    m2_local = ((d - d_mean) ** 2).sum(0)
+    mean_local = shift + d_mean
+    n, weighted = lax.psum((n_local, n_local * mean_local), AXIS)
+    mean = weighted / n
+    m2 = lax.psum(m2_local + n_local * (mean_local - mean) ** 2, AXIS)
+    return n, mean, m2
+
+
 def rms_update(rms: dict[str, jax.Array], x: jax.Array) -> dict[str, jax.Array]:
     """Merge the samples of ``x`` (rows over every device) into ``rms`` (Chan et al.)."""
-    x = x.reshape((-1, *rms["mean"].shape))
-    n, s, ss = lax.psum((jnp.float32(x.shape[0]), x.sum(0), (x * x).sum(0)), AXIS)
-    batch_mean = s / n
-    batch_var = jnp.maximum(ss / n - batch_mean ** 2, 0.0)
+    n, batch_mean, batch_m2 = global_moments(x.reshape((-1, *rms["mean"].shape)))
     delta = batch_mean - rms["mean"]
     total = rms["count"] + n
-    m2 = rms["var"] * rms["count"] + batch_var * n + delta ** 2 * rms["count"] * n / total
-    return {"mean": rms["mean"] + delta * n / total, "var": m2 / total, "count": total}
+    m2 = rms["var"] * rms["count"] + batch_m2 + delta ** 2 * (rms["count"] * n / total)
+    return {"mean": rms["mean"] + delta * (n / total), "var": m2 / total, "count": total}
 
 
 def normalize(rms: dict[str, jax.Array], x: jax.Array, enabled: bool) -> jax.Array:
