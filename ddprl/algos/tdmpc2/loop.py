@@ -2,19 +2,13 @@
 model and one policy prior learn from all ranks' batches.
 
 The algorithm is :func:`train`, read top to bottom; ``learner.update`` is one optimizer step
-of world model and policy (REFERENCE.md "Losses"), one compiled region with ``compile=true``.
-Neither touches the process group: the collectives go through the runtime ``rt``.
-
-Schedule (docs/tdmpc2.md explains the choices):
+of world model and policy (docs/tdmpc2.md, "Schedule, and what N ranks change"), one compiled
+region with ``compile=true``. Neither touches the process group: the collectives go through the
+runtime ``rt``. ``schedule.Schedule`` decides when to act randomly, how many updates to make,
+and when to log, evaluate and save, from global step counts alone: every rank decides alike.
 
 - ``steps`` and ``seed_steps`` count *global* agent steps (summed over ranks; one agent step
-  is two DMC simulator steps). The default ``seed_steps`` is world_size x max(1000, 5 L):
-  every rank collects the paper's max(1000, 5 L) random steps, so every rank holds whole
-  episodes before the first update.
-- Each rank makes ``updates_per_step`` micro-batch updates per agent step it takes, counted
-  from the shared global step counter, so every rank makes the same number of updates (and
-  collectives) whatever its episodes do. When seeding ends, the updates for all seed steps
-  are made at once (the paper's pretraining burst), then the regular ones.
+  is two DMC simulator steps).
 - ``sync_freq = k``: one optimizer step per k micro-batches; their gradients are summed
   locally and all-reduced once. Effective batch = batch_size x world_size x k.
 """
@@ -28,13 +22,13 @@ from typing import Any
 
 import torch
 
-from ddprl.algos.common import crossed
 from ddprl.algos.tdmpc2.acting import (Acting, EpisodeRecorder, NotifyEpisodeEnds, episode_length_of,
                                        make_tdmpc2_env)
 from ddprl.algos.tdmpc2.buffer import EpisodeBuffer
 from ddprl.algos.tdmpc2.learner import Learner, build_learner, draw_noise, model_dims, update
 from ddprl.algos.tdmpc2.math import discount_for_episode_length
 from ddprl.algos.tdmpc2.networks import WorldModel
+from ddprl.algos.tdmpc2.schedule import Schedule
 from ddprl.checkpoint import buffer_path, restore_buffer, save_atomically
 from ddprl.errors import UsageError
 from ddprl.evaluate import Actor, evaluate
@@ -61,7 +55,7 @@ def check_state_in_sync(rt: Any, learner: Learner) -> None:
 
 def train(rt: Any, cfg: Any) -> None:
     """Train TD-MPC2 on ``cfg.task`` for ``cfg.steps`` global agent steps (runs on every rank)."""
-    # -- sizes: global in, local derived (DESIGN.md invariant 4) -------------------------------
+    # -- sizes: global in, local derived (docs/distributed.md, invariant 4) ----------------------
     local_num_envs = cfg.local_num_envs(rt.world_size)
     run = Run(rt, cfg)  # the checkpoint being resumed (if any), seeds, later the run directory
     # The env first: a task TD-MPC2 cannot learn fails here, before a run directory exists.
@@ -71,7 +65,6 @@ def train(rt: Any, cfg: Any) -> None:
     obs_dim, action_dim = env.single_observation_space.shape[0], env.single_action_space.shape[0]
     episode_length = episode_length_of(cfg, env)
     discount = cfg.discount if cfg.discount is not None else discount_for_episode_length(episode_length)
-    seed_steps = cfg.seed_steps_for(episode_length, rt.world_size)
     if cfg.buffer_size <= episode_length:
         raise UsageError(f"buffer_size={cfg.buffer_size} must exceed the episode length {episode_length}")
     # Shared randomness: the Q-member pairs of each update, identical on every rank.
@@ -79,14 +72,11 @@ def train(rt: Any, cfg: Any) -> None:
 
     learner = build_learner(rt, cfg, obs_dim, action_dim, run.state if run.resumed else None)
     model = learner.model
-    global_step, num_updates, pretrained = run.step, 0, False  # pretrained: the burst after seeding is done
-    random_until, learn_from = seed_steps, seed_steps  # global steps: random actions / no updates before
     if run.resumed:
-        num_updates, pretrained = run.counters["updates"], run.counters["pretrained"]
         if run.state["shared_rng"].numel() == shared.get_state().numel():
             shared.set_state(run.state["shared_rng"])
         else:  # a checkpoint from another device type: any common seed keeps the ranks agreeing
-            shared.manual_seed(run.seeds.shared(global_step))
+            shared.manual_seed(run.seeds.shared(run.step))
     # This rank's RNG where the interrupted run left it. Episodes start afresh (the replay
     # buffer holds whole episodes only), in envs seeded from the resume step: none of the
     # interrupted run's episodes is replayed.
@@ -95,41 +85,37 @@ def train(rt: Any, cfg: Any) -> None:
     log.info("parameters synchronised across %d rank(s) (checksum %.6f)", rt.world_size, checksum)
 
     buffer = EpisodeBuffer(cfg.buffer_size, obs_dim, action_dim)
-    steps_since_restart = 0  # local agent steps this process's buffer holds
-    buffers_restored = False
+    restored = None  # transitions this rank's buffer got back (None: every rank refills)
     if run.resumed:
-        # Replay buffers come back only when every rank finds its own, saved at this very step;
-        # otherwise all refill for seed_steps before updates resume: with the restored agent's
-        # own actions when it had started learning, else the interrupted seeding starts over.
-        restored = restore_buffer(buffer, buffer_path(Path(cfg.resume).parent, rt.rank), run.checkpoint,
-                                  rt.world_size)
-        buffers_restored = rt.all_reduce_sum(int(restored)) == rt.world_size
-        if buffers_restored:
-            steps_since_restart = len(buffer)
-            log.info("resumed at step %d after %d updates with the replay buffers (%d transitions on rank 0)",
-                     global_step, num_updates, len(buffer))
+        # Replay buffers come back only when every rank finds its own, saved at this very step.
+        found = restore_buffer(buffer, buffer_path(Path(cfg.resume).parent, rt.rank), run.checkpoint, rt.world_size)
+        if rt.all_reduce_sum(int(found)) == rt.world_size:
+            restored = len(buffer)
         else:
             buffer = EpisodeBuffer(cfg.buffer_size, obs_dim, action_dim)
-            learn_from = global_step + seed_steps
-            log.info("resumed at step %d after %d updates; refilling the replay buffers until step %d",
-                     global_step, num_updates, learn_from)
-        random_until = global_step if pretrained else learn_from
+    schedule = Schedule.for_run(cfg, rt.world_size, episode_length, run.step,
+                                run.counters if run.resumed else None, restored)
+    if restored is not None:
+        log.info("resumed at step %d after %d updates with the replay buffers (%d transitions on rank 0)",
+                 schedule.step, schedule.updates, restored)
+    elif run.resumed:
+        log.info("resumed at step %d after %d updates; refilling the replay buffers until step %d",
+                 schedule.step, schedule.updates, schedule.learn_from)
     recorder = EpisodeRecorder(local_num_envs)
     acting = Acting(model, cfg, discount, compile=cfg.compile)
     effective_batch = cfg.effective_batch_size(rt.world_size)
-    micro_per_iteration = local_num_envs * cfg.updates_per_step  # updates this rank owes per env step
     run_dir = run.open(total_steps=cfg.steps)
     log.info("run directory %s | %d ranks x %d envs | effective batch %d | discount %.4g | seed steps %d | "
-             "episode length %d", run_dir, rt.world_size, local_num_envs, effective_batch, discount, seed_steps,
-             episode_length)
+             "episode length %d", run_dir, rt.world_size, local_num_envs, effective_batch, discount,
+             schedule.seed_steps, episode_length)
 
     def save(step: int, score: float | None) -> None:
         rt.check_in_sync(model, "parameters at checkpoint")
         check_state_in_sync(rt, learner)
         if cfg.checkpoint_buffer:  # each rank its own file, written before rank 0 writes latest.pt
             save_atomically({"step": step, "buffer": buffer.state_dict()}, buffer_path(run_dir / "checkpoints", rt.rank))
-        run.save(step, {**learner.state_dict(), "shared_rng": shared.get_state()},
-                 counters={"updates": num_updates, "pretrained": pretrained}, score=score)
+        run.save(step, {**learner.state_dict(), "shared_rng": shared.get_state()}, counters=schedule.counters(),
+                 score=score)
 
     def run_eval() -> dict[str, float]:
         eval_acting = Acting(model, cfg, discount)  # its own warm-start state, eval batch size
@@ -143,40 +129,31 @@ def train(rt: Any, cfg: Any) -> None:
 
     obs = env.reset()
     recorder.start(obs)
-    # updating: the buffers are filled and updates run (decided alike on every rank)
-    updating = buffers_restored and pretrained
-    micro_due = 0  # micro-batch updates owed by this rank (identical on every rank)
     sum_terms = None  # the updates' metrics summed since the last log (one device tensor)
     num_sums = 0
     ep_stats = torch.zeros(2)  # (sum of returns, episodes) since the last log, on the CPU like the env's
-    t_log, steps_at_log = time.perf_counter(), global_step
+    t_log, steps_at_log = time.perf_counter(), schedule.step
 
-    while global_step < cfg.steps:
+    while not schedule.done:
         # -- act: random while seeding, else plan (MPPI) or the policy prior ---------------------
-        if global_step < random_until:
+        if schedule.acts_randomly:
             action = torch.rand(local_num_envs, action_dim) * 2 - 1
         else:
             action = acting(obs.to(rt.device, non_blocking=True)).cpu()  # waits for the act only
-        global_step += cfg.num_envs
-        steps_since_restart += local_num_envs
+        schedule.advance()
 
         # -- learn: decided on global counters only, so every rank does the same ---------------
         # Before the env step: on a GPU the update's kernels run while the CPU steps the env
         # (the next act waits for them). Nothing is lost: this step's transition enters the
         # buffer with its whole episode, later.
-        if updating:
-            micro_due += micro_per_iteration
-        elif global_step >= learn_from:
+        if schedule.may_start_learning:
             # Every rank needs a whole episode (>= horizon steps) before sampling. A collective
             # on a global condition: asked once in DMC (fixed-length episodes), more only while
             # some rank's first episode is still running.
             not_ready = rt.all_reduce_sum(0 if buffer.num_starts(cfg.horizon) > 0 else 1)
             if not_ready == 0:
-                # The paper's pretraining burst: one update per step collected so far, at once.
-                # (A resumed run that had already learned just carries on: it owes nothing.)
-                micro_due = 0 if pretrained else steps_since_restart * cfg.updates_per_step
-                updating = pretrained = True
-        while micro_due >= cfg.sync_freq:
+                schedule.start_learning()  # the pretraining burst, unless made before a resume
+        for _ in range(schedule.take_updates()):
             # sampled on the CPU, copied without blocking: no wait for the previous update's kernels
             batches = [buffer.sample(cfg.batch_size, cfg.horizon).to(rt.device, non_blocking=True)
                        for _ in range(cfg.sync_freq)]
@@ -184,8 +161,6 @@ def train(rt: Any, cfg: Any) -> None:
             terms = update(rt, learner, batches, noises, cfg, discount)
             sum_terms = terms if sum_terms is None else sum_terms + terms  # one add, not one per metric
             num_sums += 1
-            num_updates += 1
-            micro_due -= cfg.sync_freq
 
         # -- env step, recorded: episodes enter the buffer when they end ---------------------
         next_obs, reward, terminated, truncated, info = env.step(action)
@@ -196,11 +171,9 @@ def train(rt: Any, cfg: Any) -> None:
         ep_stats += torch.stack([(info["episode_return"] * done).sum(), done.sum()]).float()
         obs = next_obs
 
-        # -- bookkeeping: every number is global (DESIGN.md invariant 7) -------------------------
-        last = global_step >= cfg.steps
-        logging_now = crossed(global_step, cfg.num_envs, cfg.log_freq) or last
-        evaluating = cfg.eval_episodes > 0 and (crossed(global_step, cfg.num_envs, cfg.eval_freq) or last)
-        if logging_now or evaluating:
+        # -- bookkeeping: every number is global (docs/distributed.md, invariant 7) -------------
+        global_step, evaluating = schedule.step, schedule.eval_due
+        if schedule.log_due or evaluating:
             elapsed = time.perf_counter() - t_log
             local_fps = (global_step - steps_at_log) / rt.world_size / max(elapsed, 1e-9)
             # num_sums is the same on every rank (updates follow the global counter): no rank skips this
@@ -208,7 +181,7 @@ def train(rt: Any, cfg: Any) -> None:
             metrics = rt.all_reduce_mean(mean_terms)
             episodes = rt.all_reduce_sum(ep_stats)
             metrics["time/global_fps"] = rt.all_reduce_sum(local_fps)
-            metrics["train/updates"] = float(num_updates)
+            metrics["train/updates"] = float(schedule.updates)
             metrics["train/effective_batch_size"] = float(effective_batch)
             metrics["train/buffer_transitions"] = float(rt.all_reduce_sum(len(buffer)))
             if episodes[1] > 0:
@@ -218,9 +191,10 @@ def train(rt: Any, cfg: Any) -> None:
             run.log(global_step, metrics)
             sum_terms, num_sums, ep_stats = None, 0, torch.zeros_like(ep_stats)
             t_log, steps_at_log = time.perf_counter(), global_step
-        preempted = not last and run.stop_requested()  # collective: a SIGTERM/SIGUSR1 reached some rank
+        # collective: whether a SIGTERM/SIGUSR1 reached some rank
+        preempted = not schedule.done and run.stop_requested()
         score = metrics.get("eval/return_mean") if evaluating else None
-        if crossed(global_step, cfg.num_envs, cfg.checkpoint_freq) or last or preempted or run.improves(score):
+        if schedule.checkpoint_due or preempted or run.improves(score):
             save(global_step, score=score)
         if preempted:
             run.preempted(global_step)  # every rank leaves here together; exit code 75
