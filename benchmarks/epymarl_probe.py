@@ -63,10 +63,10 @@ def main() -> None:
         sys.modules["smaclite"] = types.ModuleType("smaclite")
 
     import sacred.observers
-    from sacred.observers.base import RunObserver
     from learners.q_learner import QLearner
     from runners.episode_runner import EpisodeRunner
     from runners.parallel_runner import ParallelRunner
+    from sacred.observers.base import RunObserver
 
     probe = {"calls": [], "train_s": 0.0, "test_s": 0.0, "updates": 0, "t_env": 0, "start": None, "end": None}
 
@@ -83,8 +83,9 @@ def main() -> None:
                 probe["test_s"] += end - begin
             else:
                 returns = batch["reward"].sum(dim=(1, 2)).tolist()  # raw rewards; unfilled steps are 0
-                probe["calls"].append([end, int(self.t_env), probe["updates"], returns, probe["test_s"],
-                                       time.process_time()])
+                probe["calls"].append(
+                    [end, int(self.t_env), probe["updates"], returns, probe["test_s"], time.process_time()]
+                )
                 probe["t_env"] = int(self.t_env)
             return batch
 

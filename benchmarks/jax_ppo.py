@@ -5,7 +5,8 @@ Every run is a subprocess, one at a time (rows rotate between seeds), on this ma
     pip install -e ".[jax,bench]"      # jax + gymnax (engine=jax), stable-baselines3
     python benchmarks/jax_ppo.py [--seeds 3] [--first-seed 1] [--steps 300000] [--eval-freq 8192]
         [--target 475] [--devices 2] [--world-sizes 1 2] [--skip-jax] [--skip-torch] [--skip-sb3]
-        [--full-budget] [--ddprl-extra KEY=VALUE ...] [--jax-extra KEY=VALUE ...] [--max-other 0.3] [--retries 1] [--wait-idle 60]
+        [--full-budget] [--ddprl-extra KEY=VALUE ...] [--jax-extra KEY=VALUE ...] [--max-other 0.3]
+        [--retries 1] [--wait-idle 60]
         [--timeout 900] [--keep DIR] [--report FILE] [--verbose]
 
 Rows:
@@ -93,6 +94,7 @@ POLL_S = 0.05
 
 # -- SB3 worker (this script, run in a subprocess) ---------------------------------------------------
 
+
 def sb3_worker(args: argparse.Namespace) -> None:
     """Train SB3 PPO, writing metrics.jsonl rows like ddprl's (step, wall_time, eval/return_mean) plus
     the cumulative training time without evaluation (time/train_s)."""
@@ -114,10 +116,26 @@ def sb3_worker(args: argparse.Namespace) -> None:
 
     env = make_vec_env(TASK, n_envs=NUM_ENVS, seed=args.seed)
     eval_env = make_vec_env(TASK, n_envs=EVAL_EPISODES, seed=args.seed + 1_000_000)  # one episode per env
-    model = PPO("MlpPolicy", env, n_steps=N_STEPS, batch_size=args.batch, n_epochs=EPOCHS,
-                learning_rate=lr_schedule if args.anneal else LR, gamma=0.99, gae_lambda=0.95, clip_range=0.2,
-                clip_range_vf=None, ent_coef=0.0, vf_coef=0.5, max_grad_norm=0.5, normalize_advantage=True,
-                target_kl=None, seed=args.seed, device="cpu", verbose=0)
+    model = PPO(
+        "MlpPolicy",
+        env,
+        n_steps=N_STEPS,
+        batch_size=args.batch,
+        n_epochs=EPOCHS,
+        learning_rate=lr_schedule if args.anneal else LR,
+        gamma=0.99,
+        gae_lambda=0.95,
+        clip_range=0.2,
+        clip_range_vf=None,
+        ent_coef=0.0,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        normalize_advantage=True,
+        target_kl=None,
+        seed=args.seed,
+        device="cpu",
+        verbose=0,
+    )
 
     class EvalTimer(BaseCallback):
         """Evaluate after the update of every iteration that crosses a multiple of eval_freq (at the
@@ -141,13 +159,23 @@ def sb3_worker(args: argparse.Namespace) -> None:
         def evaluate(self, step: int) -> None:
             t_eval = time.perf_counter()
             train_s = t_eval - self.t0 - self.eval_s
-            returns, _ = evaluate_policy(self.model, eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True,
-                                         return_episode_rewards=True)
+            returns, _ = evaluate_policy(
+                self.model, eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True, return_episode_rewards=True
+            )
             self.eval_s += time.perf_counter() - t_eval
             mean = float(sum(returns) / len(returns))
-            self.jsonl.write(json.dumps({"step": step, "wall_time": time.perf_counter() - self.t0,
-                                         "time/train_s": train_s, "eval/return_mean": mean,
-                                         "time/global_fps": step / train_s}) + "\n")
+            self.jsonl.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "wall_time": time.perf_counter() - self.t0,
+                        "time/train_s": train_s,
+                        "eval/return_mean": mean,
+                        "time/global_fps": step / train_s,
+                    }
+                )
+                + "\n"
+            )
             self.last_eval = step
             if mean >= args.target and not args.full_budget:
                 self.stop = True
@@ -161,6 +189,7 @@ def sb3_worker(args: argparse.Namespace) -> None:
 
 # -- CPU bookkeeping (what *other* processes used while a run ran) ---------------------------------
 
+
 def session_cpu(sid: int, seen: dict[int, float]) -> None:
     """Record in ``seen`` the CPU-seconds so far of every process of session ``sid`` (a run started
     with start_new_session: its ranks too, which a stopped run's parent never reaps, so that
@@ -173,7 +202,7 @@ def session_cpu(sid: int, seen: dict[int, float]) -> None:
             stat = Path(entry.path, "stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state is field 3
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state is field 3
         if int(fields[3]) == sid:
             seen[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
 
@@ -192,6 +221,7 @@ def wait_idle(max_other: float, limit_s: float) -> float:
 
 # -- one run ---------------------------------------------------------------------------------------
 
+
 def child_env(jax_devices: int | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"
@@ -207,17 +237,42 @@ def child_env(jax_devices: int | None = None) -> dict[str, str]:
 def ddprl_command(args: argparse.Namespace, kind: str, n: int, seed: int, run_dir: Path) -> list[str]:
     cmd = [sys.executable, "-m", "ddprl", "train", "algo=ppo", f"task={TASK}"]
     cmd += ["engine=jax", f"devices={n}"] if kind == "jax" else [f"world_size={n}"]
-    cmd += [f"steps={args.steps}", f"num_envs={NUM_ENVS}", f"n_steps={N_STEPS}", f"batch_size={args.batch // n}",
-            f"epochs={EPOCHS}", f"lr={LR}", f"anneal_lr={str(args.anneal).lower()}", f"eval_freq={args.eval_freq}",
-            f"eval_episodes={EVAL_EPISODES}", "eval_deterministic=true", "checkpoint_freq=0", f"seed={seed}",
-            "progress=false", f"run_dir={run_dir}"]
+    cmd += [
+        f"steps={args.steps}",
+        f"num_envs={NUM_ENVS}",
+        f"n_steps={N_STEPS}",
+        f"batch_size={args.batch // n}",
+        f"epochs={EPOCHS}",
+        f"lr={LR}",
+        f"anneal_lr={str(args.anneal).lower()}",
+        f"eval_freq={args.eval_freq}",
+        f"eval_episodes={EVAL_EPISODES}",
+        "eval_deterministic=true",
+        "checkpoint_freq=0",
+        f"seed={seed}",
+        "progress=false",
+        f"run_dir={run_dir}",
+    ]
     return cmd + list(args.ddprl_extra) + (list(args.jax_extra) if kind == "jax" else [])
 
 
 def sb3_command(args: argparse.Namespace, seed: int, out: Path) -> list[str]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--sb3-worker", str(out), "--seed-one", str(seed),
-           "--steps", str(args.steps), "--eval-freq", str(args.eval_freq), "--target", str(args.target),
-           "--batch", str(args.batch)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--sb3-worker",
+        str(out),
+        "--seed-one",
+        str(seed),
+        "--steps",
+        str(args.steps),
+        "--eval-freq",
+        str(args.eval_freq),
+        "--target",
+        str(args.target),
+        "--batch",
+        str(args.batch),
+    ]
     if args.full_budget:
         cmd.append("--full-budget")
     if not args.anneal:
@@ -313,18 +368,31 @@ def summarise(kind: str, rows: list[dict[str, Any]], e2e: float | None, target: 
                 reach = {"step": r["step"], "train_s": train_s, "loop_s": r["wall_time"]}
                 break
     last = rows[-1] if rows else {"step": 0, "wall_time": float("nan")}
-    result = {"reached": reach is not None, "compile_s": compile_s, "e2e": e2e if e2e is not None else math.inf,
-              "best": max(evals) if evals else float("nan"), "evals": len(evals)}
+    result = {
+        "reached": reach is not None,
+        "compile_s": compile_s,
+        "e2e": e2e if e2e is not None else math.inf,
+        "best": max(evals) if evals else float("nan"),
+        "evals": len(evals),
+    }
     if reach is not None:
         result.update(reach)
         result["fps"] = reach["step"] / reach["train_s"]
     else:
-        result.update({"step": math.inf, "train_s": math.inf, "loop_s": math.inf,
-                       "fps": last["step"] / train_s if train_s > 0 else float("nan"), "budget_step": last["step"]})
+        result.update(
+            {
+                "step": math.inf,
+                "train_s": math.inf,
+                "loop_s": math.inf,
+                "fps": last["step"] / train_s if train_s > 0 else float("nan"),
+                "budget_step": last["step"],
+            }
+        )
     return result
 
 
 # -- the report ----------------------------------------------------------------------------------
+
 
 def versions() -> str:
     import importlib.metadata as m
@@ -352,29 +420,37 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def print_report(args: argparse.Namespace, plan: list[tuple[str, str, int]], runs: dict[str, list[dict[str, Any]]],
-                 seeds: list[int]) -> None:
+def print_report(
+    args: argparse.Namespace, plan: list[tuple[str, str, int]], runs: dict[str, list[dict[str, Any]]], seeds: list[int]
+) -> None:
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(f"\n### PPO on {TASK}: time to eval return >= {args.target:g} (ddprl jax vs ddprl torch vs SB3)\n")
-    print(f"Machine: {cpu_model()}, {os.cpu_count()} logical cores ({usable} usable), Python "
-          f"{platform.python_version()}, {platform.system()} {platform.release()}  ")
+    print(
+        f"Machine: {cpu_model()}, {os.cpu_count()} logical cores ({usable} usable), Python "
+        f"{platform.python_version()}, {platform.system()} {platform.release()}  "
+    )
     print(f"Versions: {versions()}  ")
-    print(f"Settings: {NUM_ENVS} envs in all, n_steps {N_STEPS}, global minibatch {args.batch} (per rank/device: "
-          f"{args.batch} / N), {EPOCHS} epochs, lr {LR:g} {'annealed to 0 over' if args.anneal else 'constant,'} "
-          f"{args.steps:,} steps (the budget), eval {EVAL_EPISODES} deterministic episodes every {args.eval_freq:,} "
-          f"steps; seeds {', '.join(map(str, seeds))}; "
-          f"{'runs stopped at the target' if not args.full_budget else 'every run to the full budget'}; "
-          f"OMP_NUM_THREADS=1; SB3 torch.set_num_threads(1).  ")
+    print(
+        f"Settings: {NUM_ENVS} envs in all, n_steps {N_STEPS}, global minibatch {args.batch} (per rank/device: "
+        f"{args.batch} / N), {EPOCHS} epochs, lr {LR:g} {'annealed to 0 over' if args.anneal else 'constant,'} "
+        f"{args.steps:,} steps (the budget), eval {EVAL_EPISODES} deterministic episodes every {args.eval_freq:,} "
+        f"steps; seeds {', '.join(map(str, seeds))}; "
+        f"{'runs stopped at the target' if not args.full_budget else 'every run to the full budget'}; "
+        f"OMP_NUM_THREADS=1; SB3 torch.set_num_threads(1).  "
+    )
     if args.ddprl_extra:
         print(f"Extra ddprl keys: {' '.join(args.ddprl_extra)}  ")
     if args.jax_extra:
-        print(f"Extra keys of the ddprl jax rows only (they win over the shared settings): "
-              f"{' '.join(args.jax_extra)}  ")
-    print("train s = training time only (rollout + update; **evaluation, start-up excluded**; jax: compile "
-          "excluded unless the row says incl.). loop s = training-loop wall time to the end of the reaching "
-          "evaluation (**evaluation included**; start-up and jax's iteration compile excluded). end-to-end = "
-          "process start to the reaching row (everything). Medians over seeds; a seed that did not reach the "
-          "target counts as +inf. SB3 / row: SB3's median over the row's.\n")
+        print(
+            f"Extra keys of the ddprl jax rows only (they win over the shared settings): {' '.join(args.jax_extra)}  "
+        )
+    print(
+        "train s = training time only (rollout + update; **evaluation, start-up excluded**; jax: compile "
+        "excluded unless the row says incl.). loop s = training-loop wall time to the end of the reaching "
+        "evaluation (**evaluation included**; start-up and jax's iteration compile excluded). end-to-end = "
+        "process start to the reaching row (everything). Medians over seeds; a seed that did not reach the "
+        "target counts as +inf. SB3 / row: SB3's median over the row's.\n"
+    )
 
     sb3 = runs.get("SB3 PPO")
     sb3_train = median([r["train_s"] for r in sb3 if "error" not in r]) if sb3 else float("nan")
@@ -389,11 +465,13 @@ def print_report(args: argparse.Namespace, plan: list[tuple[str, str, int]], run
             return "-"
         return f"{base / value:.1f}x"
 
-    print(f"| row | reached {args.target:g} | steps to {args.target:g} | train s to {args.target:g} "
-          f"| SB3 / row (train s) | train steps/s | loop s (incl. eval) | SB3 / row (loop s) "
-          f"| end-to-end s | SB3 / row (end-to-end) | other cores |")
+    print(
+        f"| row | reached {args.target:g} | steps to {args.target:g} | train s to {args.target:g} "
+        f"| SB3 / row (train s) | train steps/s | loop s (incl. eval) | SB3 / row (loop s) "
+        f"| end-to-end s | SB3 / row (end-to-end) | other cores |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, kind, n in plan:
+    for name, kind, _n in plan:
         ok = [r for r in runs[name] if "error" not in r]
         failed = len(runs[name]) - len(ok)
         if not ok:
@@ -412,29 +490,39 @@ def print_report(args: argparse.Namespace, plan: list[tuple[str, str, int]], run
             compile_note = ""
             if with_compile:
                 compile_note = f" (+{median([r['compile_s'] for r in ok]):.1f} s compile)"
-            print(f"| {name}{suffix} | {reached}/{len(ok)}{extra} | {fmt_step(median([r['step'] for r in ok]))} "
-                  f"| {fmt_s(median(train), '.2f')}{compile_note} | {ratio(sb3_train, median(train))} "
-                  f"| {fps:,.0f} | {fmt_s(median(loop), '.2f')} | {ratio(sb3_loop, median(loop))} "
-                  f"| {fmt_s(median(e2e))} | {ratio(sb3_e2e, median(e2e))} "
-                  f"| {median([r['other'] for r in ok]):.2f}{busy(ok)} |")
+            print(
+                f"| {name}{suffix} | {reached}/{len(ok)}{extra} | {fmt_step(median([r['step'] for r in ok]))} "
+                f"| {fmt_s(median(train), '.2f')}{compile_note} | {ratio(sb3_train, median(train))} "
+                f"| {fps:,.0f} | {fmt_s(median(loop), '.2f')} | {ratio(sb3_loop, median(loop))} "
+                f"| {fmt_s(median(e2e))} | {ratio(sb3_e2e, median(e2e))} "
+                f"| {median([r['other'] for r in ok]):.2f}{busy(ok)} |"
+            )
 
-    print(f"\nPer seed (steps and train s to {args.target:g}; jax train s without compile, compile apart; "
-          f"n/r = not reached within {args.steps:,} steps, best eval return given):\n")
-    print("| row | seed | steps | train s | compile s | loop s | end-to-end s | train steps/s | best eval "
-          "| evals | other cores |")
+    print(
+        f"\nPer seed (steps and train s to {args.target:g}; jax train s without compile, compile apart; "
+        f"n/r = not reached within {args.steps:,} steps, best eval return given):\n"
+    )
+    print(
+        "| row | seed | steps | train s | compile s | loop s | end-to-end s | train steps/s | best eval "
+        "| evals | other cores |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, kind, n in plan:
-        for seed, r in zip(seeds, runs[name]):
+    for name, kind, _n in plan:
+        for seed, r in zip(seeds, runs[name], strict=False):
             if "error" in r:
                 print(f"| {name} | {seed} | failed: {r['error'].splitlines()[0][:80]} | | | | | | | | |")
                 continue
             comp = f"{r['compile_s']:.2f}" if kind == "jax" else "-"
-            print(f"| {name} | {seed} | {fmt_step(r['step'])} | {fmt_s(r['train_s'], '.2f')} | {comp} "
-                  f"| {fmt_s(r['loop_s'], '.2f')} | {fmt_s(r['e2e'])} | {r['fps']:,.0f} | {r['best']:.1f} "
-                  f"| {r['evals']} | {r['other']:.2f}{busy([r])} |")
+            print(
+                f"| {name} | {seed} | {fmt_step(r['step'])} | {fmt_s(r['train_s'], '.2f')} | {comp} "
+                f"| {fmt_s(r['loop_s'], '.2f')} | {fmt_s(r['e2e'])} | {r['fps']:,.0f} | {r['best']:.1f} "
+                f"| {r['evals']} | {r['other']:.2f}{busy([r])} |"
+            )
     if any(r.get("other", 0) > args.max_other for rs in runs.values() for r in rs):
-        print(f"\n\\* other processes used more than {args.max_other} cores during (one of) the run(s): "
-              f"slower than on an idle machine.")
+        print(
+            f"\n\\* other processes used more than {args.max_other} cores during (one of) the run(s): "
+            f"slower than on an idle machine."
+        )
     print("\nCommands (seed 1, run directory a temporary one):\n")
     for name, kind, n in plan:
         tmp = Path("RUN_DIR")
@@ -445,8 +533,9 @@ def print_report(args: argparse.Namespace, plan: list[tuple[str, str, int]], run
         else:
             cmd = ddprl_command(args, kind, n, 1, tmp)
             cmd[:3] = ["ddprl"]
-            prefix = "OMP_NUM_THREADS=1 " + (f"XLA_FLAGS=--xla_force_host_platform_device_count={n} "
-                                             if kind == "jax" else "")
+            prefix = "OMP_NUM_THREADS=1 " + (
+                f"XLA_FLAGS=--xla_force_host_platform_device_count={n} " if kind == "jax" else ""
+            )
         print(f"    {name}: {prefix}{shlex.join(cmd)}")
 
 
@@ -480,24 +569,35 @@ def run_row(args: argparse.Namespace, name: str, kind: str, n: int, seed: int, a
             result = {"error": f"{type(exc).__name__}: {exc}"}
             print(f"[{name}] seed {seed} failed: {result['error']}", flush=True)
             return result
-    where = (f"reached {args.target:g} at {result['step']:,} steps" if result["reached"]
-             else f"NOT reached in {result.get('budget_step', 0):,} steps (best eval {result['best']:.1f})")
+    where = (
+        f"reached {args.target:g} at {result['step']:,} steps"
+        if result["reached"]
+        else f"NOT reached in {result.get('budget_step', 0):,} steps (best eval {result['best']:.1f})"
+    )
     comp = f" + {result['compile_s']:.1f} s compile" if kind == "jax" else ""
-    print(f"[{name}] seed {seed}: {where}: train {fmt_s(result['train_s'], '.2f')} s{comp}, "
-          f"loop {fmt_s(result['loop_s'], '.2f')} s, end-to-end {fmt_s(result['e2e'])} s, "
-          f"{result['fps']:,.0f} train steps/s, other processes {result['other']:.2f} cores", flush=True)
+    print(
+        f"[{name}] seed {seed}: {where}: train {fmt_s(result['train_s'], '.2f')} s{comp}, "
+        f"loop {fmt_s(result['loop_s'], '.2f')} s, end-to-end {fmt_s(result['e2e'])} s, "
+        f"{result['fps']:,.0f} train steps/s, other processes {result['other']:.2f} cores",
+        flush=True,
+    )
     return result
 
 
 # -- main -------------------------------------------------------------------------------------------
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=3, help="seeds per row (medians reported)")
     parser.add_argument("--first-seed", type=int, default=1)
     parser.add_argument("--steps", type=int, default=300_000, help="step budget per run (global steps)")
-    parser.add_argument("--eval-freq", type=int, default=8192,
-                        help=f"global steps between evaluations (a multiple of {ITERATION}, the same for every row)")
+    parser.add_argument(
+        "--eval-freq",
+        type=int,
+        default=8192,
+        help=f"global steps between evaluations (a multiple of {ITERATION}, the same for every row)",
+    )
     parser.add_argument("--target", type=float, default=475.0, help="eval return to reach")
     parser.add_argument("--batch", type=int, default=256, help="global minibatch (ddprl per rank/device: batch / N)")
     parser.add_argument("--no-anneal", dest="anneal", action="store_false", help="constant lr (default: annealed)")
@@ -506,21 +606,39 @@ def main() -> None:
     parser.add_argument("--skip-jax", action="store_true")
     parser.add_argument("--skip-torch", action="store_true")
     parser.add_argument("--skip-sb3", action="store_true")
-    parser.add_argument("--full-budget", action="store_true",
-                        help="run every run to --steps (default: stop a run at its first eval >= target)")
-    parser.add_argument("--ddprl-extra", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="more keys for every ddprl run (both engines)")
-    parser.add_argument("--jax-extra", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="keys for the ddprl jax rows only, e.g. settings that use many envs per device")
+    parser.add_argument(
+        "--full-budget",
+        action="store_true",
+        help="run every run to --steps (default: stop a run at its first eval >= target)",
+    )
+    parser.add_argument(
+        "--ddprl-extra", nargs="*", default=[], metavar="KEY=VALUE", help="more keys for every ddprl run (both engines)"
+    )
+    parser.add_argument(
+        "--jax-extra",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keys for the ddprl jax rows only, e.g. settings that use many envs per device",
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per run")
-    parser.add_argument("--max-other", type=float, default=0.3, metavar="CORES",
-                        help="a run during which other processes used more CPU than this is run again "
-                             "(--retries) and flagged *")
-    parser.add_argument("--retries", type=int, default=1,
-                        help="reruns of a contended run (the least contended one is kept)")
-    parser.add_argument("--wait-idle", type=float, default=60.0, metavar="SECONDS",
-                        help="before each run, wait up to this long for other processes to use <= --max-other "
-                             "cores (0: do not wait)")
+    parser.add_argument(
+        "--max-other",
+        type=float,
+        default=0.3,
+        metavar="CORES",
+        help="a run during which other processes used more CPU than this is run again (--retries) and flagged *",
+    )
+    parser.add_argument(
+        "--retries", type=int, default=1, help="reruns of a contended run (the least contended one is kept)"
+    )
+    parser.add_argument(
+        "--wait-idle",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="before each run, wait up to this long for other processes to use <= --max-other cores (0: do not wait)",
+    )
     parser.add_argument("--keep", metavar="DIR", help="keep every run's log and metrics under DIR")
     parser.add_argument("--report", metavar="FILE", help="also write the final tables (markdown) to FILE")
     parser.add_argument("--verbose", action="store_true", help="print every run's command line")
@@ -532,8 +650,10 @@ def main() -> None:
         sb3_worker(args)
         return
     if args.eval_freq % ITERATION:
-        parser.error(f"--eval-freq must be a multiple of {ITERATION} (steps per iteration), so that every row "
-                     f"evaluates at the same steps")
+        parser.error(
+            f"--eval-freq must be a multiple of {ITERATION} (steps per iteration), so that every row "
+            f"evaluates at the same steps"
+        )
     for n in list(args.devices) + list(args.world_sizes):
         if NUM_ENVS % n or args.batch % n:
             parser.error(f"{n} devices/ranks: {NUM_ENVS} envs and --batch {args.batch} must divide by it")
@@ -549,7 +669,7 @@ def main() -> None:
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in plan}
     began_all = time.perf_counter()
     for i, seed in enumerate(seeds):
-        order = plan[i % len(plan):] + plan[:i % len(plan)]  # rotate: no row always first
+        order = plan[i % len(plan) :] + plan[: i % len(plan)]  # rotate: no row always first
         for name, kind, n in order:
             kept: dict[str, Any] = {}
             for attempt in range(args.retries + 1):
@@ -562,8 +682,11 @@ def main() -> None:
                 if result["other"] <= args.max_other:
                     break
                 if attempt < args.retries:
-                    print(f"[{name}] seed {seed}: other processes used {result['other']:.2f} cores "
-                          f"(> {args.max_other}): run again", flush=True)
+                    print(
+                        f"[{name}] seed {seed}: other processes used {result['other']:.2f} cores "
+                        f"(> {args.max_other}): run again",
+                        flush=True,
+                    )
             runs[name].append(kept)
     print(f"[all runs: {time.perf_counter() - began_all:.0f} s]", flush=True)
 

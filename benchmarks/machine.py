@@ -12,8 +12,9 @@ import io
 import os
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 
 def cpu_model() -> str:
@@ -38,7 +39,9 @@ def cpu_counters() -> CpuSample:
     busy = float("nan")
     try:
         fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        busy = (fields[0] + fields[1] + fields[2] + fields[5] + fields[6]) / os.sysconf("SC_CLK_TCK")  # user nice system irq softirq
+        busy = (fields[0] + fields[1] + fields[2] + fields[5] + fields[6]) / os.sysconf(
+            "SC_CLK_TCK"
+        )  # user nice system irq softirq
     except (OSError, ValueError, IndexError):
         pass
     t = os.times()

@@ -32,9 +32,20 @@ def run_ddprl(world_size: int, steps: int, seed: int) -> dict[str, float]:
     from ddprl.algos.ppo.loop import train
 
     with tempfile.TemporaryDirectory() as tmp:
-        overrides = [f"world_size={world_size}", "num_envs=8", f"steps={steps}", f"seed={seed}",
-                     "anneal_lr=false", "clip_vloss=false", "ent_coef=0.0", "progress=false", "eval_freq=0",
-                     "eval_episodes=10", "checkpoint_freq=0", f"run_dir={tmp}/run"]
+        overrides = [
+            f"world_size={world_size}",
+            "num_envs=8",
+            f"steps={steps}",
+            f"seed={seed}",
+            "anneal_lr=false",
+            "clip_vloss=false",
+            "ent_coef=0.0",
+            "progress=false",
+            "eval_freq=0",
+            "eval_episodes=10",
+            "checkpoint_freq=0",
+            f"run_dir={tmp}/run",
+        ]
         overrides += [f"{k}={v}" for k, v in SHARED.items()]
         # batch_size is per rank: N ranks take 256/N each, so every optimizer step averages
         # 256 samples like SB3's (DDP averages the ranks' gradients) and there are as many steps.
@@ -54,10 +65,21 @@ def run_sb3(steps: int, seed: int) -> dict[str, float]:
 
     torch.set_num_threads(1)
     env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
-    model = PPO("MlpPolicy", env, n_steps=SHARED["n_steps"], batch_size=SHARED["batch_size"],
-                n_epochs=SHARED["epochs"], learning_rate=SHARED["lr"], gamma=SHARED["gamma"],
-                gae_lambda=SHARED["gae_lambda"], clip_range=SHARED["clip_coef"], ent_coef=0.0,
-                seed=seed, device="cpu", verbose=0)
+    model = PPO(
+        "MlpPolicy",
+        env,
+        n_steps=SHARED["n_steps"],
+        batch_size=SHARED["batch_size"],
+        n_epochs=SHARED["epochs"],
+        learning_rate=SHARED["lr"],
+        gamma=SHARED["gamma"],
+        gae_lambda=SHARED["gae_lambda"],
+        clip_range=SHARED["clip_coef"],
+        ent_coef=0.0,
+        seed=seed,
+        device="cpu",
+        verbose=0,
+    )
     start = time.perf_counter()
     model.learn(total_timesteps=steps)
     elapsed = time.perf_counter() - start
@@ -72,7 +94,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="seeds per row (means are reported)")
     args = parser.parse_args()
     os.environ.pop("OMP_NUM_THREADS", None)
-    rows: dict[str, list[dict[str, float]]] = {"sb3 (1 process)": [], "ddprl world_size=1": [], "ddprl world_size=2": []}
+    rows: dict[str, list[dict[str, float]]] = {
+        "sb3 (1 process)": [],
+        "ddprl world_size=1": [],
+        "ddprl world_size=2": [],
+    }
     for seed in range(1, args.repeats + 1):
         rows["sb3 (1 process)"].append(run_sb3(args.steps, seed))
         rows["ddprl world_size=1"].append(run_ddprl(1, args.steps, seed))

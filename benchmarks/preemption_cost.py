@@ -25,9 +25,19 @@ from ddprl.metrics import read_metrics
 JOBS = {
     "PPO CartPole-v1, 2 ranks, 300k steps": ["world_size=2", "steps=300000", "eval_episodes=0"],
     "QMIX Foraging-8x8-2p-2f-coop-v3, 2 ranks, 20k steps": [
-        "algo=qmix", "task=Foraging-8x8-2p-2f-coop-v3", "world_size=2", "steps=20000", "eval_episodes=0"],
-    "supervised digits, 2 ranks, 60 epochs": ["algo=supervised", "task=digits", "world_size=2", "epochs=60",
-                                             "patience=0"],
+        "algo=qmix",
+        "task=Foraging-8x8-2p-2f-coop-v3",
+        "world_size=2",
+        "steps=20000",
+        "eval_episodes=0",
+    ],
+    "supervised digits, 2 ranks, 60 epochs": [
+        "algo=supervised",
+        "task=digits",
+        "world_size=2",
+        "epochs=60",
+        "patience=0",
+    ],
 }
 
 
@@ -40,8 +50,13 @@ def main() -> None:
     for name, keys in JOBS.items():
         with tempfile.TemporaryDirectory() as tmp:
             env = dict(os.environ, MUJOCO_GL="disable")
-            res = subprocess.run([sys.executable, "-m", "ddprl", "train", *keys, "device=cpu", "progress=false",
-                                  f"run_dir={tmp}/run"], capture_output=True, text=True, env=env, timeout=3600)
+            res = subprocess.run(
+                [sys.executable, "-m", "ddprl", "train", *keys, "device=cpu", "progress=false", f"run_dir={tmp}/run"],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=3600,
+            )
             last = read_metrics(f"{tmp}/run")[-1] if res.returncode == 0 else {}
         if "time/stop_check_s" not in last:
             rows.append(f"| {name} | failed (exit {res.returncode}) | | |")
@@ -58,6 +73,7 @@ def main() -> None:
             print(row)
 
     emit_report(print_report, args.out)
+
 
 if __name__ == "__main__":
     main()

@@ -52,10 +52,26 @@ def task_spec(task: str) -> tuple[str, int]:
 
 def run_epymarl(args: argparse.Namespace, tmp: Path) -> tuple[dict[int, float], float]:
     key, limit = task_spec(args.task)
-    cmd = [args.epymarl_python, str(PROBE), args.epymarl, "--config=qmix", "--env-config=gymma", "with",
-           f"env_args.key={key}", f"env_args.time_limit={limit}", f"t_max={args.steps}", f"seed={args.seed}",
-           "use_cuda=False", "save_model=False", "use_tensorboard=False", "use_wandb=False", "common_reward=True",
-           f"test_nepisode={args.eval_episodes}", f"test_interval={args.eval_freq}", f"log_interval={args.eval_freq}"]
+    cmd = [
+        args.epymarl_python,
+        str(PROBE),
+        args.epymarl,
+        "--config=qmix",
+        "--env-config=gymma",
+        "with",
+        f"env_args.key={key}",
+        f"env_args.time_limit={limit}",
+        f"t_max={args.steps}",
+        f"seed={args.seed}",
+        "use_cuda=False",
+        "save_model=False",
+        "use_tensorboard=False",
+        "use_wandb=False",
+        "common_reward=True",
+        f"test_nepisode={args.eval_episodes}",
+        f"test_interval={args.eval_freq}",
+        f"log_interval={args.eval_freq}",
+    ]
     cmd += [f"{peer}={value}" for _, peer, value in SHARED]
     env = child_env()
     env["EPYMARL_PROBE_OUT"] = str(tmp / "probe.json")
@@ -75,13 +91,29 @@ def run_epymarl(args: argparse.Namespace, tmp: Path) -> tuple[dict[int, float], 
     return curve, wall
 
 
-def run_ddprl(args: argparse.Namespace, tmp: Path, world_size: int, num_envs: int, extra: list[str],
-              epymarl_settings: bool) -> tuple[dict[int, float], float]:
+def run_ddprl(
+    args: argparse.Namespace, tmp: Path, world_size: int, num_envs: int, extra: list[str], epymarl_settings: bool
+) -> tuple[dict[int, float], float]:
     _, limit = task_spec(args.task)
-    cmd = [sys.executable, "-m", "ddprl", "train", "algo=qmix", f"task={args.task}", f"steps={args.steps}",
-           f"world_size={world_size}", f"num_envs={num_envs}", f"seed={args.seed}", f"eval_freq={args.eval_freq}",
-           f"eval_episodes={args.eval_episodes}", "checkpoint_freq=0", "progress=false", f"run_dir={tmp}/run",
-           f"env_kwargs.time_limit={limit}", f"log_freq={args.eval_freq}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ddprl",
+        "train",
+        "algo=qmix",
+        f"task={args.task}",
+        f"steps={args.steps}",
+        f"world_size={world_size}",
+        f"num_envs={num_envs}",
+        f"seed={args.seed}",
+        f"eval_freq={args.eval_freq}",
+        f"eval_episodes={args.eval_episodes}",
+        "checkpoint_freq=0",
+        "progress=false",
+        f"run_dir={tmp}/run",
+        f"env_kwargs.time_limit={limit}",
+        f"log_freq={args.eval_freq}",
+    ]
     if epymarl_settings:
         cmd += [f"{ours}={_ddprl_value(value)}" for ours, _, value in SHARED]
     cmd += extra
@@ -106,9 +138,17 @@ def main() -> None:
     runs: list[tuple[str, Any]] = []
     if not args.skip_epymarl:
         runs.append(("EPyMARL (1 env)", lambda tmp: run_epymarl(args, tmp)))
-    runs.append(("ddprl EPyMARL-like, 1 rank x 8 envs", lambda tmp: run_ddprl(
-        args, tmp, 1, 8, ["standardise_state=false", "bootstrap_truncated=false"], epymarl_settings=True)))
-    runs.append(("ddprl defaults, 2 ranks x 4 envs", lambda tmp: run_ddprl(args, tmp, 2, 8, [], epymarl_settings=False)))
+    runs.append(
+        (
+            "ddprl EPyMARL-like, 1 rank x 8 envs",
+            lambda tmp: run_ddprl(
+                args, tmp, 1, 8, ["standardise_state=false", "bootstrap_truncated=false"], epymarl_settings=True
+            ),
+        )
+    )
+    runs.append(
+        ("ddprl defaults, 2 ranks x 4 envs", lambda tmp: run_ddprl(args, tmp, 2, 8, [], epymarl_settings=False))
+    )
     for name, run in runs:
         with tempfile.TemporaryDirectory() as tmp:
             try:

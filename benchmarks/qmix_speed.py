@@ -121,6 +121,7 @@ def _ddprl_value(value: Any) -> str:
 
 # -- timing windows ------------------------------------------------------------------------------
 
+
 def window(records: list[tuple[float, float, float, float]], skip: float) -> dict[str, float]:
     """Rates over ``records`` = [(seconds, env steps, updates, seconds not training so far), ...]
     from the first record with steps >= ``skip`` to the last one."""
@@ -130,13 +131,21 @@ def window(records: list[tuple[float, float, float, float]], skip: float) -> dic
     first = min(first, len(records) - 2)
     (t0, s0, u0, x0), (t1, s1, u1, x1) = records[first], records[-1]
     seconds = (t1 - t0) - (x1 - x0)
-    return {"fps": (s1 - s0) / seconds, "ups": (u1 - u0) / seconds, "window_steps": s1 - s0,
-            "window_s": seconds, "window_from": s0, "steps": s1, "updates": u1}
+    return {
+        "fps": (s1 - s0) / seconds,
+        "ups": (u1 - u0) / seconds,
+        "window_steps": s1 - s0,
+        "window_s": seconds,
+        "window_from": s0,
+        "steps": s1,
+        "updates": u1,
+    }
 
 
 # -- CPU bookkeeping (what *other* processes used while a row ran) ------------------------------
 
 # -- the rows ------------------------------------------------------------------------------------
+
 
 def run_logged(cmd: list[str], log: Path, env: dict[str, str], cwd: Path, timeout: float | None) -> float:
     """Run ``cmd`` with its output in ``log``; its wall seconds. Raise with the log's tail on failure."""
@@ -170,10 +179,25 @@ def child_env() -> dict[str, str]:
 def run_epymarl(args: argparse.Namespace, envs: int, tmp: Path) -> dict[str, Any]:
     key, limit = TASKS[args.task]
     out = tmp / "probe.json"
-    cmd = [args.epymarl_python, str(PROBE), args.epymarl, "--config=qmix", "--env-config=gymma", "with",
-           f"env_args.key={key}", f"env_args.time_limit={limit}", f"t_max={args.steps}", f"seed={args.seed}",
-           "use_cuda=False", "save_model=False", "use_tensorboard=False", "use_wandb=False", "common_reward=True",
-           f"test_nepisode={envs}", f"test_interval={10 * args.steps + 1}"]
+    cmd = [
+        args.epymarl_python,
+        str(PROBE),
+        args.epymarl,
+        "--config=qmix",
+        "--env-config=gymma",
+        "with",
+        f"env_args.key={key}",
+        f"env_args.time_limit={limit}",
+        f"t_max={args.steps}",
+        f"seed={args.seed}",
+        "use_cuda=False",
+        "save_model=False",
+        "use_tensorboard=False",
+        "use_wandb=False",
+        "common_reward=True",
+        f"test_nepisode={envs}",
+        f"test_interval={10 * args.steps + 1}",
+    ]
     cmd += [f"{peer}={value}" for _, peer, value in SHARED]
     if envs > 1:
         cmd += ["runner=parallel", f"batch_size_run={envs}"]
@@ -211,11 +235,25 @@ def log_freq(args: argparse.Namespace) -> int:
 def run_ddprl(args: argparse.Namespace, world_size: int, envs: int, tmp: Path) -> dict[str, Any]:
     _, limit = TASKS[args.task]
     run_dir = tmp / "run"
-    cmd = [sys.executable, "-m", "ddprl", "train", "algo=qmix", f"task={args.task}", f"steps={args.steps}",
-           f"world_size={world_size}", f"num_envs={envs * world_size}", f"seed={args.seed}", "eval_freq=0",
-           "eval_episodes=0",
-           "checkpoint_freq=0", "progress=false", f"run_dir={run_dir}", f"env_kwargs.time_limit={limit}",
-           f"log_freq={log_freq(args)}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ddprl",
+        "train",
+        "algo=qmix",
+        f"task={args.task}",
+        f"steps={args.steps}",
+        f"world_size={world_size}",
+        f"num_envs={envs * world_size}",
+        f"seed={args.seed}",
+        "eval_freq=0",
+        "eval_episodes=0",
+        "checkpoint_freq=0",
+        "progress=false",
+        f"run_dir={run_dir}",
+        f"env_kwargs.time_limit={limit}",
+        f"log_freq={log_freq(args)}",
+    ]
     cmd += [f"{ours}={_ddprl_value(value)}" for ours, _, value in SHARED]
     if args.weak_scaling:
         # Every rank does one process's work: 32 episodes per rank and an update every episode
@@ -234,8 +272,9 @@ def run_ddprl(args: argparse.Namespace, world_size: int, envs: int, tmp: Path) -
     result = window(records, args.skip_frac * args.steps)
     in_window = [r["time/global_fps"] for r in rows if r["step"] > result["window_from"] and "time/global_fps" in r]
     result["fps_self"] = sum(in_window) / len(in_window) if in_window else float("nan")
-    final = [r["train/episode_return"] for r in rows
-             if r["step"] >= 0.9 * result["steps"] and "train/episode_return" in r]
+    final = [
+        r["train/episode_return"] for r in rows if r["step"] >= 0.9 * result["steps"] and "train/episode_return" in r
+    ]
     if not final:  # fewer rows than that: the last row that has a return
         final = [r["train/episode_return"] for r in rows if "train/episode_return" in r][-1:]
     result["return"] = sum(final) / len(final) if final else float("nan")
@@ -246,14 +285,17 @@ def run_ddprl(args: argparse.Namespace, world_size: int, envs: int, tmp: Path) -
 
 # -- the report ----------------------------------------------------------------------------------
 
+
 def versions(python: str) -> str:
     """torch / gymnasium / lbforaging / rware / numpy versions seen by ``python``."""
-    code = ("import importlib.metadata as m\n"
-            "out = []\n"
-            "for p in ('torch', 'numpy', 'gymnasium', 'lbforaging', 'rware'):\n"
-            "    try: out.append(f'{p} {m.version(p)}')\n"
-            "    except m.PackageNotFoundError: pass\n"
-            "print(', '.join(out))")
+    code = (
+        "import importlib.metadata as m\n"
+        "out = []\n"
+        "for p in ('torch', 'numpy', 'gymnasium', 'lbforaging', 'rware'):\n"
+        "    try: out.append(f'{p} {m.version(p)}')\n"
+        "    except m.PackageNotFoundError: pass\n"
+        "print(', '.join(out))"
+    )
     try:
         return subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
@@ -280,29 +322,41 @@ def print_report(args: argparse.Namespace, rows: list[tuple[str, dict[str, Any]]
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     key, limit = TASKS[args.task]
     print("\n### QMIX training speed: ddprl vs EPyMARL\n")
-    print(f"Machine: {cpu_model()}, {os.cpu_count()} logical cores ({usable} usable), Python "
-          f"{platform.python_version()}, OMP_NUM_THREADS=1 in every process  ")
+    print(
+        f"Machine: {cpu_model()}, {os.cpu_count()} logical cores ({usable} usable), Python "
+        f"{platform.python_version()}, OMP_NUM_THREADS=1 in every process  "
+    )
     print(f"ddprl side: {versions(sys.executable)}  ")
     if not args.skip_epymarl:
-        print(f"EPyMARL side: commit {epymarl_commit(args.epymarl)} ({args.epymarl}), "
-              f"{versions(args.epymarl_python)}, sacred output {'off' if args.peer_no_sacred else 'on'}  ")
-    print(f"Task: {args.task} (EPyMARL key {key}), episode limit {limit}; {args.steps:,} env steps, seed {args.seed}; "
-          f"timed window: first record at >= {args.skip_frac:.0%} of the steps to the end (ddprl log_freq="
-          f"{log_freq(args)}; EPyMARL: a record per runner call).  ")
+        print(
+            f"EPyMARL side: commit {epymarl_commit(args.epymarl)} ({args.epymarl}), "
+            f"{versions(args.epymarl_python)}, sacred output {'off' if args.peer_no_sacred else 'on'}  "
+        )
+    print(
+        f"Task: {args.task} (EPyMARL key {key}), episode limit {limit}; {args.steps:,} env steps, seed {args.seed}; "
+        f"timed window: first record at >= {args.skip_frac:.0%} of the steps to the end (ddprl log_freq="
+        f"{log_freq(args)}; EPyMARL: a record per runner call).  "
+    )
     if args.repeats > 1:
-        print(f"Rates, wall s: medians over {args.repeats} runs per row (env steps/s: min-max in brackets); "
-              f"final return: their mean.  ")
-    print("Shared: " + ", ".join(f"{ours}={_ddprl_value(value)}" for ours, _, value in SHARED) + "; no evaluation, "
-          "no checkpoints.\n")
+        print(
+            f"Rates, wall s: medians over {args.repeats} runs per row (env steps/s: min-max in brackets); "
+            f"final return: their mean.  "
+        )
+    print(
+        "Shared: " + ", ".join(f"{ours}={_ddprl_value(value)}" for ours, _, value in SHARED) + "; no evaluation, "
+        "no checkpoints.\n"
+    )
     base = dict(rows).get("EPyMARL episode runner (1 env)")
     if base is not None and "error" in base:
         base = None
     one_rank = {}
-    for name, r in rows:
+    for _name, r in rows:
         if "error" not in r and r.get("world_size") == 1:
             one_rank[r["envs"]] = r["fps"]
-    print("| row | env steps/s | updates/s | fps (self) | steps/s vs EPyMARL | updates/s vs EPyMARL "
-          "| scaling eff. | final return | env steps | updates | wall s | other cores |")
+    print(
+        "| row | env steps/s | updates/s | fps (self) | steps/s vs EPyMARL | updates/s vs EPyMARL "
+        "| scaling eff. | final return | env steps | updates | wall s | other cores |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, r in rows:
         if "error" in r:
@@ -319,9 +373,11 @@ def print_report(args: argparse.Namespace, rows: list[tuple[str, dict[str, Any]]
             fps += f" ({min(r['fps_all']):,.0f}-{max(r['fps_all']):,.0f})"
         if r["failed_runs"]:
             fps += f" ({r['failed_runs']} run(s) failed)"
-        print(f"| {name} | {fps} | {fmt(r['ups'], ',.1f')} | {fmt(r['fps_self'])} | {vs} | {vs_u} | {eff} "
-              f"| {fmt(r['return'], '.3f')} | {r['steps']:,.0f} | {fmt(r['updates'], ',.0f')} | {r['wall']:.0f} "
-              f"| {r['other']:.2f}{mark} |")
+        print(
+            f"| {name} | {fps} | {fmt(r['ups'], ',.1f')} | {fmt(r['fps_self'])} | {vs} | {vs_u} | {eff} "
+            f"| {fmt(r['return'], '.3f')} | {r['steps']:,.0f} | {fmt(r['updates'], ',.0f')} | {r['wall']:.0f} "
+            f"| {r['other']:.2f}{mark} |"
+        )
     failed = [(name, r["error"]) for name, r in rows if "error" in r]
     for name, error in failed:
         print(f"\n{name} failed: {error.splitlines()[0] if error else ''}")
@@ -350,12 +406,18 @@ def run_row(args: argparse.Namespace, name: str, job: Any, repeat: int) -> dict[
         if "error" in run:
             return result or run
         run["other"] = foreign_load(began, cpu_counters())
-        print(f"[{name}] {run['fps']:,.0f} env steps/s, {run['ups']:,.1f} updates/s over "
-              f"{run['window_steps']:,.0f} steps ({run['window_s']:.1f} s), {run['wall']:.0f} s in all, "
-              f"final return {run['return']:.3f}, other processes {run['other']:.2f} cores"
-              + (f", learner train() {run['learner_share']:.0%} of the training time"
-                 if run["learner_share"] == run["learner_share"] else "")
-              + (f", {run['fps_cpu']:,.0f} env steps per CPU-second" if "fps_cpu" in run else ""), flush=True)
+        print(
+            f"[{name}] {run['fps']:,.0f} env steps/s, {run['ups']:,.1f} updates/s over "
+            f"{run['window_steps']:,.0f} steps ({run['window_s']:.1f} s), {run['wall']:.0f} s in all, "
+            f"final return {run['return']:.3f}, other processes {run['other']:.2f} cores"
+            + (
+                f", learner train() {run['learner_share']:.0%} of the training time"
+                if run["learner_share"] == run["learner_share"]
+                else ""
+            )
+            + (f", {run['fps_cpu']:,.0f} env steps per CPU-second" if "fps_cpu" in run else ""),
+            flush=True,
+        )
         if not result or run["other"] < result["other"]:
             result = run
         if run["other"] <= args.max_other:
@@ -384,36 +446,71 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100_000, help="env steps per row (all envs, all ranks)")
     parser.add_argument("--world-sizes", type=int, nargs="*", default=[1, 2], help="ddprl world sizes")
     parser.add_argument("--num-envs", type=int, nargs="*", default=[1, 8], help="ddprl envs per rank")
-    parser.add_argument("--peer-envs", type=int, nargs="*", default=[1],
-                        help="EPyMARL rows: 1 = episode runner, E > 1 = parallel runner with E envs")
+    parser.add_argument(
+        "--peer-envs",
+        type=int,
+        nargs="*",
+        default=[1],
+        help="EPyMARL rows: 1 = episode runner, E > 1 = parallel runner with E envs",
+    )
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="runs of every row, rotated in order (medians reported; one machine is noisy)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of every row, rotated in order (medians reported; one machine is noisy)",
+    )
     parser.add_argument("--epymarl", default="/work/peers/epymarl", help="EPyMARL tree (holds src/main.py)")
-    parser.add_argument("--epymarl-python", default="/work/peers/epymarl-venv/bin/python",
-                        help="the Python of EPyMARL's virtual environment")
+    parser.add_argument(
+        "--epymarl-python",
+        default="/work/peers/epymarl-venv/bin/python",
+        help="the Python of EPyMARL's virtual environment",
+    )
     parser.add_argument("--skip-epymarl", action="store_true")
-    parser.add_argument("--weak-scaling", action="store_true",
-                        help="ddprl ranks each do one process's work (32 episodes per rank, an update per episode "
-                             "limit of local steps) instead of sharing EPyMARL's 32-episode update")
+    parser.add_argument(
+        "--weak-scaling",
+        action="store_true",
+        help="ddprl ranks each do one process's work (32 episodes per rank, an update per episode "
+        "limit of local steps) instead of sharing EPyMARL's 32-episode update",
+    )
     parser.add_argument("--skip-ddprl", action="store_true")
-    parser.add_argument("--peer-no-sacred", action="store_true",
-                        help="EPyMARL without sacred's file observer and stdout capture")
-    parser.add_argument("--skip-frac", type=float, default=0.1,
-                        help="the timed window starts at the first record past this fraction of --steps")
-    parser.add_argument("--ddprl-extra", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="more ddprl keys for every ddprl row")
-    parser.add_argument("--log-freq", type=int, default=None,
-                        help="ddprl's log_freq (env steps between metric rows; default min(10000, steps/10))")
+    parser.add_argument(
+        "--peer-no-sacred", action="store_true", help="EPyMARL without sacred's file observer and stdout capture"
+    )
+    parser.add_argument(
+        "--skip-frac",
+        type=float,
+        default=0.1,
+        help="the timed window starts at the first record past this fraction of --steps",
+    )
+    parser.add_argument(
+        "--ddprl-extra", nargs="*", default=[], metavar="KEY=VALUE", help="more ddprl keys for every ddprl row"
+    )
+    parser.add_argument(
+        "--log-freq",
+        type=int,
+        default=None,
+        help="ddprl's log_freq (env steps between metric rows; default min(10000, steps/10))",
+    )
     parser.add_argument("--timeout", type=float, default=None, help="seconds allowed per row (default: none)")
-    parser.add_argument("--max-other", type=float, default=0.2, metavar="CORES",
-                        help="flag a row during which other processes used more CPU than this")
-    parser.add_argument("--retries", type=int, default=1,
-                        help="redos of a row during which other processes used more than --max-other cores "
-                             "(the least contended run is kept)")
+    parser.add_argument(
+        "--max-other",
+        type=float,
+        default=0.2,
+        metavar="CORES",
+        help="flag a row during which other processes used more CPU than this",
+    )
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=1,
+        help="redos of a row during which other processes used more than --max-other cores "
+        "(the least contended run is kept)",
+    )
     parser.add_argument("--report", metavar="FILE", help="also write the final table (markdown) to FILE")
-    parser.add_argument("--keep", metavar="DIR",
-                        help="keep every row's logs, probe JSON and ddprl run directory under DIR")
+    parser.add_argument(
+        "--keep", metavar="DIR", help="keep every row's logs, probe JSON and ddprl run directory under DIR"
+    )
     parser.add_argument("--verbose", action="store_true", help="print every row's command line")
     args = parser.parse_args()
     if not args.skip_epymarl:
@@ -430,12 +527,16 @@ def main() -> None:
     if not args.skip_ddprl:
         for envs in args.num_envs:
             for n in args.world_sizes:
-                plan.append((f"ddprl {n} rank{'s' if n > 1 else ''} x {envs} env{'s' if envs > 1 else ''}",
-                             lambda tmp, n=n, e=envs: {**run_ddprl(args, n, e, tmp), "world_size": n, "envs": e}))
+                plan.append(
+                    (
+                        f"ddprl {n} rank{'s' if n > 1 else ''} x {envs} env{'s' if envs > 1 else ''}",
+                        lambda tmp, n=n, e=envs: {**run_ddprl(args, n, e, tmp), "world_size": n, "envs": e},
+                    )
+                )
 
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in plan}
     for repeat in range(args.repeats):
-        order = plan[repeat % len(plan):] + plan[:repeat % len(plan)]  # rotate: no row always first
+        order = plan[repeat % len(plan) :] + plan[: repeat % len(plan)]  # rotate: no row always first
         for name, job in order:
             runs[name].append(run_row(args, name, job, repeat))
     rows = [(name, combine(runs[name])) for name, _ in plan]

@@ -51,10 +51,24 @@ def env_only(scenario: str, num_envs: int, device: str, seconds: float = 10.0) -
 
 def qmix_run(scenario: str, num_envs: int, device: str, steps: int, world_size: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "ddprl", "train", "algo=qmix", f"task=vmas/{scenario}", f"steps={steps}",
-               f"num_envs={num_envs}", f"world_size={world_size}", f"device={device}", "eval_freq=0",
-               "eval_episodes=0", "checkpoint_freq=0", "progress=false", f"log_freq={steps // 10}",
-               f"run_dir={tmp}/run"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "ddprl",
+            "train",
+            "algo=qmix",
+            f"task=vmas/{scenario}",
+            f"steps={steps}",
+            f"num_envs={num_envs}",
+            f"world_size={world_size}",
+            f"device={device}",
+            "eval_freq=0",
+            "eval_episodes=0",
+            "checkpoint_freq=0",
+            "progress=false",
+            f"log_freq={steps // 10}",
+            f"run_dir={tmp}/run",
+        ]
         res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         if res.returncode != 0:
             raise RuntimeError(res.stderr[-2000:])
@@ -78,8 +92,11 @@ def main() -> None:
         raw = env_only(args.scenario, n, args.device)
         steps = max(args.steps, n * 200)  # at least 200 vector steps: a few updates and rows
         full = qmix_run(args.scenario, n * args.world_size, args.device, steps, args.world_size)
-        print(f"| {n * args.world_size:,} | {raw * args.world_size:,.0f} | {full:,.0f} | {full / raw / args.world_size:.2f} |",
-              flush=True)
+        print(
+            f"| {n * args.world_size:,} | {raw * args.world_size:,.0f} | {full:,.0f} "
+            f"| {full / raw / args.world_size:.2f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -77,11 +77,10 @@ from typing import Any
 # ranks when this is unset; setting it makes it explicit and equal).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from machine import cpu_counters, cpu_model, emit_report, foreign_load  # noqa: E402
-
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+from machine import cpu_counters, cpu_model, emit_report, foreign_load  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
@@ -92,7 +91,8 @@ _LIGHTNING_ENV = "SUPERVISED_OVERHEAD_LIGHTNING"  # set while Lightning runs: it
 
 # -- the shared workload ------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
+
+@functools.cache
 def _digits() -> tuple[torch.Tensor, torch.Tensor]:
     from sklearn.datasets import load_digits
 
@@ -134,6 +134,7 @@ def free_port() -> int:
 
 # -- plain PyTorch DDP --------------------------------------------------------------------------
 
+
 def plain_rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -170,9 +171,16 @@ def plain_rank(rank: int, world: int, port: int, args: argparse.Namespace, out: 
                 val_sums[1] += (output.argmax(1) == y).sum()
                 val_sums[2] += len(y)
         dist.all_reduce(val_sums)
-        epochs.append({"start": start, "train_s": trained - start, "val_s": time.perf_counter() - trained,
-                       "train/loss": float(train_sums[0] / train_sums[1]), "val/loss": float(val_sums[0] / val_sums[2]),
-                       "val/accuracy": float(val_sums[1] / val_sums[2])})
+        epochs.append(
+            {
+                "start": start,
+                "train_s": trained - start,
+                "val_s": time.perf_counter() - trained,
+                "train/loss": float(train_sums[0] / train_sums[1]),
+                "val/loss": float(val_sums[0] / val_sums[2]),
+                "val/accuracy": float(val_sums[1] / val_sums[2]),
+            }
+        )
     if rank == 0:
         torch.save(model.state_dict(), Path(out) / "weights.pt")
         (Path(out) / "epochs.json").write_text(json.dumps(epochs))
@@ -190,8 +198,14 @@ def run_plain(args: argparse.Namespace) -> dict[str, Any]:
         epochs = json.loads((Path(out) / "epochs.json").read_text())
         weights = torch.load(Path(out) / "weights.pt", weights_only=True)
     starts = [e["start"] for e in epochs]
-    return {"train": [e["train_s"] for e in epochs], "cycle": [b - a for a, b in zip(starts, starts[1:])],
-            "weights": weights, "val_s": [e["val_s"] for e in epochs], "ckpts": 0, "final": epochs[-1]}
+    return {
+        "train": [e["train_s"] for e in epochs],
+        "cycle": [b - a for a, b in zip(starts, starts[1:], strict=False)],
+        "weights": weights,
+        "val_s": [e["val_s"] for e in epochs],
+        "ckpts": 0,
+        "final": epochs[-1],
+    }
 
 
 # -- ddprl --------------------------------------------------------------------------------------
@@ -212,12 +226,22 @@ def run_ddprl(args: argparse.Namespace, variant: str) -> dict[str, Any]:
         keys["eval_freq"] = args.epochs
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        Trainer(model=functools.partial(make_model, tuple(args.hidden)), loss=nn.CrossEntropyLoss(),
-                train=functools.partial(digits_like, args.samples, 1),
-                val=functools.partial(digits_like, args.val_samples, 2), metrics=["accuracy"],
-                optimizer=functools.partial(torch.optim.Adam, lr=args.lr),
-                world_size=WORLD_SIZE, device="cpu", backend="gloo", epochs=args.epochs,
-                batch_size=args.batch_size, seed=args.seed, run_dir=str(run_dir), **keys).fit()
+        Trainer(
+            model=functools.partial(make_model, tuple(args.hidden)),
+            loss=nn.CrossEntropyLoss(),
+            train=functools.partial(digits_like, args.samples, 1),
+            val=functools.partial(digits_like, args.val_samples, 2),
+            metrics=["accuracy"],
+            optimizer=functools.partial(torch.optim.Adam, lr=args.lr),
+            world_size=WORLD_SIZE,
+            device="cpu",
+            backend="gloo",
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            run_dir=str(run_dir),
+            **keys,
+        ).fit()
         rows = [r for r in read_metrics(run_dir) if "epoch" in r]
         ckpt = torch.load(run_dir / "checkpoints" / "latest.pt", map_location="cpu", weights_only=True)
     walls = [r["wall_time"] for r in rows]
@@ -235,12 +259,17 @@ def run_ddprl(args: argparse.Namespace, variant: str) -> dict[str, Any]:
             saves += 1 < row["epoch"] < args.epochs
     # Row e's wall_time is taken when row e is written (end of epoch e); the interval from row e-1
     # to row e is epoch e's cycle. The last row also holds the final save and test: left out.
-    return {"train": [r["time/epoch_s"] for r in rows],
-            "cycle": [None] + [b - a for a, b in zip(walls, walls[1:])][:-1],
-            "weights": ckpt["state"]["model"], "ckpts": saves, "final": rows[-1]}
+    return {
+        "train": [r["time/epoch_s"] for r in rows],
+        "cycle": [None] + [b - a for a, b in zip(walls, walls[1:], strict=False)][:-1],
+        "weights": ckpt["state"]["model"],
+        "ckpts": saves,
+        "final": rows[-1],
+    }
 
 
 # -- PyTorch Lightning --------------------------------------------------------------------------
+
 
 def define_lightning() -> None:
     """Define ``LitMLP`` and ``EpochTimer`` in this module (imports pytorch_lightning).
@@ -273,8 +302,13 @@ def define_lightning() -> None:
 
         def train_dataloader(self):
             data = digits_like(self.args.samples, 1)
-            sampler = DistributedSampler(data, num_replicas=self.trainer.world_size, rank=self.trainer.global_rank,
-                                         shuffle=True, seed=self.args.seed)
+            sampler = DistributedSampler(
+                data,
+                num_replicas=self.trainer.world_size,
+                rank=self.trainer.global_rank,
+                shuffle=True,
+                seed=self.args.seed,
+            )
             return DataLoader(data, batch_size=self.args.batch_size, sampler=sampler)
 
         def val_dataloader(self):
@@ -320,17 +354,28 @@ def run_lightning(args: argparse.Namespace, minimal: bool) -> dict[str, Any]:
 
     import pytorch_lightning as pl
 
-    extras = (dict(enable_checkpointing=False, logger=False, enable_progress_bar=False, enable_model_summary=False)
-              if minimal else {})
+    extras = (
+        dict(enable_checkpointing=False, logger=False, enable_progress_bar=False, enable_model_summary=False)
+        if minimal
+        else {}
+    )
     os.environ[_LIGHTNING_ENV] = "1"  # only Lightning's ranks import Lightning
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*(num_workers|does not have many workers|sync_dist).*")
         timer = EpochTimer(str(Path(tmp) / "epochs.json"))  # noqa: F821 (defined by define_lightning)
         torch.manual_seed(args.seed)
         lit = LitMLP(make_model(tuple(args.hidden)), args)  # noqa: F821
-        trainer = pl.Trainer(accelerator="cpu", devices=WORLD_SIZE, strategy="ddp_spawn", max_epochs=args.epochs,
-                             num_sanity_val_steps=0, use_distributed_sampler=False, default_root_dir=tmp,
-                             callbacks=[timer], **extras)
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            devices=WORLD_SIZE,
+            strategy="ddp_spawn",
+            max_epochs=args.epochs,
+            num_sanity_val_steps=0,
+            use_distributed_sampler=False,
+            default_root_dir=tmp,
+            callbacks=[timer],
+            **extras,
+        )
         try:
             trainer.fit(lit)  # the spawn launcher loads rank 0's final weights back into ``lit``
         finally:
@@ -338,12 +383,17 @@ def run_lightning(args: argparse.Namespace, minimal: bool) -> dict[str, Any]:
         times = json.loads((Path(tmp) / "epochs.json").read_text())
         final = {k: float(v) for k, v in trainer.callback_metrics.items()}
     starts, ends = times["starts"], times["train_ends"]
-    return {"train": [e - s for s, e in zip(starts, ends)], "cycle": [b - a for a, b in zip(starts, starts[1:])],
-            "weights": {k: v.detach().clone() for k, v in lit.model.state_dict().items()}, "ckpts": None,
-            "final": final}
+    return {
+        "train": [e - s for s, e in zip(starts, ends, strict=False)],
+        "cycle": [b - a for a, b in zip(starts, starts[1:], strict=False)],
+        "weights": {k: v.detach().clone() for k, v in lit.model.state_dict().items()},
+        "ckpts": None,
+        "final": final,
+    }
 
 
 # -- paired, in-process: where ddprl's time goes ---------------------------------------------------
+
 
 def paired_rank(rt: Any, cfg: Any, args: argparse.Namespace, out: str) -> None:
     """In the same 2 ddprl ranks (real Runtime, DDP, Run): the plain epoch and ddprl's pieces, alternating.
@@ -395,9 +445,18 @@ def paired_rank(rt: Any, cfg: Any, args: argparse.Namespace, out: str) -> None:
         model.train()
 
     step = 0
-    times: dict[str, list[float]] = {k: [] for k in ("plain train", "ddprl train_one_epoch", "plain validation",
-                                                     "ddprl evaluate", "ddprl average_buffers + broadcast_object",
-                                                     "ddprl run.save (checkpoint)", "ddprl run.log (row)")}
+    times: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "plain train",
+            "ddprl train_one_epoch",
+            "plain validation",
+            "ddprl evaluate",
+            "ddprl average_buffers + broadcast_object",
+            "ddprl run.save (checkpoint)",
+            "ddprl run.log (row)",
+        )
+    }
 
     def timed(name: str, fn: Any) -> Any:
         start = time.perf_counter()
@@ -407,27 +466,71 @@ def paired_rank(rt: Any, cfg: Any, args: argparse.Namespace, out: str) -> None:
 
     for epoch in range(args.paired):
         arms = [("plain train", plain_train), ("ddprl train_one_epoch", None)]
-        for name, fn in (arms if epoch % 2 == 0 else arms[::-1]):
+        for name, fn in arms if epoch % 2 == 0 else arms[::-1]:
             loader.sampler.set_epoch(epoch)
             if fn is None:
-                step = timed(name, lambda: train_one_epoch(rt, cfg, task, net, model, loader, opt, None, scaler,
-                                                           contextlib.nullcontext(), run, step, len(loader)))[1]
+                step = timed(
+                    name,
+                    lambda: train_one_epoch(
+                        rt,
+                        cfg,
+                        task,
+                        net,
+                        model,
+                        loader,
+                        opt,
+                        None,
+                        scaler,
+                        contextlib.nullcontext(),
+                        run,
+                        step,
+                        len(loader),
+                    ),
+                )[1]
             else:
                 timed(name, fn)
-        vals = [("plain validation", plain_val),
-                ("ddprl evaluate", lambda: evaluate(rt, model, val_loader, task, "val", contextlib.nullcontext()))]
-        for name, fn in (vals if epoch % 2 == 0 else vals[::-1]):
+        vals = [
+            ("plain validation", plain_val),
+            ("ddprl evaluate", lambda: evaluate(rt, model, val_loader, task, "val", contextlib.nullcontext())),
+        ]
+        for name, fn in vals if epoch % 2 == 0 else vals[::-1]:
             timed(name, fn)
-        timed("ddprl average_buffers + broadcast_object",
-              lambda: (average_buffers(rt, model), rt.broadcast_object((False, True))))
-        timed("ddprl run.save (checkpoint)", lambda: run.save(step, state={
-            "model": strip_prefixes(model.state_dict()), "optimizer": opt.state_dict(), "scheduler": None,
-            "scaler": scaler.state_dict(), "early_stopping": {"best": 1.0, "bad_evals": 0, "stopped": False}},
-            counters={"epoch": epoch + 1}, score=-float(epoch)))
-        timed("ddprl run.log (row)", lambda: run.log(step, {"epoch": epoch + 1, "train/loss": 0.1, "train/lr": 1e-3,
-                                                            "train/samples": 6e4, "time/epoch_s": 1.0,
-                                                            "time/samples_per_s": 6e4, "val/loss": 0.1,
-                                                            "val/accuracy": 0.9, "val/num_samples": 1e4}))
+        timed(
+            "ddprl average_buffers + broadcast_object",
+            lambda: (average_buffers(rt, model), rt.broadcast_object((False, True))),
+        )
+        timed(
+            "ddprl run.save (checkpoint)",
+            lambda: run.save(
+                step,
+                state={
+                    "model": strip_prefixes(model.state_dict()),
+                    "optimizer": opt.state_dict(),
+                    "scheduler": None,
+                    "scaler": scaler.state_dict(),
+                    "early_stopping": {"best": 1.0, "bad_evals": 0, "stopped": False},
+                },
+                counters={"epoch": epoch + 1},
+                score=-float(epoch),
+            ),
+        )
+        timed(
+            "ddprl run.log (row)",
+            lambda: run.log(
+                step,
+                {
+                    "epoch": epoch + 1,
+                    "train/loss": 0.1,
+                    "train/lr": 1e-3,
+                    "train/samples": 6e4,
+                    "time/epoch_s": 1.0,
+                    "time/samples_per_s": 6e4,
+                    "val/loss": 0.1,
+                    "val/accuracy": 0.9,
+                    "val/num_samples": 1e4,
+                },
+            ),
+        )
     run.close()
     if rt.is_main:
         (Path(out) / "paired.json").write_text(json.dumps({"times": times, "steps": len(loader)}))
@@ -438,19 +541,32 @@ def run_paired(args: argparse.Namespace) -> dict[str, Any]:
     from ddprl.supervised import Trainer
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = Trainer(model=None, loss=nn.CrossEntropyLoss(), train=[0], world_size=WORLD_SIZE, device="cpu",
-                      backend="gloo", batch_size=args.batch_size, seed=args.seed, run_dir=str(Path(tmp) / "run"),
-                      progress=not args.paired_no_progress).config()
+        cfg = Trainer(
+            model=None,
+            loss=nn.CrossEntropyLoss(),
+            train=[0],
+            world_size=WORLD_SIZE,
+            device="cpu",
+            backend="gloo",
+            batch_size=args.batch_size,
+            seed=args.seed,
+            run_dir=str(Path(tmp) / "run"),
+            progress=not args.paired_no_progress,
+        ).config()
         launch(functools.partial(paired_rank, args=args, out=tmp), cfg)
         return json.loads((Path(tmp) / "paired.json").read_text())
 
 
 def print_paired(paired: dict[str, Any], args: argparse.Namespace) -> None:
     times, steps = paired["times"], paired["steps"]
-    print(f"\n### Paired, in-process: the same 2 ddprl ranks alternate the plain code and ddprl's, "
-          f"{args.paired} epochs each (first dropped)\n")
-    print(f"progress bar {'off' if args.paired_no_progress else 'on (ddprl default)'}; "
-          f"{steps} steps per epoch per rank. Ratio: median over epochs of ddprl / plain in the same epoch.\n")
+    print(
+        f"\n### Paired, in-process: the same 2 ddprl ranks alternate the plain code and ddprl's, "
+        f"{args.paired} epochs each (first dropped)\n"
+    )
+    print(
+        f"progress bar {'off' if args.paired_no_progress else 'on (ddprl default)'}; "
+        f"{steps} steps per epoch per rank. Ratio: median over epochs of ddprl / plain in the same epoch.\n"
+    )
     print("| piece | median s/epoch | per step | ddprl / plain (paired median, min-max) |")
     print("|---|---|---|---|")
 
@@ -458,7 +574,7 @@ def print_paired(paired: dict[str, Any], args: argparse.Namespace) -> None:
         values = times[name][1:]
         ratio = ""
         if base is not None:
-            ratios = [a / b for a, b in zip(values, times[base][1:])]
+            ratios = [a / b for a, b in zip(values, times[base][1:], strict=False)]
             ratio = f"{statistics.median(ratios) - 1:+.1%} ({min(ratios) - 1:+.1%} .. {max(ratios) - 1:+.1%})"
         per_step = f"{1e3 * statistics.median(values) / steps:.3f} ms" if "train" in name else ""
         print(f"| {name} | {statistics.median(values):.4f} | {per_step} | {ratio} |")
@@ -472,6 +588,7 @@ def print_paired(paired: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 # -- the report ---------------------------------------------------------------------------------
+
 
 def steady(values: list[float | None], epochs: int) -> list[float]:
     """Epochs 2 .. epochs-1 (indices 1 .. epochs-2): no first-epoch warm-up, no final save/test."""
@@ -494,8 +611,10 @@ def machine() -> str:
         versions += f", pytorch-lightning {pl.__version__}"
     except ImportError:
         pass
-    return (f"{model}, {os.cpu_count()} logical cores ({usable} usable), Python {platform.python_version()}, "
-            f"{versions}, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")
+    return (
+        f"{model}, {os.cpu_count()} logical cores ({usable} usable), Python {platform.python_version()}, "
+        f"{versions}, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}"
+    )
 
 
 def fmt_range(values: list[float]) -> str:
@@ -511,14 +630,25 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, nargs="+", default=[256, 256], help="hidden layer widths")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="runs of every row (the order rotates); 0: only the paired comparison")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="runs of every row (the order rotates); 0: only the paired comparison"
+    )
     parser.add_argument("--skip-lightning", action="store_true", help="no Lightning rows (not installed)")
-    parser.add_argument("--paired", type=int, default=10, metavar="EPOCHS",
-                        help="epochs of the paired in-process comparison (0: skip it)")
+    parser.add_argument(
+        "--paired",
+        type=int,
+        default=10,
+        metavar="EPOCHS",
+        help="epochs of the paired in-process comparison (0: skip it)",
+    )
     parser.add_argument("--paired-no-progress", action="store_true", help="paired comparison with progress=false")
-    parser.add_argument("--max-other", type=float, default=0.2, metavar="CORES",
-                        help="a run during which other processes used more CPU than this is redone")
+    parser.add_argument(
+        "--max-other",
+        type=float,
+        default=0.2,
+        metavar="CORES",
+        help="a run during which other processes used more CPU than this is redone",
+    )
     parser.add_argument("--retries", type=int, default=2, help="redos of a contended run (the least contended is kept)")
     parser.add_argument("--report", metavar="FILE", help="also write the final report (markdown) to FILE")
     parser.add_argument("--per-epoch", action="store_true", help="also print every run's per-epoch times")
@@ -542,7 +672,7 @@ def main() -> None:
     names = list(runners)
     results: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for repeat in range(args.repeats):
-        order = names[repeat % len(names):] + names[:repeat % len(names)]
+        order = names[repeat % len(names) :] + names[: repeat % len(names)]
         for name in order:
             kept: dict[str, Any] = {}
             for attempt in range(args.retries + 1):  # a run other processes shared the cores with is redone
@@ -554,15 +684,20 @@ def main() -> None:
                     kept = result
                 if other <= args.max_other:
                     break
-                print(f"[repeat {repeat + 1}/{args.repeats}] {name}: other processes used {other:.2f} cores "
-                      f"(> {args.max_other}), attempt {attempt + 1} of {args.retries + 1}", flush=True)
+                print(
+                    f"[repeat {repeat + 1}/{args.repeats}] {name}: other processes used {other:.2f} cores "
+                    f"(> {args.max_other}), attempt {attempt + 1} of {args.retries + 1}",
+                    flush=True,
+                )
             result = kept
             results[name].append(result)
             train, cycle = steady(result["train"], args.epochs), steady(result["cycle"], args.epochs)
-            print(f"[repeat {repeat + 1}/{args.repeats}] {name:20s} train {statistics.median(train):.3f} s/epoch, "
-                  f"cycle {statistics.median(cycle):.3f} s/epoch, {time.perf_counter() - began[3]:.1f} s with start-up, "
-                  f"other processes {result['other']:.2f} cores",
-                  flush=True)
+            print(
+                f"[repeat {repeat + 1}/{args.repeats}] {name:20s} train {statistics.median(train):.3f} s/epoch, "
+                f"cycle {statistics.median(cycle):.3f} s/epoch, {time.perf_counter() - began[3]:.1f} s with start-up, "
+                f"other processes {result['other']:.2f} cores",
+                flush=True,
+            )
             if args.per_epoch:
                 print("    train:", " ".join(f"{v:.3f}" for v in result["train"]))
                 print("    cycle:", " ".join("-" if v is None else f"{v:.3f}" for v in result["cycle"]))
@@ -577,8 +712,9 @@ def main() -> None:
     emit_report(lambda: print_report(args, names, results, paired), args.report)
 
 
-def print_report(args: argparse.Namespace, names: list[str], results: dict[str, list[dict[str, Any]]],
-                 paired: dict[str, Any] | None) -> None:
+def print_report(
+    args: argparse.Namespace, names: list[str], results: dict[str, list[dict[str, Any]]], paired: dict[str, Any] | None
+) -> None:
     if args.repeats == 0:  # the paired comparison alone
         print(f"\nMachine: {machine()}")
         print_paired(paired, args)
@@ -594,7 +730,7 @@ def print_report(args: argparse.Namespace, names: list[str], results: dict[str, 
 
     def vs_plain(name: str, key: str) -> tuple[str, bool]:
         """Median over repeats of row / plain within the same repeat (both runs clean where any are)."""
-        pairs = list(zip(medians(name, key), medians("plain", key), clean(name), clean("plain")))
+        pairs = list(zip(medians(name, key), medians("plain", key), clean(name), clean("plain"), strict=False))
         kept = [(a, b) for a, b, ok_a, ok_b in pairs if ok_a and ok_b] or [(a, b) for a, b, _, _ in pairs]
         ratios = [a / b - 1 for a, b in kept]
         text = f"{statistics.median(ratios):+.1%}"
@@ -604,20 +740,28 @@ def print_report(args: argparse.Namespace, names: list[str], results: dict[str, 
 
     print("\n### Supervised epoch time: ddprl Trainer vs plain DDP vs Lightning\n")
     print(f"Machine: {machine()}  ")
-    print(f"Workload: {args.samples:,} train / {args.val_samples:,} val samples (digits, resampled + noise), "
-          f"MLP 64-{'-'.join(map(str, args.hidden))}-10, Adam lr={args.lr}, batch {args.batch_size} per rank x "
-          f"{WORLD_SIZE} ranks (gloo, CPU), {steps} steps/epoch per rank, {args.epochs} epochs, "
-          f"{args.repeats} repeat(s); epochs 2-{args.epochs - 1} timed.  ")
+    print(
+        f"Workload: {args.samples:,} train / {args.val_samples:,} val samples (digits, resampled + noise), "
+        f"MLP 64-{'-'.join(map(str, args.hidden))}-10, Adam lr={args.lr}, batch {args.batch_size} per rank x "
+        f"{WORLD_SIZE} ranks (gloo, CPU), {steps} steps/epoch per rank, {args.epochs} epochs, "
+        f"{args.repeats} repeat(s); epochs 2-{args.epochs - 1} timed.  "
+    )
     contended = sum(not ok for name in names for ok in clean(name))
     if contended:
-        print(f"**Warning**: {contended} kept run(s) shared the cores with other processes (> {args.max_other} "
-              f"cores, see the per-run lines): left out of the ratios where the same repeat has clean runs; "
-              f"rows marked * include them.  ")
-    print("Times: median over timed epochs of each run, then median (min-max) over repeats. "
-          "train = training pass only; cycle = start of epoch to start of next (train + val + ckpt + logging). "
-          "vs plain: median over repeats of row / plain in the same repeat (min .. max).\n")
-    print("| row | train s/epoch | train vs plain | cycle s/epoch | cycle vs plain | samples/s (train) "
-          "| ckpts in timed epochs | max abs weight diff vs plain |")
+        print(
+            f"**Warning**: {contended} kept run(s) shared the cores with other processes (> {args.max_other} "
+            f"cores, see the per-run lines): left out of the ratios where the same repeat has clean runs; "
+            f"rows marked * include them.  "
+        )
+    print(
+        "Times: median over timed epochs of each run, then median (min-max) over repeats. "
+        "train = training pass only; cycle = start of epoch to start of next (train + val + ckpt + logging). "
+        "vs plain: median over repeats of row / plain in the same repeat (min .. max).\n"
+    )
+    print(
+        "| row | train s/epoch | train vs plain | cycle s/epoch | cycle vs plain | samples/s (train) "
+        "| ckpts in timed epochs | max abs weight diff vs plain |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name in names:
         runs = results[name]
@@ -628,8 +772,10 @@ def print_report(args: argparse.Namespace, names: list[str], results: dict[str, 
             ckpts = "every epoch" if name == "lightning default" else "0"
         (train_ratio, dirty_t), (cycle_ratio, dirty_c) = vs_plain(name, "train"), vs_plain(name, "cycle")
         mark = "*" if dirty_t or dirty_c else ""
-        print(f"| {name}{mark} | {fmt_range(train)} | {train_ratio} | {fmt_range(cycle)} | {cycle_ratio} "
-              f"| {args.samples / statistics.median(train):,.0f} | {ckpts} | {max(diffs):.3g} |")
+        print(
+            f"| {name}{mark} | {fmt_range(train)} | {train_ratio} | {fmt_range(cycle)} | {cycle_ratio} "
+            f"| {args.samples / statistics.median(train):,.0f} | {ckpts} | {max(diffs):.3g} |"
+        )
     if args.paired:
         print_paired(paired, args)
     print("\nFinal metrics (first repeat):")

@@ -52,7 +52,9 @@ def published_at(task: str, env_steps: int) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="walker-run")
-    parser.add_argument("--env-steps", type=int, default=100_000, help="environment steps (agent steps x action repeat)")
+    parser.add_argument(
+        "--env-steps", type=int, default=100_000, help="environment steps (agent steps x action repeat)"
+    )
     parser.add_argument("--world-size", type=int, default=1)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--run-dir", default="", help="default: a temporary directory")
@@ -65,9 +67,20 @@ def main() -> int:
     repeat = ACTION_REPEAT if parse_dmc_task(args.task) else 1
     steps = args.env_steps // repeat
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="tdmpc2-returns-")) / "run"
-    cmd = [sys.executable, "-m", "ddprl", "train", "algo=tdmpc2", f"task={args.task}", f"steps={steps}",
-           f"world_size={args.world_size}", f"num_envs={args.world_size}", f"seed={args.seed}",
-           f"run_dir={run_dir}", *args.overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ddprl",
+        "train",
+        "algo=tdmpc2",
+        f"task={args.task}",
+        f"steps={steps}",
+        f"world_size={args.world_size}",
+        f"num_envs={args.world_size}",
+        f"seed={args.seed}",
+        f"run_dir={run_dir}",
+        *args.overrides,
+    ]
     print(" ".join(cmd), flush=True)
     env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "disable")}
     proc = subprocess.run(cmd, env=env)
@@ -84,8 +97,10 @@ def main() -> int:
     for r in records:
         print(f"{r['step'] * repeat:>10,} {r['step']:>11,} {r['eval/return_mean']:>8.1f} ± {r['eval/return_std']:.0f}")
     last = records[-1]
-    print(f"\nfinal: {last['eval/return_mean']:.1f} after {last['step'] * repeat:,} env steps | "
-          f"published (3 seeds): {published_at(args.task, last['step'] * repeat)}")
+    print(
+        f"\nfinal: {last['eval/return_mean']:.1f} after {last['step'] * repeat:,} env steps | "
+        f"published (3 seeds): {published_at(args.task, last['step'] * repeat)}"
+    )
     return 0
 
 

@@ -29,8 +29,11 @@ import time
 import torch
 
 # (device, model_size, compile, task) -> official (ms/update, ms/act)
-REFERENCE = {("cpu", 5, "off", "walker-run"): (484.0, 496.0), ("cuda", 5, "off", "walker-run"): (35.8, 36.7),
-             ("cuda", 5, "on", "walker-run"): (10.8, 2.77)}
+REFERENCE = {
+    ("cpu", 5, "off", "walker-run"): (484.0, 496.0),
+    ("cuda", 5, "off", "walker-run"): (35.8, 36.7),
+    ("cuda", 5, "on", "walker-run"): (10.8, 2.77),
+}
 
 
 def _sync(device: torch.device) -> None:
@@ -111,29 +114,49 @@ def main() -> None:
     for device in args.devices:
         for size in args.sizes:
             for comp in args.compile:
-                cfg = load_config(["algo=tdmpc2", f"task={args.task}", "world_size=1", "num_envs=1",
-                                   f"device={device}", f"model_size={size}", f"compile={comp == 'on'}",
-                                   f"precision={args.precision}", "progress=false"])
+                cfg = load_config(
+                    [
+                        "algo=tdmpc2",
+                        f"task={args.task}",
+                        "world_size=1",
+                        "num_envs=1",
+                        f"device={device}",
+                        f"model_size={size}",
+                        f"compile={comp == 'on'}",
+                        f"precision={args.precision}",
+                        "progress=false",
+                    ]
+                )
                 result: dict = {}
-                launch(functools.partial(measure, threads=args.threads, updates=args.updates, acts=args.acts,
-                                         result=result), cfg)
+                launch(
+                    functools.partial(
+                        measure, threads=args.threads, updates=args.updates, acts=args.acts, result=result
+                    ),
+                    cfg,
+                )
                 steps_per_s = 1000 / (result["update_ms"] + result["act_ms"] + result["env_ms"])
                 rows.append((device, size, comp, result, steps_per_s))
                 print(f"done: {device} model_size={size} compile={comp}", flush=True)
 
     threads = f"{args.threads} thread(s)" if "cpu" in args.devices else ""
-    print(f"\nTD-MPC2 speed, {args.task}, batch 256, MPPI 512 samples x 6 iterations (8 when A >= 20), "
-          f"{args.precision}, {threads}")
-    print(f"{'device':6} {'size':>4} {'params':>9} {'compile':7} {'ms/update':>10} {'ms/act':>8} {'ms/env':>7} "
-          f"{'steps/s':>8} {'warm-up s':>9}  reference (official code)")
+    print(
+        f"\nTD-MPC2 speed, {args.task}, batch 256, MPPI 512 samples x 6 iterations (8 when A >= 20), "
+        f"{args.precision}, {threads}"
+    )
+    print(
+        f"{'device':6} {'size':>4} {'params':>9} {'compile':7} {'ms/update':>10} {'ms/act':>8} {'ms/env':>7} "
+        f"{'steps/s':>8} {'warm-up s':>9}  reference (official code)"
+    )
     for device, size, comp, r, sps in rows:
         ref = REFERENCE.get((device, size, comp, args.task))
         ref_text = ""
         if ref:
             ref_sps = 1000 / (ref[0] + ref[1] + r["env_ms"])
             ref_text = f"{ref[0]:.1f} ms/update, {ref[1]:.2f} ms/act: x{sps / ref_sps:.2f} steps/s"
-        print(f"{device:6} {size:>4} {r['params']:>9,} {comp:7} {r['update_ms']:>10.1f} {r['act_ms']:>8.1f} "
-              f"{r['env_ms']:>7.2f} {sps:>8.2f} {r['warmup_s']:>9.1f}  {ref_text}")
+        print(
+            f"{device:6} {size:>4} {r['params']:>9,} {comp:7} {r['update_ms']:>10.1f} {r['act_ms']:>8.1f} "
+            f"{r['env_ms']:>7.2f} {sps:>8.2f} {r['warmup_s']:>9.1f}  {ref_text}"
+        )
 
 
 if __name__ == "__main__":

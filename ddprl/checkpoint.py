@@ -54,7 +54,7 @@ def strip_prefixes(state_dict: dict[str, Any]) -> dict[str, Any]:
         while True:
             for prefix in ("module.", COMPILED_PREFIX):
                 if key.startswith(prefix):
-                    key = key[len(prefix):]
+                    key = key[len(prefix) :]
                     break
             else:
                 break
@@ -67,8 +67,12 @@ def rng_state() -> dict[str, Any]:
     np_state = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
-        "numpy": {"keys": torch.as_tensor(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
-                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "numpy": {
+            "keys": torch.as_tensor(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
         "python": [list(random.getstate()[1]), random.getstate()[0], random.getstate()[2]],
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -79,7 +83,9 @@ def rng_state() -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     n = state["numpy"]
-    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    np.random.set_state(
+        ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
     internal, version, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     if "cuda" in state and torch.cuda.is_available():
@@ -135,8 +141,10 @@ def checkpoint_in(path: str | Path, prefer: tuple[str, ...] = ("best.pt", "lates
     for name in prefer:
         if (folder / name).is_file():
             return folder / name
-    raise UsageError(f"{path}: no {' or '.join(prefer)} in {folder} (training writes them to "
-                     f"<run directory>/checkpoints/); give a run directory or a checkpoint file")
+    raise UsageError(
+        f"{path}: no {' or '.join(prefer)} in {folder} (training writes them to "
+        f"<run directory>/checkpoints/); give a run directory or a checkpoint file"
+    )
 
 
 def load_checkpoint(path: str | Path, expect_algo: str | None = None) -> dict[str, Any]:
@@ -163,8 +171,10 @@ def load_checkpoint(path: str | Path, expect_algo: str | None = None) -> dict[st
             raise UnreadableCheckpoint(f"{path} is not a ddprl checkpoint (no format_version)", "no format_version")
         _cached = (cache_key, data)
     if data["format_version"] != FORMAT_VERSION:
-        raise UsageError(f"{path} has checkpoint format_version {data['format_version']}; this ddprl reads "
-                         f"format_version {FORMAT_VERSION} (use the ddprl version that wrote it)")
+        raise UsageError(
+            f"{path} has checkpoint format_version {data['format_version']}; this ddprl reads "
+            f"format_version {FORMAT_VERSION} (use the ddprl version that wrote it)"
+        )
     if expect_algo is not None and data.get("algo") != expect_algo:
         raise UsageError(f"checkpoint {path} was written by algo={data.get('algo')}, not algo={expect_algo}")
     return data
@@ -193,8 +203,12 @@ def restore_buffer(buffer: Any, path: Path, ckpt: dict[str, Any], world_size: in
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
         if saved["step"] != ckpt["step"]:
-            log.warning("replay buffer %s is from step %d, the checkpoint from step %d: not restored",
-                        path, saved["step"], ckpt["step"])
+            log.warning(
+                "replay buffer %s is from step %d, the checkpoint from step %d: not restored",
+                path,
+                saved["step"],
+                ckpt["step"],
+            )
             return False
         buffer.load_state_dict(saved["buffer"])
     except Exception as e:  # truncated, corrupt, other shapes: whatever it is, the remedy is to refill

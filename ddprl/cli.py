@@ -68,8 +68,12 @@ COMMAND_KEYS: dict[str, list[Row]] = {
     "plot": [
         ("RUN_DIR", "path", "(required)", "one or more run directories (each holds metrics.jsonl)"),
         ("out", "path", "curves.png", "the picture to write: .png, .pdf or .svg"),
-        ("keys", "list", "headline + losses", "metrics to draw, e.g. keys=eval/return_mean,train/loss "
-                                              "(default: return, fps, then every train/*loss*)"),
+        (
+            "keys",
+            "list",
+            "headline + losses",
+            "metrics to draw, e.g. keys=eval/return_mean,train/loss (default: return, fps, then every train/*loss*)",
+        ),
         ("x", "str", "step", "step (global agent steps) | wall_time (cumulative over resumes)"),
     ],
     "keys": [
@@ -108,8 +112,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     evaluator = algorithm.checkpoint_evaluator()
     if evaluator is not None:  # no policy to roll out: the algorithm evaluates itself
         return evaluator(ckpt, overrides)
-    kv = key_values(overrides, {"checkpoint": str, "episodes": int, "device": str, "seed": int,
-                                 "video": str, "deterministic": boolean}, "eval")
+    kv = key_values(
+        overrides,
+        {"checkpoint": str, "episodes": int, "device": str, "seed": int, "video": str, "deterministic": boolean},
+        "eval",
+    )
     if kv.get("episodes", 10) < 1:
         raise UsageError("eval: episodes must be >= 1")
     if "video" in kv:
@@ -119,8 +126,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
         headless_rendering()  # before the ranks start: they inherit it
     saved = {k: v for k, v in ckpt["config"].items() if k not in NOT_RESUMED}
     # One process: a checkpoint from any number of ranks (and machines) evaluates here.
-    extra = ["world_size=1", "nnodes=1", "progress=false",
-             f"device={kv.get('device', 'auto')}", f"eval_episodes={kv.get('episodes', 10)}"]
+    extra = [
+        "world_size=1",
+        "nnodes=1",
+        "progress=false",
+        f"device={kv.get('device', 'auto')}",
+        f"eval_episodes={kv.get('episodes', 10)}",
+    ]
     if not algorithm.has_key("eval_episodes"):
         raise UsageError(f"eval: algo={ckpt['algo']} has no evaluation episodes")
     if "seed" in kv:
@@ -138,8 +150,14 @@ def _eval_rank(rt: Any, cfg: Any, ckpt: dict[str, Any], video: str | None) -> No
 
     actor = registry.get(cfg.algo, cfg.engine).actor_loader()(cfg, ckpt["state"], rt.device)
     # Episodes can take minutes (TD-MPC2 plans every step): a terminal sees them come.
-    bar = tqdm(total=cfg.eval_episodes, desc="evaluating", unit="episode", file=sys.stderr, leave=False,
-               disable=not (rt.is_main and sys.stderr.isatty()))
+    bar = tqdm(
+        total=cfg.eval_episodes,
+        desc="evaluating",
+        unit="episode",
+        file=sys.stderr,
+        leave=False,
+        disable=not (rt.is_main and sys.stderr.isatty()),
+    )
 
     def progress(done: int, episodes: int) -> None:
         bar.update(done - bar.n)
@@ -147,10 +165,15 @@ def _eval_rank(rt: Any, cfg: Any, ckpt: dict[str, Any], video: str | None) -> No
     result = evaluate(rt, actor.make_env, actor.act, cfg.eval_episodes, cfg.seed, actor.extra_keys, progress)
     bar.close()
     if rt.is_main:  # the numbers first: a video that cannot be drawn does not take them away
-        extras = " ".join(f"{k}={v:.4g}" for k, v in result.items() if k not in ("return_mean", "return_std", "episodes"))
+        extras = " ".join(
+            f"{k}={v:.4g}" for k, v in result.items() if k not in ("return_mean", "return_std", "episodes")
+        )
         print(extras, flush=True)
-        print(f"return_mean={result['return_mean']:.4f} return_std={result['return_std']:.4f} "
-              f"episodes={int(result['episodes'])}", flush=True)
+        print(
+            f"return_mean={result['return_mean']:.4f} return_std={result['return_std']:.4f} "
+            f"episodes={int(result['episodes'])}",
+            flush=True,
+        )
     if video:
         from ddprl.video import record_video
 
@@ -163,8 +186,19 @@ def cmd_play(args: argparse.Namespace) -> int:
     from ddprl.checkpoint import load_checkpoint
     from ddprl.config import load_config
 
-    kv = key_values(args.overrides, {"checkpoint": str, "episodes": int, "fps": float, "video": str,
-                                      "device": str, "seed": int, "deterministic": boolean}, "play")
+    kv = key_values(
+        args.overrides,
+        {
+            "checkpoint": str,
+            "episodes": int,
+            "fps": float,
+            "video": str,
+            "device": str,
+            "seed": int,
+            "deterministic": boolean,
+        },
+        "play",
+    )
     if "checkpoint" not in kv:
         raise UsageError("play: give checkpoint=PATH")
     device = kv.get("device", "cpu")
@@ -179,8 +213,10 @@ def cmd_play(args: argparse.Namespace) -> int:
     headless_rendering()  # before an env library is imported: making the actor imports them
     ckpt = load_checkpoint(_checkpoint_file(kv["checkpoint"]))
     saved = {k: v for k, v in ckpt["config"].items() if k not in NOT_RESUMED}
-    cfg = load_config(["world_size=1", f"device={device}", "progress=false"]
-                      + _deterministic_override(kv, ckpt, "play"), resumed=saved)
+    cfg = load_config(
+        ["world_size=1", f"device={device}", "progress=false"] + _deterministic_override(kv, ckpt, "play"),
+        resumed=saved,
+    )
     seed = kv.get("seed", cfg.seed)
     # One process, one device: a checkpoint from N ranks plays here.
     actor = registry.get(cfg.algo, cfg.engine).actor_loader()(cfg, ckpt["state"], torch.device(device))
@@ -191,8 +227,7 @@ def cmd_play(args: argparse.Namespace) -> int:
         for episode in range(episodes):
             path = kv["video"] if episodes == 1 else _numbered(kv["video"], episode)
             label = f"episode {episode + 1}/{episodes}" if episodes > 1 else ""
-            print(f"wrote {record_video(actor, path, seed=seed + episode, fps=kv.get('fps'), label=label)}",
-                  flush=True)
+            print(f"wrote {record_video(actor, path, seed=seed + episode, fps=kv.get('fps'), label=label)}", flush=True)
     else:
         from ddprl.play import play_terminal
 
@@ -213,8 +248,10 @@ def _deterministic_override(kv: dict[str, Any], ckpt: dict[str, Any], command: s
     if "deterministic" not in kv:
         return []
     if not registry.get(ckpt["algo"], _engine_of(ckpt)).has_key("eval_deterministic"):
-        raise UsageError(f"{command}: deterministic= applies to algorithms with sampled and most likely actions; "
-                         f"{ckpt['algo']} evaluates without exploration noise")
+        raise UsageError(
+            f"{command}: deterministic= applies to algorithms with sampled and most likely actions; "
+            f"{ckpt['algo']} evaluates without exploration noise"
+        )
     return [f"eval_deterministic={str(kv['deterministic']).lower()}"]
 
 
@@ -245,19 +282,31 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from ddprl.config import load_config
     from ddprl.runtime import resolved_config
 
-    kv = key_values(args.overrides, {"world_size": str, "device": str, "backend": str, "master_port": str,
-                                      "size_mb": float, "dist_timeout": float, "engine": str, "devices": str},
-                     "doctor")
+    kv = key_values(
+        args.overrides,
+        {
+            "world_size": str,
+            "device": str,
+            "backend": str,
+            "master_port": str,
+            "size_mb": float,
+            "dist_timeout": float,
+            "engine": str,
+            "devices": str,
+        },
+        "doctor",
+    )
     size_mb = kv.pop("size_mb", 64.0)
     if "devices" in kv and kv.get("engine") != "jax":
         raise UsageError("doctor: devices= is a key of engine=jax (the torch engine has one device per rank)")
     cfg = resolved_config(load_config(launcher_overrides([f"{k}={v}" for k, v in kv.items()])))
     if cfg.engine == "jax":
-        from ddprl.jax.runtime import doctor as jax_doctor, launch as jax_launch
+        from ddprl.jax.runtime import doctor as jax_doctor
+        from ddprl.jax.runtime import launch as jax_launch
 
         jax_launch(functools.partial(jax_doctor, size_mb=size_mb), cfg)
         return 0
-    from ddprl.doctor import doctor, describe_machine
+    from ddprl.doctor import describe_machine, doctor
     from ddprl.runtime import launch
 
     print(describe_machine(cfg), flush=True)
@@ -304,8 +353,10 @@ def format_rows(rows: list[tuple[str, ...]], header: tuple[str, ...] = (), inden
     columns = len(rows[0])
     widths = [max(len(r[i]) for r in rows) for i in range(columns - 1)]
     widths[2] = min(widths[2], 24)
-    return "\n".join((indent + "  ".join(f"{c:<{w}}" for c, w in zip(r, widths)) + "  " + r[-1]).rstrip()
-                     for r in rows)
+    return "\n".join(
+        (indent + "  ".join(f"{c:<{w}}" for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]).rstrip()
+        for r in rows
+    )
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -317,17 +368,37 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 COMMANDS = [
-    ("eval", cmd_eval, "evaluate a checkpoint in one process",
-     "Evaluate a checkpoint in one process: mean and std of the episode returns (a supervised "
-     "checkpoint: its metrics on a split)."),
-    ("play", cmd_play, "watch an agent in the terminal or write a video (one process)",
-     "Watch a checkpoint's agent in the terminal, or write its episodes to a video."),
-    ("doctor", cmd_doctor, "check devices, backend, all_reduce and bandwidth",
-     "Start the processes a job would, check all_reduce and measure its bandwidth."),
-    ("plot", cmd_plot, "learning curves of run directories to a PNG",
-     "Learning curves of one or more run directories, one subplot per metric, written to a picture."),
-    ("keys", cmd_keys, "list config keys with their defaults, types and help",
-     "The algorithms, then every key of one with its type, default and help."),
+    (
+        "eval",
+        cmd_eval,
+        "evaluate a checkpoint in one process",
+        "Evaluate a checkpoint in one process: mean and std of the episode returns (a supervised "
+        "checkpoint: its metrics on a split).",
+    ),
+    (
+        "play",
+        cmd_play,
+        "watch an agent in the terminal or write a video (one process)",
+        "Watch a checkpoint's agent in the terminal, or write its episodes to a video.",
+    ),
+    (
+        "doctor",
+        cmd_doctor,
+        "check devices, backend, all_reduce and bandwidth",
+        "Start the processes a job would, check all_reduce and measure its bandwidth.",
+    ),
+    (
+        "plot",
+        cmd_plot,
+        "learning curves of run directories to a PNG",
+        "Learning curves of one or more run directories, one subplot per metric, written to a picture.",
+    ),
+    (
+        "keys",
+        cmd_keys,
+        "list config keys with their defaults, types and help",
+        "The algorithms, then every key of one with its type, default and help.",
+    ),
 ]
 
 
@@ -335,16 +406,25 @@ def build_parser(with_keys: bool = False, argv: list[str] | None = None) -> argp
     """The ``ddprl`` parser; ``with_keys``: each command's --help lists its keys (this resolves
     the configuration, so only when help is asked for)."""
     formatter = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(prog="ddprl", description="Reinforcement learning with PyTorch DDP.",
-                                     epilog="ddprl COMMAND --help lists the keys of a command; "
-                                            "ddprl keys [algo=NAME] those of training.")
+    parser = argparse.ArgumentParser(
+        prog="ddprl",
+        description="Reinforcement learning with PyTorch DDP.",
+        epilog="ddprl COMMAND --help lists the keys of a command; ddprl keys [algo=NAME] those of training.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("train", help="train an agent (key=value overrides)", formatter_class=formatter,
-                       description="Train an agent: key=value sets a key (Hydra's grammar: hidden_sizes=[128,128], "
-                                   "target_kl=null); bad keys and values stop the job before it starts.",
-                       epilog=train_epilog(argv or []) if with_keys else None)
-    p.add_argument("--config-name", default=None,
-                   help="a shipped preset (snake_base, tdmpc2_ddp, ...) or a path to a YAML file of key: value")
+    p = sub.add_parser(
+        "train",
+        help="train an agent (key=value overrides)",
+        formatter_class=formatter,
+        description="Train an agent: key=value sets a key (Hydra's grammar: hidden_sizes=[128,128], "
+        "target_kl=null); bad keys and values stop the job before it starts.",
+        epilog=train_epilog(argv or []) if with_keys else None,
+    )
+    p.add_argument(
+        "--config-name",
+        default=None,
+        help="a shipped preset (snake_base, tdmpc2_ddp, ...) or a path to a YAML file of key: value",
+    )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="any of the keys below")
     p.set_defaults(fn=cmd_train)
     for name, fn, help_, description in COMMANDS:
@@ -353,10 +433,15 @@ def build_parser(with_keys: bool = False, argv: list[str] | None = None) -> argp
             epilog = "keys:\n" + format_rows(COMMAND_KEYS[name], indent="  ")
             if name == "eval":
                 epilog += "\n\nkeys of a supervised checkpoint:\n" + format_rows(
-                    COMMAND_KEYS["eval algo=supervised"], indent="  ")
+                    COMMAND_KEYS["eval algo=supervised"], indent="  "
+                )
         p = sub.add_parser(name, help=help_, description=description, epilog=epilog, formatter_class=formatter)
-        p.add_argument("overrides", nargs="*", metavar="RUN_DIR | key=value" if name == "plot" else "key=value",
-                       help="the keys below")
+        p.add_argument(
+            "overrides",
+            nargs="*",
+            metavar="RUN_DIR | key=value" if name == "plot" else "key=value",
+            help="the keys below",
+        )
         p.set_defaults(fn=fn)
     return parser
 
@@ -368,8 +453,10 @@ def train_epilog(argv: list[str]) -> str:
         title, rows, _ = algo_keys(choice)
     except UsageError as e:
         return f"keys: cannot list them ({e})"
-    return (f"{title} (ddprl train algo=NAME [task=NAME] --help, or ddprl keys algo=NAME, for another's):\n"
-            + format_rows(rows, header=KEY_COLUMNS, indent="  "))
+    return (
+        f"{title} (ddprl train algo=NAME [task=NAME] --help, or ddprl keys algo=NAME, for another's):\n"
+        + format_rows(rows, header=KEY_COLUMNS, indent="  ")
+    )
 
 
 def report_usage_error(e: UsageError) -> None:
@@ -387,8 +474,15 @@ def report_usage_error(e: UsageError) -> None:
 
         try:
             with open(error_file, "w") as f:
-                json.dump({"message": {"message": line, "extraInfo": {"py_callstack": line,
-                                                                       "timestamp": str(int(time.time()))}}}, f)
+                json.dump(
+                    {
+                        "message": {
+                            "message": line,
+                            "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))},
+                        }
+                    },
+                    f,
+                )
         except OSError:
             pass  # the line above (or rank 0's) says it already
 

@@ -14,10 +14,11 @@ from typing import Any
 import torch
 
 
-
 def describe_machine(cfg: Any) -> str:
-    lines = [f"torch {torch.__version__}  cuda available: {torch.cuda.is_available()}  "
-             f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}"]
+    lines = [
+        f"torch {torch.__version__}  cuda available: {torch.cuda.is_available()}  "
+        f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}"
+    ]
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)
         lines.append(f"  cuda:{i} {props.name} {props.total_memory / 2**30:.1f} GiB")
@@ -56,7 +57,10 @@ def doctor(rt: Any, cfg: Any, size_mb: float = 64.0) -> None:
         busbw = algbw * (2 * (n - 1) / n) if n > 1 else 0.0
         print(f"ranks' devices: {', '.join(devices)}")
         print(f"all_reduce correctness: {'OK' if all(all_ok) else 'FAILED'} (expected {expected:g} on every rank)")
-        print(f"all_reduce {numel * 4 / 2**20:.0f} MiB: {slowest * 1e3:.1f} ms, algbw {algbw:.2f} GB/s, busbw {busbw:.2f} GB/s")
+        print(
+            f"all_reduce {numel * 4 / 2**20:.0f} MiB: {slowest * 1e3:.1f} ms, "
+            f"algbw {algbw:.2f} GB/s, busbw {busbw:.2f} GB/s"
+        )
         print("doctor: OK" if all(all_ok) else "doctor: FAILED", flush=True)
     if not all(all_ok):
         raise RuntimeError("all_reduce returned wrong sums: the process group is broken")

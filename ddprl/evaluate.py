@@ -7,7 +7,8 @@ rank waits on a collective that another skipped (docs/distributed.md, invariant 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 
@@ -39,8 +40,14 @@ def episode_record(info: dict[str, torch.Tensor], i: int, extra_keys: tuple[str,
 
 
 @torch.no_grad()
-def run_episodes(env: VecEnv, act: Callable[[torch.Tensor], torch.Tensor], episodes: int, seed: int,
-                 extra_keys: tuple[str, ...] = (), progress: Progress | None = None) -> list[dict[str, float]]:
+def run_episodes(
+    env: VecEnv,
+    act: Callable[[torch.Tensor], torch.Tensor],
+    episodes: int,
+    seed: int,
+    extra_keys: tuple[str, ...] = (),
+    progress: Progress | None = None,
+) -> list[dict[str, float]]:
     """Run exactly ``episodes`` episodes on ``env`` and return one record per episode.
 
     Each env of the batch gets a fixed quota of episodes decided up front. Counting "the first
@@ -79,9 +86,15 @@ def summarize(records: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def evaluate(rt: Any, make_eval_env: Callable[[int, int], VecEnv], act: Callable[[torch.Tensor], torch.Tensor],
-             episodes: int, seed: int, extra_keys: tuple[str, ...] = (),
-             progress: Progress | None = None) -> dict[str, float]:
+def evaluate(
+    rt: Any,
+    make_eval_env: Callable[[int, int], VecEnv],
+    act: Callable[[torch.Tensor], torch.Tensor],
+    episodes: int,
+    seed: int,
+    extra_keys: tuple[str, ...] = (),
+    progress: Progress | None = None,
+) -> dict[str, float]:
     """Collective: run ``episodes`` episodes over all ranks; every rank gets the global summary.
 
     ``make_eval_env(num_envs, seed)`` builds this rank's eval env; ``act(obs)`` picks actions;

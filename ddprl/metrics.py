@@ -12,8 +12,9 @@ import json
 import math
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ddprl.config import to_dict
 
@@ -25,8 +26,9 @@ class MetricsLogger:
     >>> logger.log(step=4096, metrics={"train/loss": 0.3, "time/global_fps": 9000.0})      # doctest: +SKIP
     """
 
-    def __init__(self, run_dir: Path, cfg: Any, is_main: bool, total_steps: int, start_step: int = 0,
-                 resumed: bool = False):
+    def __init__(
+        self, run_dir: Path, cfg: Any, is_main: bool, total_steps: int, start_step: int = 0, resumed: bool = False
+    ):
         self.is_main = is_main
         self.run_dir = Path(run_dir)
         self.start_time = time.time()
@@ -49,8 +51,9 @@ class MetricsLogger:
             from tqdm import tqdm
 
             self._desc = cfg.run_name()
-            self._bar = tqdm(total=total_steps, initial=start_step, unit="step", unit_scale=True,
-                             dynamic_ncols=True, desc=self._desc)
+            self._bar = tqdm(
+                total=total_steps, initial=start_step, unit="step", unit_scale=True, dynamic_ncols=True, desc=self._desc
+            )
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         """Record ``metrics`` at global step ``step`` (every rank calls; rank 0 writes)."""

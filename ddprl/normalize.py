@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -45,11 +45,11 @@ class RunningMeanStd(nn.Module):
     def update_from_moments(self, packed: torch.Tensor) -> None:
         d = self.mean.numel()
         batch_count = packed[0]
-        batch_mean = (packed[1:1 + d] / batch_count).reshape(self.mean.shape)
-        batch_var = (packed[1 + d:] / batch_count).reshape(self.mean.shape) - batch_mean ** 2
+        batch_mean = (packed[1 : 1 + d] / batch_count).reshape(self.mean.shape)
+        batch_var = (packed[1 + d :] / batch_count).reshape(self.mean.shape) - batch_mean**2
         delta = batch_mean - self.mean
         total = self.count + batch_count
-        m2 = self.var * self.count + batch_var.clamp_min(0) * batch_count + delta ** 2 * self.count * batch_count / total
+        m2 = self.var * self.count + batch_var.clamp_min(0) * batch_count + delta**2 * self.count * batch_count / total
         self.mean += delta * batch_count / total
         self.var.copy_(m2 / total)
         self.count.copy_(total)
@@ -93,8 +93,12 @@ class ReturnScaler(nn.Module):
         return returns
 
     @torch.no_grad()
-    def update(self, rewards: torch.Tensor, dones: torch.Tensor,
-               reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+    def update(
+        self,
+        rewards: torch.Tensor,
+        dones: torch.Tensor,
+        reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
         """Track a rollout's returns and merge them (all ranks) into the statistics."""
         self.stats.update(self.track(rewards, dones), reduce_sum=reduce_sum)
 

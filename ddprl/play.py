@@ -27,8 +27,10 @@ def play_terminal(actor: Any, episodes: int, fps: float, seed: int, out: TextIO 
     if not hasattr(env, "render_ascii"):
         task = getattr(env, "task", None)
         env.close()
-        raise UsageError(f"play: {task or 'this task'} has no text picture for the terminal (task=snake has one); "
-                         "watch it as a video: add video=out.gif (or video=out.mp4)")
+        raise UsageError(
+            f"play: {task or 'this task'} has no text picture for the terminal (task=snake has one); "
+            "watch it as a video: add video=out.gif (or video=out.mp4)"
+        )
     clear = "\033[H\033[2J" if out.isatty() else ""
     results = []
     obs = env.reset(seed=seed)

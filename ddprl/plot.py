@@ -53,8 +53,9 @@ def parse_plot_args(args: list[str]) -> tuple[list[str], dict[str, Any]]:
     return run_dirs, options
 
 
-def plot_runs(run_dirs: list[str | Path], out: str | Path = "curves.png", keys: list[str] | None = None,
-              x: str = "step") -> Path:
+def plot_runs(
+    run_dirs: list[str | Path], out: str | Path = "curves.png", keys: list[str] | None = None, x: str = "step"
+) -> Path:
     """Draw ``keys`` (default: ``default_keys``) of every run against ``x`` into ``out``; return ``out``."""
     if x not in X_LABELS:
         raise UsageError(f"plot: x={x!r} is not one of {', '.join(X_LABELS)}")
@@ -66,7 +67,9 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path = "curves.png", keys: 
     if keys is None:
         keys = default_keys(available)
         if not keys:
-            raise UsageError(f"plot: none of the usual metrics in these runs; pick with keys=...; keys: {_brief(available)}")
+            raise UsageError(
+                f"plot: none of the usual metrics in these runs; pick with keys=...; keys: {_brief(available)}"
+            )
     for key in keys:
         if key not in available:
             raise UsageError(f"plot: no run has {key!r}{_did_you_mean(key, available)}; keys: {_brief(available)}")
@@ -92,23 +95,32 @@ def figure(runs: dict[str, list[dict[str, Any]]], keys: list[str], x: str = "ste
     rows = math.ceil(len(keys) / cols)
     fig = Figure(figsize=(4.8 * cols, 3.4 * rows), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).flatten()
-    for ax in axes[len(keys):]:
+    for ax in axes[len(keys) :]:
         fig.delaxes(ax)
     handles = {}
-    for ax, key in zip(axes, keys):
+    for ax, key in zip(axes, keys, strict=True):
         for i, (label, records) in enumerate(runs.items()):
-            points = sorted(((r[x] / scale, r[key], r.get("eval/return_std")) for r in records if key in r and x in r),
-                            key=lambda p: p[0])
+            points = sorted(
+                ((r[x] / scale, r[key], r.get("eval/return_std")) for r in records if key in r and x in r),
+                key=lambda p: p[0],
+            )
             if not points:
                 continue
-            xs, ys, stds = zip(*points)
+            xs, ys, stds = zip(*points, strict=True)
             # Few points (evaluations, a short run) get markers: a single point draws no line.
-            (handles[label],) = ax.plot(xs, ys, color=f"C{i}", label=label,
-                                        marker="o" if len(xs) <= 20 else None, markersize=3)
+            (handles[label],) = ax.plot(
+                xs, ys, color=f"C{i}", label=label, marker="o" if len(xs) <= 20 else None, markersize=3
+            )
             # The spread over eval episodes tells a real gain from a lucky evaluation.
             if key == "eval/return_mean" and all(s is not None for s in stds):
-                ax.fill_between(xs, [y - s for y, s in zip(ys, stds)], [y + s for y, s in zip(ys, stds)],
-                                color=f"C{i}", alpha=0.2, linewidth=0)
+                ax.fill_between(
+                    xs,
+                    [y - s for y, s in zip(ys, stds, strict=True)],
+                    [y + s for y, s in zip(ys, stds, strict=True)],
+                    color=f"C{i}",
+                    alpha=0.2,
+                    linewidth=0,
+                )
         ax.set_title(key, fontsize=10)
         ax.set_xlabel(x_label)
         ax.set_ylabel(y_label(key))
@@ -146,8 +158,14 @@ def y_label(key: str) -> str:
         return " ".join(words[:-2]) + " / s"
     if name.endswith("_s"):
         return "seconds"
-    for word, label in (("return", "return"), ("loss", "loss"), ("length", "agent steps"),
-                        ("accuracy", "accuracy"), ("success", "success rate"), ("lr", "learning rate")):
+    for word, label in (
+        ("return", "return"),
+        ("loss", "loss"),
+        ("length", "agent steps"),
+        ("accuracy", "accuracy"),
+        ("success", "success rate"),
+        ("lr", "learning rate"),
+    ):
         if word in words:
             return label
     return " ".join(words)
@@ -166,7 +184,7 @@ def load_runs(run_dirs: list[str | Path]) -> dict[str, list[dict[str, Any]]]:
     paths = [Path(d) for d in run_dirs]
     names = [p.resolve().name for p in paths]
     runs: dict[str, list[dict[str, Any]]] = {}
-    for path, name in zip(paths, names):
+    for path, name in zip(paths, names, strict=True):
         if not (path / "metrics.jsonl").is_file():
             raise UsageError(f"{path} has no metrics.jsonl: is it a ddprl run directory?")
         try:

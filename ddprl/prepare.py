@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ddprl import registry
 from ddprl.errors import UsageError
@@ -52,8 +53,9 @@ def launcher_overrides(overrides: list[str]) -> list[str]:
     return [o for o in overrides if not o.startswith("world_size=")] + [f"world_size={actual}"]
 
 
-def prepare_train(overrides: list[str], config_name: str | None, values: dict[str, Any] | None = None,
-                  prepare_hook: bool = True):
+def prepare_train(
+    overrides: list[str], config_name: str | None, values: dict[str, Any] | None = None, prepare_hook: bool = True
+):
     """Resolve and check everything a training job needs before any process starts.
 
     ``values``: keys given from Python (the supervised Trainer), like command-line keys;
@@ -77,7 +79,9 @@ def prepare_train(overrides: list[str], config_name: str | None, values: dict[st
             raise UsageError(f"resume: checkpoint {ckpt_path} is for task={saved['task']}, not task={cfg.task}")
         for key in algorithm.architecture_keys:
             if getattr(cfg, key) != saved.get(key):
-                raise UsageError(f"resume: {key}={getattr(cfg, key)!r} differs from the checkpoint's {saved.get(key)!r}")
+                raise UsageError(
+                    f"resume: {key}={getattr(cfg, key)!r} differs from the checkpoint's {saved.get(key)!r}"
+                )
         run_dir = cfg.run_dir or str(run_dir_of_checkpoint(ckpt_path))
         cfg = dataclasses.replace(cfg, resume=str(ckpt_path), run_dir=run_dir)
     elif cfg.resume:  # resume=auto with nothing to resume yet

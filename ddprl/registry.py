@@ -20,9 +20,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+from collections.abc import Callable, Mapping
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Mapping, Union
+from typing import Any
 
 from ddprl.errors import UsageError
 
@@ -40,7 +41,7 @@ DEFAULT_ENGINE = "torch"
 ENTRY_POINT_GROUP = "ddprl.algorithms"
 DEFAULT_ALGO = "ppo"
 
-FunctionRef = Union[str, Callable[..., Any]]
+FunctionRef = str | Callable[..., Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +52,7 @@ class Algorithm:
     config: type  # a dataclass deriving from ddprl.config.schema.JobConfig (RLConfig for RL)
     train: FunctionRef  # train(rt, cfg) on every rank
     load_actor: FunctionRef | None = None  # (cfg, state, device) -> ddprl.evaluate.Actor; None: no eval/play
-    defaults: Union[Path, Mapping[str, Any], None] = None  # values of its keys (YAML file or dict)
+    defaults: Path | Mapping[str, Any] | None = None  # values of its keys (YAML file or dict)
     architecture_keys: tuple[str, ...] = ()  # keys a resumed run may not change
     # prepare(cfg, overrides, config_name, resuming) -> cfg: last changes before launch (PPO: autoscale)
     prepare: FunctionRef | None = None

@@ -33,8 +33,15 @@ import numpy as np
 import torch
 
 from ddprl import registry
-from ddprl.checkpoint import (UnreadableCheckpoint, checkpoint_in, forget_checkpoint, load_checkpoint, rng_state,
-                              save_checkpoint, set_rng_state)
+from ddprl.checkpoint import (
+    UnreadableCheckpoint,
+    checkpoint_in,
+    forget_checkpoint,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from ddprl.config import save_yaml, to_dict
 from ddprl.errors import UsageError
 from ddprl.metrics import MetricsLogger
@@ -90,7 +97,9 @@ def newest_loadable(checkpoint_dir: Path, algo: str) -> Path | None:
     A file that cannot be read (truncated, corrupt: a crash or a full disk) is skipped with one
     warning; a readable checkpoint of another algorithm is still an error (a wrong run_dir).
     """
-    candidates = [checkpoint_dir / "latest.pt"] + [p for _, p in reversed(Checkpointer(checkpoint_dir.parent).step_files())]
+    candidates = [checkpoint_dir / "latest.pt"] + [
+        p for _, p in reversed(Checkpointer(checkpoint_dir.parent).step_files())
+    ]
     skipped = []
     for path in candidates:
         if not path.exists():
@@ -104,8 +113,9 @@ def newest_loadable(checkpoint_dir: Path, algo: str) -> Path | None:
             log.warning("resume=auto: skipped %s; resuming from %s", ", ".join(skipped), path)
         return path.resolve()
     if skipped:
-        log.warning("resume=auto: no checkpoint in %s loads (skipped %s); starting fresh", checkpoint_dir,
-                    ", ".join(skipped))
+        log.warning(
+            "resume=auto: no checkpoint in %s loads (skipped %s); starting fresh", checkpoint_dir, ", ".join(skipped)
+        )
     else:
         log.info("resume=auto: no checkpoint in %s yet, starting fresh", checkpoint_dir)
     return None
@@ -156,8 +166,9 @@ class Checkpointer:
         found = [(int(m.group(1)), p) for p in self.dir.glob("step_*.pt") if (m := STEP_FILE.fullmatch(p.name))]
         return sorted(found)
 
-    def save(self, rt: Any, step: int, payload: dict[str, Any], rank_state: dict[str, Any],
-             is_best: bool = False) -> Path:
+    def save(
+        self, rt: Any, step: int, payload: dict[str, Any], rank_state: dict[str, Any], is_best: bool = False
+    ) -> Path:
         """Collective: every rank hands in its own state; rank 0 writes, links and prunes."""
         path = self.dir / f"step_{step}.pt"
         save_checkpoint(rt, path, payload, rank_state)
@@ -166,7 +177,7 @@ class Checkpointer:
             if is_best:
                 _link(path, self.dir / "best.pt")
             if self.keep_last > 0:
-                for _, old in self.step_files()[:-self.keep_last]:
+                for _, old in self.step_files()[: -self.keep_last]:
                     old.unlink(missing_ok=True)  # latest.pt and best.pt are links of their own
         return path
 
@@ -194,8 +205,15 @@ class Run:
     ``step_unit`` says what the global step counts (the summary's words).
     """
 
-    def __init__(self, rt: Any, cfg: Any, score_mode: str = "max", rate_key: str = "time/global_fps",
-                 score_name: str = "eval/return_mean", step_unit: str = "steps"):
+    def __init__(
+        self,
+        rt: Any,
+        cfg: Any,
+        score_mode: str = "max",
+        rate_key: str = "time/global_fps",
+        score_name: str = "eval/return_mean",
+        step_unit: str = "steps",
+    ):
         self.rt, self.cfg, self.score_mode, self.rate_key = rt, cfg, score_mode, rate_key
         self.score_name, self.step_unit = score_name, step_unit
         self.checkpoint = load_checkpoint(cfg.resume, expect_algo=cfg.algo) if cfg.resume else None
@@ -249,10 +267,15 @@ class Run:
             set_rng_state(own["rng"])
             return own
         reset = sorted(self.checkpoint["ranks"][0]) if self.checkpoint["ranks"] else []
-        log.warning("resuming a %d-rank checkpoint on %d rank(s): kept the shared state (%s); reset each "
-                    "rank's own state (%s), reseeded from (seed, step %d, rank)",
-                    self.checkpoint["world_size"], self.rt.world_size, ", ".join(sorted(self.state)),
-                    ", ".join(reset), self.step)
+        log.warning(
+            "resuming a %d-rank checkpoint on %d rank(s): kept the shared state (%s); reset each "
+            "rank's own state (%s), reseeded from (seed, step %d, rank)",
+            self.checkpoint["world_size"],
+            self.rt.world_size,
+            ", ".join(sorted(self.state)),
+            ", ".join(reset),
+            self.step,
+        )
         seed_generators(self.seeds.torch(self.step))
         return None
 
@@ -268,8 +291,9 @@ class Run:
             for p in self.checkpointer.drop_after(self.step):
                 log.info("dropped %s: past the resumed checkpoint's step %d", p.name, self.step)
             self.checkpointer.point_latest_at(Path(self.cfg.resume))
-        self.logger = MetricsLogger(self.dir, self.cfg, self.rt.is_main, total_steps=total_steps,
-                                    start_step=self.step, resumed=self.resumed)
+        self.logger = MetricsLogger(
+            self.dir, self.cfg, self.rt.is_main, total_steps=total_steps, start_step=self.step, resumed=self.resumed
+        )
         return self.dir
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -304,8 +328,14 @@ class Run:
             return score == score  # not NaN
         return score > self.best["score"] if self.score_mode == "max" else score < self.best["score"]
 
-    def save(self, step: int, state: dict[str, Any], counters: dict[str, Any] | None = None,
-             own: dict[str, Any] | None = None, score: float | None = None) -> Path:
+    def save(
+        self,
+        step: int,
+        state: dict[str, Any],
+        counters: dict[str, Any] | None = None,
+        own: dict[str, Any] | None = None,
+        score: float | None = None,
+    ) -> Path:
         """Collective checkpoint: ``state`` shared (identical on all ranks), ``own`` this rank's.
 
         ``score`` (a global eval metric, or None when there was no evaluation) makes this
@@ -314,8 +344,14 @@ class Run:
         is_best = score is not None and self.improves(score)
         if is_best:
             self.best = {"score": float(score), "step": int(step)}
-        payload = {"algo": self.cfg.algo, "step": int(step), "config": to_dict(self.cfg),
-                   "counters": dict(counters or {}), "state": state, "best": self.best}
+        payload = {
+            "algo": self.cfg.algo,
+            "step": int(step),
+            "config": to_dict(self.cfg),
+            "counters": dict(counters or {}),
+            "state": state,
+            "best": self.best,
+        }
         return self.checkpointer.save(self.rt, step, payload, {"rng": rng_state(), **(own or {})}, is_best)
 
     def stop_requested(self) -> bool:
@@ -331,8 +367,13 @@ class Run:
         self.close()
         self.rt.barrier()  # no rank leaves (and lets a launcher kill the others) before rank 0 wrote
         if self.rt.is_main:
-            log.warning("stopped by %s at step %d, checkpoint saved: run the same command with resume=auto "
-                        "run_dir=%s to continue", self._stop_check.signal, step, self.dir)
+            log.warning(
+                "stopped by %s at step %d, checkpoint saved: run the same command with resume=auto "
+                "run_dir=%s to continue",
+                self._stop_check.signal,
+                step,
+                self.dir,
+            )
         raise Preempted(f"stopped by {self._stop_check.signal} at step {step}")
 
     def finish(self) -> None:
@@ -345,16 +386,21 @@ class Run:
         """What a finished job did and how to look at it: one block, its last line the run directory."""
         wall = time.perf_counter() - self._started
         what = f"algo={self.cfg.algo}" + (f" task={self.cfg.task}" if getattr(self.cfg, "task", None) else "")
-        lines = [f"ddprl: done: {what}, {self.last_step:,} {self.step_unit} on {self.rt.world_size} "
-                 f"{'process' if self.rt.world_size == 1 else 'processes'} in {_duration(wall)}"]
+        lines = [
+            f"ddprl: done: {what}, {self.last_step:,} {self.step_unit} on {self.rt.world_size} "
+            f"{'process' if self.rt.world_size == 1 else 'processes'} in {_duration(wall)}"
+        ]
         if self.last_eval is not None:
             step, values = self.last_eval
-            shown = ", ".join(f"{k} {v:.4g}" for k, v in values.items()
-                              if not k.endswith(("_std", "episodes", "num_samples")))
+            shown = ", ".join(
+                f"{k} {v:.4g}" for k, v in values.items() if not k.endswith(("_std", "episodes", "num_samples"))
+            )
             lines.append(f"  final evaluation {shown} (step {step:,})")
         if self.best is not None:
-            lines.append(f"  best evaluation  {self.score_name} {self.best['score']:.4g} at step {self.best['step']:,}: "
-                         f"{self.dir / 'checkpoints' / 'best.pt'}")
+            lines.append(
+                f"  best evaluation  {self.score_name} {self.best['score']:.4g} at step {self.best['step']:,}: "
+                f"{self.dir / 'checkpoints' / 'best.pt'}"
+            )
         # checkpoint=<run directory>: eval and play take its best.pt, else latest.pt
         lines.append(f"  evaluate         ddprl eval checkpoint={self.dir}")
         if registry.get(self.cfg.algo, self.cfg.engine).load_actor is not None:  # a policy to watch

@@ -36,8 +36,14 @@ def _pow2_floor(x: float) -> int:
     return 2 ** int(math.floor(math.log2(max(1.0, x))))
 
 
-def autoscale_ppo(cfg: Any, obs_shape: tuple[int, ...], world_size: int, local_world_size: int,
-                  fixed: dict[str, int] | None = None, device: str | None = None) -> dict[str, int]:
+def autoscale_ppo(
+    cfg: Any,
+    obs_shape: tuple[int, ...],
+    world_size: int,
+    local_world_size: int,
+    fixed: dict[str, int] | None = None,
+    device: str | None = None,
+) -> dict[str, int]:
     """Sizes for PPO from the device (the rule of docs/snake.md "autoscale").
 
     CUDA, per rank, with M = 0.3 x the GPU's *total* memory / ranks sharing it (total, not
@@ -61,8 +67,14 @@ def autoscale_ppo(cfg: Any, obs_shape: tuple[int, ...], world_size: int, local_w
     return chosen
 
 
-def _autoscale_sizes(cfg: Any, obs_shape: tuple[int, ...], world_size: int, local_world_size: int,
-                     fixed: dict[str, int], device: str | None) -> dict[str, int]:
+def _autoscale_sizes(
+    cfg: Any,
+    obs_shape: tuple[int, ...],
+    world_size: int,
+    local_world_size: int,
+    fixed: dict[str, int],
+    device: str | None,
+) -> dict[str, int]:
     use_cuda = (device or cfg.device) == "cuda" or ((device or cfg.device) == "auto" and torch.cuda.is_available())
     if not use_cuda:
         n_steps, local_envs = 128, 128
@@ -78,8 +90,11 @@ def _autoscale_sizes(cfg: Any, obs_shape: tuple[int, ...], world_size: int, loca
         n_steps = 64
         local_envs = min(65536, max(64, _pow2_floor(budget / (n_steps * per_sample))))
     if cfg.policy == "cnn":
-        activation = 4 * 3 * (cfg.policy_width * obs_numel // max(1, obs_shape[0]) * 2 * cfg.policy_depth
-                              + sum(cfg.hidden_sizes))
+        activation = (
+            4
+            * 3
+            * (cfg.policy_width * obs_numel // max(1, obs_shape[0]) * 2 * cfg.policy_depth + sum(cfg.hidden_sizes))
+        )
     else:
         activation = 4 * 6 * (sum(cfg.hidden_sizes) + obs_numel)
     rollout = local_envs * n_steps

@@ -43,7 +43,8 @@ def headless_rendering() -> None:
     # MuJoCo's default backend (GLFW) needs an X or Wayland display on Linux; EGL renders
     # without one (NVIDIA, Mesa). Elsewhere (macOS) GLFW needs none.
     if sys.platform.startswith("linux") and not any(
-            os.environ.get(k) for k in ("DISPLAY", "WAYLAND_DISPLAY", "PYOPENGL_PLATFORM")):
+        os.environ.get(k) for k in ("DISPLAY", "WAYLAND_DISPLAY", "PYOPENGL_PLATFORM")
+    ):
         defaults["MUJOCO_GL"] = "egl"
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
@@ -59,8 +60,9 @@ def check_video_path(path: str | Path) -> Path:
         try:
             import imageio_ffmpeg  # noqa: F401
         except ImportError:
-            raise UsageError(f"video={path}: writing .mp4 needs imageio-ffmpeg (pip install \"ddprl[video]\"); "
-                             "or use a .gif path") from None
+            raise UsageError(
+                f'video={path}: writing .mp4 needs imageio-ffmpeg (pip install "ddprl[video]"); or use a .gif path'
+            ) from None
     if path.is_dir():
         raise UsageError(f"video={path} is a directory; give a file name ending in .gif or .mp4")
     return path
@@ -103,8 +105,9 @@ def _even(frame: np.ndarray) -> np.ndarray:
 
 
 @torch.no_grad()
-def record_video(actor: Any, path: str | Path, seed: int, max_steps: int = 1000, fps: float | None = None,
-                 label: str = "") -> Path:
+def record_video(
+    actor: Any, path: str | Path, seed: int, max_steps: int = 1000, fps: float | None = None, label: str = ""
+) -> Path:
     """Run ``actor`` (an :class:`~ddprl.evaluate.Actor`) for one episode (at most ``max_steps``
     agent steps) in a fresh env seeded ``seed``, writing a frame of every state to ``path``.
 
@@ -138,10 +141,12 @@ def record_video(actor: Any, path: str | Path, seed: int, max_steps: int = 1000,
     return path
 
 
-def _write_episode(env: Any, actor: Any, obs: torch.Tensor, first: np.ndarray, writer: Any, max_steps: int,
-                   prefix: str, mp4: bool) -> None:
+def _write_episode(
+    env: Any, actor: Any, obs: torch.Tensor, first: np.ndarray, writer: Any, max_steps: int, prefix: str, mp4: bool
+) -> None:
     """Frames of one episode of ``env`` (reset, its first state drawn as ``first``) to
     ``writer``, each with the step and the return so far; closes ``writer``."""
+
     def add(frame: np.ndarray, text: str) -> None:
         picture = overlay(np.asarray(frame, dtype=np.uint8), prefix + text)
         writer.append_data(_even(picture) if mp4 else picture)

@@ -32,8 +32,9 @@ def cli_env() -> dict[str, str]:
     return env
 
 
-def run_cli(args: list[str], cwd: Path | str | None = None, timeout: float = 300,
-            launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    args: list[str], cwd: Path | str | None = None, timeout: float = 300, launcher: list[str] | None = None
+) -> subprocess.CompletedProcess:
     """``python -m ddprl ARGS`` (or ``LAUNCHER -m ddprl ARGS``); killed after ``timeout``."""
     cmd = (launcher or [sys.executable]) + ["-m", "ddprl", *args]
     return subprocess.run(cmd, cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=timeout)
@@ -53,8 +54,11 @@ def cli():
 # CUDA reads CUDA_VISIBLE_DEVICES once per process, when it first starts: start it here, before
 # the session hides the devices, so that the gpu tests still find them.
 torch.cuda.is_available()
-_MACHINE = {"device_count": torch.cuda.device_count, "is_available": torch.cuda.is_available,
-            "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")}
+_MACHINE = {
+    "device_count": torch.cuda.device_count,
+    "is_available": torch.cuda.is_available,
+    "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+}
 
 
 def hide_cuda(monkeypatch: pytest.MonkeyPatch) -> None:

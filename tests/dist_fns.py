@@ -80,8 +80,13 @@ def evaluate_fewer_episodes_than_ranks(rt, cfg, out: str) -> None:
     from ddprl.envs import make_env
     from ddprl.evaluate import evaluate
 
-    summary = evaluate(rt, lambda n, seed: make_env("CartPole-v1", n, seed=seed),
-                       lambda obs: torch.zeros(obs.shape[0], dtype=torch.long), episodes=1, seed=cfg.seed)
+    summary = evaluate(
+        rt,
+        lambda n, seed: make_env("CartPole-v1", n, seed=seed),
+        lambda obs: torch.zeros(obs.shape[0], dtype=torch.long),
+        episodes=1,
+        seed=cfg.seed,
+    )
     after = rt.all_reduce_sum(1)
     torch.save({"summary": summary, "after": after}, Path(out) / f"rank{rt.rank}.pt")
 
@@ -99,8 +104,9 @@ def rms_update(rt, cfg, out: str) -> None:
 
 def make_agent():
     """The ActorCritic every PPO test starts from (seeded: the same weights in every process)."""
-    from ddprl.algos.ppo.networks import ActorCritic
     import gymnasium as gym
+
+    from ddprl.algos.ppo.networks import ActorCritic
 
     torch.manual_seed(0)
     return ActorCritic(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), hidden_sizes=[16, 16])
@@ -146,7 +152,7 @@ def ppo_learn(rt, cfg, out: str, batch_path: str, steps: int = 1, per_rank: bool
         local = data[rt.rank]
     else:
         n = data["obs"].shape[0] // rt.world_size
-        local = {k: v[rt.rank * n:(rt.rank + 1) * n] for k, v in data.items()}
+        local = {k: v[rt.rank * n : (rt.rank + 1) * n] for k, v in data.items()}
     agent = make_agent()
     rt.broadcast_module(agent)
     opt = torch.optim.Adam(agent.parameters(), lr=1e-2, eps=1e-5)
@@ -170,9 +176,17 @@ def ppo_learn(rt, cfg, out: str, batch_path: str, steps: int = 1, per_rank: bool
         ppo_update.clip_grad = clip
     checksums = rt.all_gather_object(float(sum(p.detach().double().sum() for p in agent.parameters())))
     optimizer_steps = int(opt.state[next(iter(agent.parameters()))]["step"]) if opt.state else 0
-    torch.save({"params": {k: v.clone() for k, v in agent.state_dict().items()},
-                "checksums": checksums, "metrics": metrics, "optimizer_steps": optimizer_steps,
-                "grad_norms": grad_norms, "kl_decisions": recorder.scalar_means}, Path(out) / f"rank{rt.rank}.pt")
+    torch.save(
+        {
+            "params": {k: v.clone() for k, v in agent.state_dict().items()},
+            "checksums": checksums,
+            "metrics": metrics,
+            "optimizer_steps": optimizer_steps,
+            "grad_norms": grad_norms,
+            "kl_decisions": recorder.scalar_means,
+        },
+        Path(out) / f"rank{rt.rank}.pt",
+    )
 
 
 def wrap_with_old_ddp(rt, cfg, out: str) -> None:
@@ -186,16 +200,21 @@ def wrap_with_old_ddp(rt, cfg, out: str) -> None:
     class OldDDP(DistributedDataParallel):
         def __init__(self, module, device_ids=None, broadcast_buffers=True, find_unused_parameters=False):
             seen["kwargs"] = {"broadcast_buffers": broadcast_buffers}
-            super().__init__(module, device_ids=device_ids, broadcast_buffers=broadcast_buffers,
-                             find_unused_parameters=find_unused_parameters)
+            super().__init__(
+                module,
+                device_ids=device_ids,
+                broadcast_buffers=broadcast_buffers,
+                find_unused_parameters=find_unused_parameters,
+            )
 
     collectives.DDP, compat.DistributedDataParallel = OldDDP, OldDDP
     compat.ddp_accepts.cache_clear()
     net = torch.nn.BatchNorm1d(3)
     net.running_mean.fill_(float(rt.rank))  # a different buffer on each rank: wrap must make them agree
     wrapped = rt.wrap(net)
-    torch.save({"kwargs": seen["kwargs"], "buffer": rt.unwrap(wrapped).running_mean.clone()},
-               Path(out) / f"rank{rt.rank}.pt")
+    torch.save(
+        {"kwargs": seen["kwargs"], "buffer": rt.unwrap(wrapped).running_mean.clone()}, Path(out) / f"rank{rt.rank}.pt"
+    )
 
 
 def qmix_learn(rt, cfg, out: str, batch_path: str, steps: int = 1) -> None:
@@ -210,20 +229,27 @@ def qmix_learn(rt, cfg, out: str, batch_path: str, steps: int = 1) -> None:
     data = torch.load(batch_path)
     torch.manual_seed(0)  # the same initial weights everywhere (DDP would broadcast rank 0's anyway)
     a, u, o, s = data["dims"]
-    net = QNetwork(AgentNet(o + a, u, 16, use_rnn=cfg.use_rnn), QMixer(a, s, 8, 2, 16), u, agent_id=True,
-                   last_action=False)
+    net = QNetwork(
+        AgentNet(o + a, u, 16, use_rnn=cfg.use_rnn), QMixer(a, s, 8, 2, 16), u, agent_id=True, last_action=False
+    )
     learner = QLearner(rt, cfg, net)
     metrics = []
     for step_batches in data["steps"][:steps]:
         local = []
         for batch in step_batches:
             n = batch["filled"].shape[0] // rt.world_size
-            local.append({k: v[rt.rank * n:(rt.rank + 1) * n] for k, v in batch.items()})
+            local.append({k: v[rt.rank * n : (rt.rank + 1) * n] for k, v in batch.items()})
         metrics.append(learner.update(local))
-    torch.save({"params": {k: v.clone() for k, v in learner.net.state_dict().items()},
-                "target": {k: v.clone() for k, v in learner.target.state_dict().items()},
-                "reward_mean": float(learner.reward_stats.mean), "metrics": metrics, "updates": learner.updates},
-               Path(out) / f"rank{rt.rank}.pt")
+    torch.save(
+        {
+            "params": {k: v.clone() for k, v in learner.net.state_dict().items()},
+            "target": {k: v.clone() for k, v in learner.target.state_dict().items()},
+            "reward_mean": float(learner.reward_stats.mean),
+            "metrics": metrics,
+            "updates": learner.updates,
+        },
+        Path(out) / f"rank{rt.rank}.pt",
+    )
 
 
 def qmix_wrapped_modules(rt, cfg, out: str) -> None:
@@ -261,11 +287,12 @@ def ppo_learn_compiled(rt, cfg, out: str, batch_path: str, steps: int = 1, backe
 
     if backend != "inductor":
         ppo_update.compile_region = lambda fn, device, world_size=1, name=None: torch.compile(
-            fn, fullgraph=True, dynamic=False, backend=backend)
+            fn, fullgraph=True, dynamic=False, backend=backend
+        )
 
     data = torch.load(batch_path)
     n = data["obs"].shape[0] // rt.world_size
-    local = {k: v[rt.rank * n:(rt.rank + 1) * n].clone() for k, v in data.items()}
+    local = {k: v[rt.rank * n : (rt.rank + 1) * n].clone() for k, v in data.items()}
     agent = make_agent()
     if rt.rank == 1:
         with torch.no_grad():
@@ -277,5 +304,7 @@ def ppo_learn_compiled(rt, cfg, out: str, batch_path: str, steps: int = 1, backe
     torch.manual_seed(100 + rt.rank)
     metrics = [learn(rt, update, cfg) for _ in range(steps)]
     checksums = rt.all_gather_object(float(sum(p.detach().double().sum() for p in agent.parameters())))
-    torch.save({"params": {k: v.clone() for k, v in agent.state_dict().items()}, "checksums": checksums,
-                "metrics": metrics}, Path(out) / f"rank{rt.rank}.pt")
+    torch.save(
+        {"params": {k: v.clone() for k, v in agent.state_dict().items()}, "checksums": checksums, "metrics": metrics},
+        Path(out) / f"rank{rt.rank}.pt",
+    )

@@ -42,8 +42,18 @@ import pytest
 NETNS_ETC = Path("/etc/netns")
 # Variables that would tell a process where the job meets (or route it elsewhere): a host's
 # processes get only what each test gives them.
-_HOST_ENV_DROP = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                  "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+_HOST_ENV_DROP = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GLOO_SOCKET_IFNAME",
+    "TP_SOCKET_IFNAME",
+    "NCCL_SOCKET_IFNAME",
+)
 _HOST_ENV_DROP_PREFIXES = ("SLURM", "TORCHELASTIC_", "PET_")
 _PROXIES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "grpc_proxy")
 
@@ -60,15 +70,30 @@ class Host:
     def argv(self, cmd: list[str]) -> list[str]:
         """``cmd`` run on this host: in its network namespace, under its host name."""
         set_name = "import os, socket, sys; socket.sethostname(sys.argv[1]); os.execvp(sys.argv[2], sys.argv[2:])"
-        return ["ip", "netns", "exec", self.netns, "unshare", "--uts", "--",
-                sys.executable, "-c", set_name, self.name, *cmd]
+        return [
+            "ip",
+            "netns",
+            "exec",
+            self.netns,
+            "unshare",
+            "--uts",
+            "--",
+            sys.executable,
+            "-c",
+            set_name,
+            self.name,
+            *cmd,
+        ]
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         """The test's environment less any rendezvous, launcher, interface or proxy variable."""
         from conftest import cli_env  # here: conftest imports this module
 
-        env = {k: v for k, v in cli_env().items()
-               if k not in _HOST_ENV_DROP and not k.startswith(_HOST_ENV_DROP_PREFIXES) and k.lower() not in _PROXIES}
+        env = {
+            k: v
+            for k, v in cli_env().items()
+            if k not in _HOST_ENV_DROP and not k.startswith(_HOST_ENV_DROP_PREFIXES) and k.lower() not in _PROXIES
+        }
         env.update(extra or {})
         return env
 
@@ -106,8 +131,7 @@ class TwoHosts:
 
     # -- building and tearing down ------------------------------------------------------------
     def build(self) -> None:
-        hosts_file = (f"127.0.0.1 localhost\n::1 localhost\n"
-                      f"{self.a.addr} {self.a.name}\n{self.b.addr} {self.b.name}\n")
+        hosts_file = f"127.0.0.1 localhost\n::1 localhost\n{self.a.addr} {self.a.name}\n{self.b.addr} {self.b.name}\n"
         for host in self.hosts:
             _ip("netns", "add", host.netns)
             self._made.append(host.netns)
@@ -118,37 +142,68 @@ class TwoHosts:
             (etc / "resolv.conf").write_text("options timeout:1 attempts:1\n")
             host.cwd.mkdir(parents=True)
         self._veth = veth = {self.a: f"dva{self._tag[-4:]}", self.b: f"dvb{self._tag[-4:]}"}
-        _ip("link", "add", veth[self.a], "netns", self.a.netns, "type", "veth",
-            "peer", "name", veth[self.b], "netns", self.b.netns)
+        _ip(
+            "link",
+            "add",
+            veth[self.a],
+            "netns",
+            self.a.netns,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            veth[self.b],
+            "netns",
+            self.b.netns,
+        )
         for host in self.hosts:
             _ip("-n", host.netns, "link", "set", "lo", "up")
             _ip("-n", host.netns, "addr", "add", f"{host.addr}/24", "dev", veth[host])
             _ip("-n", host.netns, "link", "set", veth[host], "up")
-            _ip("netns", "exec", host.netns, "sysctl", "-q", "-w", "net.ipv4.conf.all.route_localnet=1",
-                f"net.ipv4.conf.{veth[host]}.route_localnet=1")
+            _ip(
+                "netns",
+                "exec",
+                host.netns,
+                "sysctl",
+                "-q",
+                "-w",
+                "net.ipv4.conf.all.route_localnet=1",
+                f"net.ipv4.conf.{veth[host]}.route_localnet=1",
+            )
 
     def check(self) -> None:
         """Each host has a loopback and its end of the veth pair, nothing else, and reaches the
         other by name over the pair."""
         for host in self.hosts:
-            res = subprocess.run(["ip", "-n", host.netns, "-o", "link", "show"], capture_output=True, text=True,
-                                 timeout=30, check=True)
+            res = subprocess.run(
+                ["ip", "-n", host.netns, "-o", "link", "show"], capture_output=True, text=True, timeout=30, check=True
+            )
             names = sorted(line.split(":")[1].strip().split("@")[0] for line in res.stdout.splitlines())
             assert names == sorted(["lo", self._veth[host]]), res.stdout
         # What gloo does: this host's own name resolves to an address it can listen on.
-        own = ("import socket; name = socket.gethostname(); addr = socket.gethostbyname(name); "
-               "socket.socket().bind((addr, 0)); print(name, addr)")
+        own = (
+            "import socket; name = socket.gethostname(); addr = socket.gethostbyname(name); "
+            "socket.socket().bind((addr, 0)); print(name, addr)"
+        )
         for host in self.hosts:
-            res = subprocess.run(host.argv([sys.executable, "-c", own]),
-                                 capture_output=True, text=True, timeout=60, check=False)
+            res = subprocess.run(
+                host.argv([sys.executable, "-c", own]), capture_output=True, text=True, timeout=60, check=False
+            )
             assert res.returncode == 0 and res.stdout.split() == [host.name, host.addr], res.stderr
-        reach = ("import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10).close()")
-        listen = ("import socket, sys; s = socket.socket(); s.settimeout(30); s.bind((sys.argv[1], 0)); s.listen(1); "
-                  "print(s.getsockname()[1], flush=True); c, peer = s.accept(); print(peer[0])")
+        reach = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10).close()"
+        listen = (
+            "import socket, sys; s = socket.socket(); s.settimeout(30); s.bind((sys.argv[1], 0)); s.listen(1); "
+            "print(s.getsockname()[1], flush=True); c, peer = s.accept(); print(peer[0])"
+        )
         server = self._popen(self.a, [sys.executable, "-c", listen, self.a.name], self.a.env(), subprocess.PIPE)
         port = server.stdout.readline().strip()
-        res = subprocess.run(self.b.argv([sys.executable, "-c", reach, self.a.name, port]),
-                             capture_output=True, text=True, timeout=60, check=False)
+        res = subprocess.run(
+            self.b.argv([sys.executable, "-c", reach, self.a.name, port]),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert res.returncode == 0, res.stderr
         assert server.stdout.readline().strip() == self.b.addr  # came from host B's end of the pair
         server.wait(timeout=30)
@@ -184,8 +239,9 @@ class TwoHosts:
 
     # -- running ----------------------------------------------------------------------------
     def _popen(self, host: Host, cmd: list[str], env: dict[str, str], out, err=subprocess.PIPE) -> subprocess.Popen:
-        p = subprocess.Popen(host.argv(cmd), cwd=host.cwd, env=env, stdout=out, stderr=err, text=True,
-                             start_new_session=True)
+        p = subprocess.Popen(
+            host.argv(cmd), cwd=host.cwd, env=env, stdout=out, stderr=err, text=True, start_new_session=True
+        )
         self._procs.append(p)
         return p
 
@@ -200,8 +256,10 @@ class TwoHosts:
             procs, files = [], []
             for host, argv, extra in jobs:
                 self._jobs += 1
-                out, err = (stack.enter_context(open(logs / f"{self._jobs:02d}-{host.name}.{kind}", "w+"))
-                            for kind in ("out", "err"))
+                out, err = (
+                    stack.enter_context(open(logs / f"{self._jobs:02d}-{host.name}.{kind}", "w+"))
+                    for kind in ("out", "err")
+                )
                 files.append((out, err))
                 procs.append(self._popen(host, argv, host.env(extra), out, err))
             deadline = time.monotonic() + timeout
@@ -222,7 +280,7 @@ class TwoHosts:
                     p.wait(timeout=30)
                 self._sweep()  # whatever left its process group: the next command starts alone
             results = []
-            for (host, _, _), p, was_killed, (out, err) in zip(jobs, procs, killed, files):
+            for (host, _, _), p, was_killed, (out, err) in zip(jobs, procs, killed, files, strict=True):
                 out.seek(0)
                 err.seek(0)
                 results.append(Result(host, None if was_killed else p.returncode, out.read(), err.read()))

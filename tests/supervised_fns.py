@@ -26,9 +26,14 @@ def small_mlp() -> nn.Module:
 
 
 def blob_task(n_train: int = 96, n_val: int = 37, n_test: int = 29) -> Task:
-    return Task(model=small_mlp, loss=nn.CrossEntropyLoss(), train=functools.partial(blobs, n_train, 1),
-                val=functools.partial(blobs, n_val, 2), test=functools.partial(blobs, n_test, 3),
-                metrics={"accuracy": accuracy})
+    return Task(
+        model=small_mlp,
+        loss=nn.CrossEntropyLoss(),
+        train=functools.partial(blobs, n_train, 1),
+        val=functools.partial(blobs, n_val, 2),
+        test=functools.partial(blobs, n_test, 3),
+        metrics={"accuracy": accuracy},
+    )
 
 
 def tiny_task(cfg) -> Task:
@@ -40,6 +45,7 @@ def tiny_task(cfg) -> Task:
 # Train: x=1, y=1 pulls the weight w of y = w*x from 0 towards 1. Validation (20 samples): the
 # first 10 (rank 0's shard of 2) have x=1, y=0, loss w^2, worse every epoch; the last 10 have
 # x=3, y=3, loss 9(w-1)^2. The global loss (w^2 + 9(w-1)^2)/2 improves until w passes 0.9.
+
 
 def ones_train() -> torch.utils.data.TensorDataset:
     return torch.utils.data.TensorDataset(torch.ones(16, 1), torch.ones(16, 1))
@@ -62,8 +68,14 @@ def sgd_factory(params, lr: float = 0.1):
 
 
 def disagreeing_task() -> Task:
-    return Task(model=zero_linear, loss=nn.MSELoss(), train=ones_train, val=disagreeing_val,
-                optimizer=sgd_factory, metrics={"mse": mse, "mae": mae})
+    return Task(
+        model=zero_linear,
+        loss=nn.MSELoss(),
+        train=ones_train,
+        val=disagreeing_val,
+        optimizer=sgd_factory,
+        metrics={"mse": mse, "mae": mae},
+    )
 
 
 def fit_and_record(rt, cfg, task: Task, out: str) -> None:
@@ -71,8 +83,9 @@ def fit_and_record(rt, cfg, task: Task, out: str) -> None:
     from ddprl.supervised.loop import fit
 
     result = fit(rt, cfg, task)
-    Path(out, f"rank{rt.rank}.json").write_text(json.dumps({"epochs": result.epochs, "stopped": result.stopped_early,
-                                                            "metrics": result.metrics}))
+    Path(out, f"rank{rt.rank}.json").write_text(
+        json.dumps({"epochs": result.epochs, "stopped": result.stopped_early, "metrics": result.metrics})
+    )
 
 
 def evaluate_fixed(rt, cfg, task: Task, split: str, out: str) -> None:
@@ -109,6 +122,10 @@ class SignalledLoss(nn.Module):
 
 def long_blob_task(signal_at: int = 0) -> Task:
     """300 micro-batches of 2 per rank and epoch (2 ranks): a stop lands mid-epoch."""
-    return Task(model=small_mlp, loss=SignalledLoss(signal_at) if signal_at else nn.CrossEntropyLoss(),
-                train=functools.partial(blobs, 1200, 1), val=functools.partial(blobs, 37, 2),
-                metrics={"accuracy": accuracy})
+    return Task(
+        model=small_mlp,
+        loss=SignalledLoss(signal_at) if signal_at else nn.CrossEntropyLoss(),
+        train=functools.partial(blobs, 1200, 1),
+        val=functools.partial(blobs, 37, 2),
+        metrics={"accuracy": accuracy},
+    )

@@ -8,12 +8,11 @@ from __future__ import annotations
 import ast
 import logging
 import re
-from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO
+
 from ddprl.algos.graphs import Region, compile_region
 from ddprl.runtime import compat
 
@@ -67,11 +66,20 @@ def private_torch_names(source: str) -> list[str]:
             parts = _dotted(node)
             if parts and parts[0] in torch_aliases and any(_private(p) for p in parts[1:]):
                 found.append(".".join([torch_aliases[parts[0]], *parts[1:]]))
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in (
-                "getattr", "hasattr", "setattr", "delattr") and len(node.args) >= 2:
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr", "setattr", "delattr")
+            and len(node.args) >= 2
+        ):
             target, name = _dotted(node.args[0]), node.args[1]
-            if target and target[0] in torch_aliases and isinstance(name, ast.Constant) and \
-                    isinstance(name.value, str) and _private(name.value):
+            if (
+                target
+                and target[0] in torch_aliases
+                and isinstance(name, ast.Constant)
+                and isinstance(name.value, str)
+                and _private(name.value)
+            ):
                 found.append(f"{node.func.id}({'.'.join(target)}, {name.value!r})")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             if PRIVATE_PATH.fullmatch(node.value.strip()) or COMPILED_ATTR in node.value:
@@ -81,17 +89,31 @@ def private_torch_names(source: str) -> list[str]:
 
 def test_the_scan_finds_every_form_of_a_private_name():
     """The scanner itself: each line below names a private torch API one way, and is found."""
-    lines = ["import torch._dynamo", "import torch.distributed._functional_collectives as funcol",
-             "from torch._dynamo.utils import counters", "from torch.distributed import _functional_collectives",
-             "torch._foreach_sub_(a, b)", "torch._dynamo.config.patch(error_on_recompile=True)",
-             "import torch.nn as nn\nnn.modules._private", "getattr(torch, '_foreach_sub_')",
-             "logging.getLogger('torch._inductor.cudagraph_utils')", f"m.{COMPILED_ATTR}",
-             f"k.startswith({compat.COMPILED_PREFIX!r})"]
+    lines = [
+        "import torch._dynamo",
+        "import torch.distributed._functional_collectives as funcol",
+        "from torch._dynamo.utils import counters",
+        "from torch.distributed import _functional_collectives",
+        "torch._foreach_sub_(a, b)",
+        "torch._dynamo.config.patch(error_on_recompile=True)",
+        "import torch.nn as nn\nnn.modules._private",
+        "getattr(torch, '_foreach_sub_')",
+        "logging.getLogger('torch._inductor.cudagraph_utils')",
+        f"m.{COMPILED_ATTR}",
+        f"k.startswith({compat.COMPILED_PREFIX!r})",
+    ]
     for line in lines:
         assert private_torch_names(line), line
-    public = ["import torch", "torch.__version__", "torch.compiler.reset()", "torch.nn.functional.relu(x)",
-              "from torch.func import functional_call", "x._private", "doc = 'torch._dynamo is private, a sentence says'",
-              "import torch.distributed as dist\ndist.all_reduce(t)"]
+    public = [
+        "import torch",
+        "torch.__version__",
+        "torch.compiler.reset()",
+        "torch.nn.functional.relu(x)",
+        "from torch.func import functional_call",
+        "x._private",
+        "doc = 'torch._dynamo is private, a sentence says'",
+        "import torch.distributed as dist\ndist.all_reduce(t)",
+    ]
     for line in public:
         assert not private_torch_names(line), line
 
@@ -99,8 +121,13 @@ def test_the_scan_finds_every_form_of_a_private_name():
 def test_no_module_but_compat_names_a_private_torch_api():
     sources = [p for folder in ("ddprl", "tests", "benchmarks", "scripts") for p in (REPO / folder).rglob("*.py")]
     assert COMPAT in sources and len(sources) > 50
-    offenders = {str(p.relative_to(REPO)): names for p in sources if p != COMPAT
-                 for names in [private_torch_names(p.read_text())] if names}
+    offenders = {
+        str(p.relative_to(REPO)): names
+        for p in sources
+        if p != COMPAT
+        for names in [private_torch_names(p.read_text())]
+        if names
+    }
     assert offenders == {}
     assert private_torch_names(COMPAT.read_text())  # the scan sees them where they are
 
@@ -142,8 +169,11 @@ def test_a_graph_break_is_reported_once_and_the_region_runs_eagerly(ddprl_log):
     assert len(ddprl_log) == 1, ddprl_log
     level, line = ddprl_log[0]
     assert level == "WARNING"
-    assert re.fullmatch(r"compile=true: region branchy: graph break \(.+ at test_compat\.py:\d+ in branchy\); "
-                        r"it runs eagerly from now on", line), line
+    assert re.fullmatch(
+        r"compile=true: region branchy: graph break \(.+ at test_compat\.py:\d+ in branchy\); "
+        r"it runs eagerly from now on",
+        line,
+    ), line
 
 
 def test_recompiles_are_reported_and_past_the_limit_the_region_runs_eagerly(ddprl_log):
@@ -159,10 +189,14 @@ def test_recompiles_are_reported_and_past_the_limit_the_region_runs_eagerly(ddpr
     assert region.graphs == 2 and region.eager
     assert [level for level, _ in ddprl_log] == ["INFO", "WARNING"], ddprl_log
     x = r"tensor '(x|L\['x'\])' size mismatch at index 0"  # how Dynamo names the argument differs by version
-    assert re.fullmatch(rf"compile=true: region affine: recompiled \({x}. expected 3, actual 4\); 2 graphs",
-                        ddprl_log[0][1]), ddprl_log
-    assert re.fullmatch(rf"compile=true: region affine: recompile limit \(2 graphs, the next for {x}. expected 4, "
-                        r"actual 5\); it runs eagerly from now on", ddprl_log[1][1]), ddprl_log
+    assert re.fullmatch(
+        rf"compile=true: region affine: recompiled \({x}. expected 3, actual 4\); 2 graphs", ddprl_log[0][1]
+    ), ddprl_log
+    assert re.fullmatch(
+        rf"compile=true: region affine: recompile limit \(2 graphs, the next for {x}. expected 4, "
+        r"actual 5\); it runs eagerly from now on",
+        ddprl_log[1][1],
+    ), ddprl_log
 
 
 def test_a_region_within_its_graphs_says_nothing(ddprl_log):
@@ -180,8 +214,9 @@ def test_a_skipped_cuda_graph_is_reported_once_and_the_region_stays_compiled(ddp
     for _ in range(3):
         assert torch.equal(region(torch.ones(3)), affine(torch.ones(3)))
     assert (region.graphs, region.eager) == (1, False)
-    assert ddprl_log == [("WARNING", "compile=true: region affine: CUDA graph skipped (no reason recorded); "
-                                     "its kernels run without one")]
+    assert ddprl_log == [
+        ("WARNING", "compile=true: region affine: CUDA graph skipped (no reason recorded); its kernels run without one")
+    ]
 
 
 @pytest.mark.gpu
@@ -189,6 +224,7 @@ def test_a_skipped_cuda_graph_is_reported_once_and_the_region_stays_compiled(ddp
 def test_a_skipped_cuda_graph_is_reported_once_with_the_reason(ddprl_log):
     """A region that mutates an input not marked static cannot be a CUDA graph: inductor skips
     the capture, the region says why once and stays compiled, with the eager results."""
+
     def accumulate(x: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
         total.add_(x)
         return total * 2
@@ -202,5 +238,8 @@ def test_a_skipped_cuda_graph_is_reported_once_with_the_reason(ddprl_log):
         assert torch.equal(out, accumulate(x, reference))
     assert torch.equal(total, reference) and region.graphs == 1 and not region.eager
     assert [level for level, _ in ddprl_log] == ["WARNING"], ddprl_log
-    assert re.fullmatch(r"compile=true: region accumulate: CUDA graph skipped \(skipping cudagraphs due to .+\); "
-                        r"its kernels run without one", ddprl_log[0][1]), ddprl_log
+    assert re.fullmatch(
+        r"compile=true: region accumulate: CUDA graph skipped \(skipping cudagraphs due to .+\); "
+        r"its kernels run without one",
+        ddprl_log[0][1],
+    ), ddprl_log

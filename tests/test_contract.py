@@ -15,19 +15,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
+import dist_fns
 import pytest
 import torch
-
-import dist_fns
 from conftest import REPO, cli_env
+
 from ddprl import registry
 from ddprl.checkpoint import FORMAT_VERSION, load_checkpoint
 from ddprl.cli import main
-from ddprl.prepare import prepare_train
 from ddprl.config import load_config
 from ddprl.config.schema import JobConfig, RLConfig, key
 from ddprl.errors import UsageError
 from ddprl.metrics import MetricsLogger, read_metrics
+from ddprl.prepare import prepare_train
 from ddprl.run import Checkpointer, Run
 from ddprl.runtime import launch, resolve_world_size
 from ddprl.runtime.seeding import Seeds
@@ -36,6 +36,7 @@ FAST = ["n_steps=64", "batch_size=64", "epochs=2", "progress=false", "dist_timeo
 
 
 # -- any supported torch: DDP keywords by feature detection ------------------------------------
+
 
 def test_old_ddp_signature_wraps_and_broadcasts_buffers(tmp_path):
     """torch < 2.13 has no ``forward_sync_buffers``: wrap must not pass it, and must broadcast
@@ -49,6 +50,7 @@ def test_old_ddp_signature_wraps_and_broadcasts_buffers(tmp_path):
 
 
 # -- world_size=auto, one TD-MPC2 env per rank ---------------------------------------------------
+
 
 def test_world_size_auto():
     assert resolve_world_size("auto", "auto", cuda_count=0) == 2  # CPU: two processes
@@ -70,6 +72,7 @@ def test_tdmpc2_one_env_per_rank_by_default():
 
 
 # -- a resumed run never replays the start-of-run seeds -------------------------------------------
+
 
 def test_seeds_fresh_and_resumed():
     s = Seeds(seed=1, rank=1)
@@ -98,10 +101,27 @@ def test_tdmpc2_resume_reseeds_envs(tmp_path, monkeypatch):
     """TD-MPC2 (DMC keeps no env state): the resumed envs are seeded from the resume step."""
     pytest.importorskip("dm_control")
     seeds = _record_env_seeds(monkeypatch, "ddprl.algos.tdmpc2.loop", "make_tdmpc2_env")
-    common = ["train", "algo=tdmpc2", "task=cartpole-balance", "world_size=1", "episode_length=50",
-              "seed_steps=100", "eval_episodes=0", "checkpoint_freq=100", "log_freq=100", "model_size=1",
-              "enc_dim=16", "mlp_dim=16", "latent_dim=16", "num_q=2", "batch_size=8", "mpc=false",
-              f"run_dir={tmp_path / 'r'}", "progress=false", "device=cpu"]
+    common = [
+        "train",
+        "algo=tdmpc2",
+        "task=cartpole-balance",
+        "world_size=1",
+        "episode_length=50",
+        "seed_steps=100",
+        "eval_episodes=0",
+        "checkpoint_freq=100",
+        "log_freq=100",
+        "model_size=1",
+        "enc_dim=16",
+        "mlp_dim=16",
+        "latent_dim=16",
+        "num_q=2",
+        "batch_size=8",
+        "mpc=false",
+        f"run_dir={tmp_path / 'r'}",
+        "progress=false",
+        "device=cpu",
+    ]
     assert main(common + ["steps=100"]) == 0
     assert main(common + ["steps=150", "resume=auto"]) == 0
     assert seeds[0] == 1 and seeds[1] not in (1, 0) and seeds[1] == Seeds(1, 0).env(100)
@@ -110,15 +130,27 @@ def test_tdmpc2_resume_reseeds_envs(tmp_path, monkeypatch):
 def test_ppo_on_dmc_resume_reseeds_envs(tmp_path, monkeypatch):
     pytest.importorskip("dm_control")
     seeds = _record_env_seeds(monkeypatch, "ddprl.algos.ppo.loop", "make_env")
-    common = ["train", "task=cartpole-balance", "world_size=1", "num_envs=2", "n_steps=32", "batch_size=32",
-              "epochs=1", "eval_episodes=0", "checkpoint_freq=64", f"run_dir={tmp_path / 'r'}", "progress=false",
-              "device=cpu"]
+    common = [
+        "train",
+        "task=cartpole-balance",
+        "world_size=1",
+        "num_envs=2",
+        "n_steps=32",
+        "batch_size=32",
+        "epochs=1",
+        "eval_episodes=0",
+        "checkpoint_freq=64",
+        f"run_dir={tmp_path / 'r'}",
+        "progress=false",
+        "device=cpu",
+    ]
     assert main(common + ["steps=64"]) == 0
     assert main(common + ["steps=128", "resume=auto"]) == 0
     assert seeds == [1, Seeds(1, 0).env(64)]
 
 
 # -- metrics stay monotone after a resume ----------------------------------------------------------
+
 
 def test_resumed_logger_drops_rows_and_events_past_the_checkpoint(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -133,20 +165,39 @@ def test_resumed_logger_drops_rows_and_events_past_the_checkpoint(tmp_path):
     resumed = MetricsLogger(tmp_path, cfg, is_main=True, total_steps=500, start_step=300, resumed=True)
     resumed.log(400, {"train/loss": -400.0})
     resumed.close()
-    assert [(r["step"], r["train/loss"]) for r in read_metrics(tmp_path)] == \
-        [(100, 100.0), (200, 200.0), (300, 300.0), (400, -400.0)]
+    assert [(r["step"], r["train/loss"]) for r in read_metrics(tmp_path)] == [
+        (100, 100.0),
+        (200, 200.0),
+        (300, 300.0),
+        (400, -400.0),
+    ]
     acc = EventAccumulator(str(tmp_path / "tb"))
     acc.Reload()
-    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == \
-        [(100, 100.0), (200, 200.0), (300, 300.0), (400, -400.0)]
+    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [
+        (100, 100.0),
+        (200, 200.0),
+        (300, 300.0),
+        (400, -400.0),
+    ]
 
 
 # -- checkpoints are pruned, latest and best are kept ----------------------------------------------
 
+
 def test_keep_last_prunes_step_checkpoints(tmp_path):
     run_dir = tmp_path / "k"
-    args = ["train", "world_size=1", "num_envs=2", "steps=1024", "checkpoint_freq=128", "eval_freq=512",
-            "eval_episodes=2", "keep_last=2", f"run_dir={run_dir}", *FAST]
+    args = [
+        "train",
+        "world_size=1",
+        "num_envs=2",
+        "steps=1024",
+        "checkpoint_freq=128",
+        "eval_freq=512",
+        "eval_episodes=2",
+        "keep_last=2",
+        f"run_dir={run_dir}",
+        *FAST,
+    ]
     assert main(args) == 0
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert names == ["best.pt", "latest.pt", "step_1024.pt", "step_896.pt"]
@@ -169,11 +220,15 @@ def test_keep_last_zero_keeps_all(tmp_path):
 
 # -- collective save/resume in one place ------------------------------------------------------------
 
+
 def test_older_format_refused_naming_both_versions(tmp_path):
     path = tmp_path / "old.pt"
     torch.save({"format_version": FORMAT_VERSION - 1, "algo": "ppo"}, path)
-    with pytest.raises(UsageError, match=rf"format_version {FORMAT_VERSION - 1}; this ddprl reads format_version "
-                                         rf"{FORMAT_VERSION}"):
+    with pytest.raises(
+        UsageError,
+        match=rf"format_version {FORMAT_VERSION - 1}; this ddprl reads format_version "
+        rf"{FORMAT_VERSION}",
+    ):
         load_checkpoint(path)
 
 
@@ -195,9 +250,17 @@ def test_checkpoint_read_once_per_process(tmp_path, monkeypatch):
 
 def test_other_world_size_resets_own_state_in_one_line(tmp_path, caplog):
     rt = SimpleNamespace(rank=0, world_size=1, seeds=lambda seed: Seeds(seed, 0))
-    checkpoint = {"format_version": FORMAT_VERSION, "algo": "ppo", "step": 64, "world_size": 2, "config": {},
-                  "counters": {}, "best": None, "state": {"model": {}, "optimizer": {}},
-                  "ranks": [{"rng": None, "env": None}, {"rng": None, "env": None}]}
+    checkpoint = {
+        "format_version": FORMAT_VERSION,
+        "algo": "ppo",
+        "step": 64,
+        "world_size": 2,
+        "config": {},
+        "counters": {},
+        "best": None,
+        "state": {"model": {}, "optimizer": {}},
+        "ranks": [{"rng": None, "env": None}, {"rng": None, "env": None}],
+    }
     torch.save(checkpoint, tmp_path / "c.pt")
     cfg = load_config(["world_size=1", f"resume={tmp_path / 'c.pt'}"])
     messages = []
@@ -218,18 +281,41 @@ def test_other_world_size_resets_own_state_in_one_line(tmp_path, caplog):
 
 # -- kill -9 of the whole job, then resume=auto ----------------------------------------------------------
 
+
 def test_kill_9_then_resume_auto(tmp_path):
     run_dir = tmp_path / "k9"
-    args = [sys.executable, "-m", "ddprl", "train", "world_size=2", "steps=1000000", "checkpoint_freq=1024",
-            "eval_freq=0", "eval_episodes=0", f"run_dir={run_dir}", "resume=auto", *FAST]
-    proc = subprocess.Popen(args, cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    args = [
+        sys.executable,
+        "-m",
+        "ddprl",
+        "train",
+        "world_size=2",
+        "steps=1000000",
+        "checkpoint_freq=1024",
+        "eval_freq=0",
+        "eval_episodes=0",
+        f"run_dir={run_dir}",
+        "resume=auto",
+        *FAST,
+    ]
+    proc = subprocess.Popen(
+        args,
+        cwd=tmp_path,
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
             steps = sorted(int(p.stem.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*.pt"))
-            if len(steps) >= 2 and (run_dir / "metrics.jsonl").exists() and \
-                    read_metrics(run_dir)[-1]["step"] > steps[-1]:
+            if (
+                len(steps) >= 2
+                and (run_dir / "metrics.jsonl").exists()
+                and read_metrics(run_dir)[-1]["step"] > steps[-1]
+            ):
                 break
             time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGKILL)  # the whole job: launcher and both ranks
@@ -240,8 +326,14 @@ def test_kill_9_then_resume_auto(tmp_path):
     assert saved >= 2048
     before = read_metrics(run_dir)
     assert before[-1]["step"] > saved  # rows past the checkpoint exist before the resume
-    resumed = subprocess.run(args[:5] + [f"steps={saved + 2048}"] + args[6:], cwd=tmp_path, env=cli_env(),
-                             capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        args[:5] + [f"steps={saved + 2048}"] + args[6:],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     steps = [r["step"] for r in read_metrics(run_dir)]
     assert steps == sorted(set(steps)) and steps[-1] == saved + 2048  # strictly increasing
@@ -253,6 +345,7 @@ def test_kill_9_then_resume_auto(tmp_path):
 
 
 # -- the registry: an algorithm declared here, nowhere else ---------------------------------------------
+
 
 @dataclass(kw_only=True)
 class ToyConfig(RLConfig):
@@ -315,10 +408,24 @@ def toy_fit(rt, cfg):
 
 @pytest.fixture
 def toy_algorithms():
-    registry.register(registry.Algorithm(
-        name="toy", config=ToyConfig, train=toy_train, load_actor=toy_actor,
-        defaults={"task": "CartPole-v1", "steps": 64, "num_envs": 2, "eval_freq": 0, "eval_episodes": 2,
-                  "checkpoint_freq": 0}, architecture_keys=(), description="a test's algorithm"))
+    registry.register(
+        registry.Algorithm(
+            name="toy",
+            config=ToyConfig,
+            train=toy_train,
+            load_actor=toy_actor,
+            defaults={
+                "task": "CartPole-v1",
+                "steps": 64,
+                "num_envs": 2,
+                "eval_freq": 0,
+                "eval_episodes": 2,
+                "checkpoint_freq": 0,
+            },
+            architecture_keys=(),
+            description="a test's algorithm",
+        )
+    )
     registry.register(registry.Algorithm(name="toyfit", config=ToyFitConfig, train=toy_fit))
     yield
     registry._REGISTRY.pop(("toy", "torch"))
@@ -333,8 +440,20 @@ def test_algorithm_declared_in_a_test_is_trainable_evaluable_and_listed(tmp_path
     assert "learning rate of the toy policy" in out and "environments in the whole job" in out
     for world_size in (1, 2):
         run_dir = tmp_path / f"toy{world_size}"
-        assert main(["train", "algo=toy", f"world_size={world_size}", f"run_dir={run_dir}", "progress=false",
-                     "device=cpu", "dist_timeout=60"]) == 0
+        assert (
+            main(
+                [
+                    "train",
+                    "algo=toy",
+                    f"world_size={world_size}",
+                    f"run_dir={run_dir}",
+                    "progress=false",
+                    "device=cpu",
+                    "dist_timeout=60",
+                ]
+            )
+            == 0
+        )
         assert read_metrics(run_dir)[-1]["step"] == 64
     assert main(["eval", f"checkpoint={tmp_path / 'toy2' / 'checkpoints' / 'latest.pt'}", "episodes=2"]) == 0
     assert "episodes=2" in capsys.readouterr().out
@@ -361,6 +480,7 @@ def test_every_key_has_one_line_of_help():
 
 
 # -- only ddprl.runtime imports torch.distributed --------------------------------------------------------
+
 
 def test_only_the_runtime_imports_torch_distributed():
     offenders = []
@@ -389,7 +509,12 @@ def test_the_library_never_imports_its_command_line():
         if path.name in ("cli.py", "__main__.py"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             offenders += [f"{path.relative_to(package)}:{node.lineno}" for n in names if n == "ddprl.cli"]
     assert offenders == []

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import functools
 
+import dist_fns
 import pytest
 import torch
 
-import dist_fns
 from ddprl.config import load_config
 from ddprl.runtime import launch
 
@@ -30,21 +30,42 @@ def batch_path(tmp_path_factory):
     return str(path)
 
 
-def run_learn(tmp_path, batch_path, world_size, batch_size, sync_freq=1, epochs=1, steps=1,
-              max_grad_norm=0.0, target_kl=None, per_rank=False):
+def run_learn(
+    tmp_path,
+    batch_path,
+    world_size,
+    batch_size,
+    sync_freq=1,
+    epochs=1,
+    steps=1,
+    max_grad_norm=0.0,
+    target_kl=None,
+    per_rank=False,
+):
     """``learn`` on ``world_size`` ranks; each rank's record of ``dist_fns.ppo_learn``.
 
     ``per_rank``: ``batch_path`` holds one batch per rank instead of one batch to split.
     """
-    cfg = load_config([f"world_size={world_size}", f"num_envs={world_size * 2}", f"batch_size={batch_size}",
-                       f"sync_freq={sync_freq}", f"epochs={epochs}", "n_steps=64", "dist_timeout=60",
-                       f"max_grad_norm={max_grad_norm}", f"target_kl={'null' if target_kl is None else target_kl}"])
+    cfg = load_config(
+        [
+            f"world_size={world_size}",
+            f"num_envs={world_size * 2}",
+            f"batch_size={batch_size}",
+            f"sync_freq={sync_freq}",
+            f"epochs={epochs}",
+            "n_steps=64",
+            "dist_timeout=60",
+            f"max_grad_norm={max_grad_norm}",
+            f"target_kl={'null' if target_kl is None else target_kl}",
+        ]
+    )
     name = f"w{world_size}-b{batch_size}-s{sync_freq}-e{epochs}-n{steps}"
     name += (f"-g{max_grad_norm}" if max_grad_norm else "") + (f"-k{target_kl}" if target_kl is not None else "")
     out = tmp_path / (name + ("-p" if per_rank else ""))
     out.mkdir()
-    launch(functools.partial(dist_fns.ppo_learn, out=str(out), batch_path=batch_path, steps=steps,
-                             per_rank=per_rank), cfg)
+    launch(
+        functools.partial(dist_fns.ppo_learn, out=str(out), batch_path=batch_path, steps=steps, per_rank=per_rank), cfg
+    )
     return [torch.load(out / f"rank{r}.pt") for r in range(world_size)]
 
 
@@ -81,6 +102,7 @@ def test_ranks_identical_after_many_updates(tmp_path, batch_path):
 
 # -- KL early stop: decided on the KL averaged over ranks ------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def split_kl_batches(tmp_path_factory):
     """One batch per rank whose local approx KLs are far apart.
@@ -99,21 +121,29 @@ def split_kl_batches(tmp_path_factory):
         obs, actions = torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g)
         with torch.no_grad():
             current = agent(obs, actions).log_prob
-        batches.append({
-            "obs": obs, "actions": actions,
-            "log_probs": torch.full((n,), -5.0) if rank == 0 else current.clone(),
-            "values": torch.randn(n, generator=g), "advantages": torch.randn(n, generator=g),
-            "returns": torch.randn(n, generator=g),
-        })
+        batches.append(
+            {
+                "obs": obs,
+                "actions": actions,
+                "log_probs": torch.full((n,), -5.0) if rank == 0 else current.clone(),
+                "values": torch.randn(n, generator=g),
+                "advantages": torch.randn(n, generator=g),
+                "returns": torch.randn(n, generator=g),
+            }
+        )
     path = tmp_path_factory.mktemp("kl") / "batches.pt"
     torch.save(batches, path)
     return str(path)
 
 
-@pytest.mark.parametrize("target_kl, expected_epochs", [
-    (10.0, 1),  # global ~34 > 10: stop after epoch 1; rank 1's local ~1e-3 alone would go on
-    (50.0, 4),  # global ~34 < 50: all 4 epochs; rank 0's local ~68 alone would stop after 1
-], ids=["global-stops", "global-continues"])
+@pytest.mark.parametrize(
+    "target_kl, expected_epochs",
+    [
+        (10.0, 1),  # global ~34 > 10: stop after epoch 1; rank 1's local ~1e-3 alone would go on
+        (50.0, 4),  # global ~34 < 50: all 4 epochs; rank 0's local ~68 alone would stop after 1
+    ],
+    ids=["global-stops", "global-continues"],
+)
 def test_target_kl_global_decision_no_deadlock(tmp_path, split_kl_batches, target_kl, expected_epochs):
     """Ranks whose local KLs disagree about ``target_kl`` still run the same epochs, in step.
 
@@ -128,8 +158,15 @@ def test_target_kl_global_decision_no_deadlock(tmp_path, split_kl_batches, targe
     expected size. Is there a distributed collective mismatch in your code?").
     """
     epochs, batch_size = 4, 8
-    ranks = run_learn(tmp_path, split_kl_batches, world_size=2, batch_size=batch_size, epochs=epochs,
-                      target_kl=target_kl, per_rank=True)
+    ranks = run_learn(
+        tmp_path,
+        split_kl_batches,
+        world_size=2,
+        batch_size=batch_size,
+        epochs=epochs,
+        target_kl=target_kl,
+        per_rank=True,
+    )
     (local0, global_kl), (local1, global_kl1) = ranks[0]["kl_decisions"][0], ranks[1]["kl_decisions"][0]
     # the set-up really splits the ranks: their own KLs of epoch 1 lie on both sides of target_kl
     assert local0 > target_kl > local1, (local0, local1, target_kl)
@@ -148,6 +185,7 @@ def test_target_kl_global_decision_no_deadlock(tmp_path, split_kl_batches, targe
 
 # -- gradient clipping: the norm of the all-reduced gradient -----------------------------------------
 
+
 def test_grad_clipping_under_ddp_equals_one_process(tmp_path, batch_path):
     """``max_grad_norm`` clips the global (all-reduced) gradient, as one process on the full batch does.
 
@@ -164,8 +202,17 @@ def test_grad_clipping_under_ddp_equals_one_process(tmp_path, batch_path):
     data = torch.load(batch_path)
     with torch.random.fork_rng():
         agent = dist_fns.make_agent()
-    terms = ppo_loss(agent(data["obs"], data["actions"]), data["log_probs"], data["values"], data["advantages"],
-                     data["returns"], cfg.clip_coef, cfg.clip_vloss, cfg.vf_coef, cfg.ent_coef)
+    terms = ppo_loss(
+        agent(data["obs"], data["actions"]),
+        data["log_probs"],
+        data["values"],
+        data["advantages"],
+        data["returns"],
+        cfg.clip_coef,
+        cfg.clip_vloss,
+        cfg.vf_coef,
+        cfg.ent_coef,
+    )
     terms["loss"].backward()
     first_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in agent.parameters()])))
     assert first_norm > 2 * max_grad_norm

@@ -140,20 +140,29 @@ def _run_with_gl(code: str, gl: str) -> subprocess.CompletedProcess:
     """``code`` after making a reset cartpole-balance ``env``, in a process with MUJOCO_GL=gl
     (the OpenGL backend is chosen when mujoco is first imported)."""
     prelude = "from ddprl.envs import make_env\nenv = make_env('cartpole-balance', 1, seed=0); env.reset()\n"
-    return subprocess.run([sys.executable, "-c", prelude + code], env={**os.environ, "MUJOCO_GL": gl},
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", prelude + code],
+        env={**os.environ, "MUJOCO_GL": gl},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_render_rgb_error_names_mujoco_gl():
-    out = _run_with_gl("from ddprl.errors import UsageError\n"
-                       "try:\n    env.render_rgb()\nexcept UsageError as e:\n    print('USAGE', e)\n", "disable")
+    out = _run_with_gl(
+        "from ddprl.errors import UsageError\n"
+        "try:\n    env.render_rgb()\nexcept UsageError as e:\n    print('USAGE', e)\n",
+        "disable",
+    )
     assert "USAGE cannot render cartpole-balance with MUJOCO_GL=disable" in out.stdout, out.stderr[-2000:]
     assert "MUJOCO_GL=egl" in out.stdout
 
 
 def test_render_rgb_frame_with_egl():
-    out = _run_with_gl("f = env.render_rgb(height=48, width=64)\n"
-                       "print('FRAME', f.shape, f.dtype, int(f.std() > 5))\n", "egl")
+    out = _run_with_gl(
+        "f = env.render_rgb(height=48, width=64)\nprint('FRAME', f.shape, f.dtype, int(f.std() > 5))\n", "egl"
+    )
     if "FRAME" not in out.stdout:
         pytest.skip(f"no EGL rendering on this machine: {out.stderr.strip().splitlines()[-1:]}")
     assert "FRAME (48, 64, 3) uint8 1" in out.stdout

@@ -25,20 +25,21 @@ def _grads(model: torch.nn.Module, seed: int) -> list[torch.Tensor]:
 
 
 def _torch_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grads: list[torch.Tensor]) -> None:
-    for p, grad in zip(model.parameters(), grads):
+    for p, grad in zip(model.parameters(), grads, strict=True):
         p.grad = grad.clone()
     optimizer.step()
 
 
 def _assert_same(model_a, opt_a, model_b, opt_b, atol=1e-6) -> None:
-    for a, b in zip(model_a.parameters(), model_b.parameters()):
+    for a, b in zip(model_a.parameters(), model_b.parameters(), strict=True):
         torch.testing.assert_close(b, a, atol=atol, rtol=0)
     state_a, state_b = opt_a.state_dict()["state"], opt_b.state_dict()["state"]
     assert state_a.keys() == state_b.keys()
     for i in state_a:
         for key in ("step", "exp_avg", "exp_avg_sq"):
-            torch.testing.assert_close(torch.as_tensor(state_b[i][key]).float(),
-                                       torch.as_tensor(state_a[i][key]).float(), atol=atol, rtol=0)
+            torch.testing.assert_close(
+                torch.as_tensor(state_b[i][key]).float(), torch.as_tensor(state_a[i][key]).float(), atol=atol, rtol=0
+            )
 
 
 def test_flat_adam_steps_as_torch_adam_with_two_groups():
@@ -85,8 +86,12 @@ def test_flat_adam_state_loads_into_torch_adam_and_back():
 def test_flat_adam_after_eager_torch_steps_keeps_their_state():
     model_a, opt_a = _model_and_optimizer()
     model_b = copy.deepcopy(model_a)
-    opt_b = torch.optim.Adam([{"params": model_b[0].parameters()}, {"params": model_b[2].parameters(), "lr": 0.05}],
-                             lr=0.01, betas=(0.8, 0.95), eps=1e-6)
+    opt_b = torch.optim.Adam(
+        [{"params": model_b[0].parameters()}, {"params": model_b[2].parameters(), "lr": 0.05}],
+        lr=0.01,
+        betas=(0.8, 0.95),
+        eps=1e-6,
+    )
     for step in range(2):
         grads = _grads(model_a, step)
         _torch_step(model_a, opt_a, grads)

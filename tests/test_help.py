@@ -9,14 +9,25 @@ import sys
 
 import pytest
 import torch
-
 from conftest import run_cli
+
 from ddprl.cli import COMMAND_KEYS, main
 from ddprl.config import format_value, key_rows, load_config
 from ddprl.plot import ARG_KEYS
 
-QMIX = ["algo=qmix", "task=Foraging-5x5-2p-1f-v3", "num_envs=2", "batch_size=4", "buffer_size=64",
-        "update_every=100", "log_freq=400", "eval_episodes=2", "eval_freq=0", "checkpoint_freq=0", "progress=false"]
+QMIX = [
+    "algo=qmix",
+    "task=Foraging-5x5-2p-1f-v3",
+    "num_envs=2",
+    "batch_size=4",
+    "buffer_size=64",
+    "update_every=100",
+    "log_freq=400",
+    "eval_episodes=2",
+    "eval_freq=0",
+    "checkpoint_freq=0",
+    "progress=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,17 +45,26 @@ BAD = {
     # encoder_dim=9, the observation's width: the agent network fits the checkpoint's, only the encoder is missing
     "qmix freeze_encoder without an encoder": (
         [*QMIX, "encoder_dim=9", "freeze_encoder=true", "init_from=ROOT/qmix/checkpoints/latest.pt"],
-        r"freeze_encoder=true keeps init_from's encoder, but .* has none \(it holds agent, mixer\)"),
+        r"freeze_encoder=true keeps init_from's encoder, but .* has none \(it holds agent, mixer\)",
+    ),
     "zero-width network": (["hidden_sizes=[0]"], r"hidden_sizes=\[0\] must be widths >= 1"),
-    "unknown env_kwargs key": (["env_kwargs={pole_lenght: 2}"],
-                               r"env_kwargs: CartPole-v1 takes no 'pole_lenght'; it takes sutton_barto_reward"),
+    "unknown env_kwargs key": (
+        ["env_kwargs={pole_lenght: 2}"],
+        r"env_kwargs: CartPole-v1 takes no 'pole_lenght'; it takes sutton_barto_reward",
+    ),
     "0-byte resume=": (["resume=ROOT/empty.pt"], r"checkpoint .*empty.pt cannot be read"),
-    "0-byte QMIX init_from=": ([*QMIX, "encoder_dim=8", "freeze_encoder=false", "init_from=ROOT/empty.pt"],
-                               r"checkpoint .*empty.pt cannot be read"),
-    "YAML syntax error in --config-name": (["--config-name", "ROOT/broken.yaml"],
-                                           r"broken.yaml is not valid YAML at line 2, column 3"),
-    "tdmpc2 on discrete actions": (["algo=tdmpc2", "task=CartPole-v1"],
-                                   r"tdmpc2 needs continuous actions .* CartPole-v1 has Discrete\(2\): use algo=ppo"),
+    "0-byte QMIX init_from=": (
+        [*QMIX, "encoder_dim=8", "freeze_encoder=false", "init_from=ROOT/empty.pt"],
+        r"checkpoint .*empty.pt cannot be read",
+    ),
+    "YAML syntax error in --config-name": (
+        ["--config-name", "ROOT/broken.yaml"],
+        r"broken.yaml is not valid YAML at line 2, column 3",
+    ),
+    "tdmpc2 on discrete actions": (
+        ["algo=tdmpc2", "task=CartPole-v1"],
+        r"tdmpc2 needs continuous actions .* CartPole-v1 has Discrete\(2\): use algo=ppo",
+    ),
 }
 
 
@@ -69,8 +89,9 @@ def test_bad_input_refused_before_any_rank_starts(inputs, tmp_path, case):
 def test_torchrun_world_size_mismatch_one_ddprl_line(tmp_path):
     """Each worker finds the contradiction; one prints it, every one hands it to torchrun's summary."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    res = run_cli(["train", "world_size=4", f"run_dir={tmp_path / 'run'}"], cwd=tmp_path, launcher=launcher,
-                  timeout=120)
+    res = run_cli(
+        ["train", "world_size=4", f"run_dir={tmp_path / 'run'}"], cwd=tmp_path, launcher=launcher, timeout=120
+    )
     assert res.returncode != 0  # torchrun's own code for a failed worker: 1
     ours = [line for line in res.stderr.splitlines() if line.startswith("ddprl: error:")]
     assert ours == ["ddprl: error: world_size=4 contradicts the torchrun launcher's world size 2; drop world_size="]
@@ -79,9 +100,15 @@ def test_torchrun_world_size_mismatch_one_ddprl_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("env, prints", [({"RANK": "1", "WORLD_SIZE": "2"}, False),
-                                         ({"RANK": "0", "WORLD_SIZE": "2"}, True),
-                                         ({"SLURM_PROCID": "3"}, False), ({"SLURM_PROCID": "0"}, True)])
+@pytest.mark.parametrize(
+    "env, prints",
+    [
+        ({"RANK": "1", "WORLD_SIZE": "2"}, False),
+        ({"RANK": "0", "WORLD_SIZE": "2"}, True),
+        ({"SLURM_PROCID": "3"}, False),
+        ({"SLURM_PROCID": "0"}, True),
+    ],
+)
 def test_bad_input_printed_by_the_first_process_only(monkeypatch, capsys, tmp_path, env, prints):
     """Every process of a torchrun/srun job finds it; one prints it, each writes torchrun's error file."""
     for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID"):
@@ -96,6 +123,7 @@ def test_bad_input_printed_by_the_first_process_only(monkeypatch, capsys, tmp_pa
 
 
 # -- ddprl keys -------------------------------------------------------------------------------
+
 
 def test_keys_print_type_and_default(capsys):
     assert main(["keys", "algo=qmix"]) == 0
@@ -113,7 +141,9 @@ def test_keys_of_a_task_show_its_values(capsys):
     assert main(["keys", "algo=ppo", "task=snake"]) == 0
     out = capsys.readouterr().out
     assert "keys of algo=ppo with task=snake" in out
-    assert re.search(r"^hidden_sizes\s+list\[int\]\s+\[256, 256\]\s+preset\s", out, re.M)  # task/snake.yaml's, not [64, 64]
+    assert re.search(
+        r"^hidden_sizes\s+list\[int\]\s+\[256, 256\]\s+preset\s", out, re.M
+    )  # task/snake.yaml's, not [64, 64]
     assert main(["keys", "algo=ppo", "tsak=snake"]) == 2
     assert "did you mean task" in capsys.readouterr().err
 
@@ -124,10 +154,16 @@ def test_key_rows_of_a_resolved_config():
     assert rows["enc_dim"] == ("int | null", "null")
     assert rows["run_dir"] == ("str", "''")
     assert [format_value(v) for v in (True, None, [64, 64], {"a": 1, "b": [1]}, 3e-4)] == [
-        "true", "null", "[64, 64]", "{a: 1, b: [1]}", "0.0003"]
+        "true",
+        "null",
+        "[64, 64]",
+        "{a: 1, b: [1]}",
+        "0.0003",
+    ]
 
 
 # -- --help of each command -------------------------------------------------------------------
+
 
 def _help(capsys, argv):
     with pytest.raises(SystemExit) as e:

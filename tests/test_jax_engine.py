@@ -18,11 +18,20 @@ pytest.importorskip("jax")
 pytest.importorskip("gymnax")
 
 from conftest import cli_env, run_cli  # noqa: E402
+
 from ddprl.checkpoint import load_checkpoint  # noqa: E402
 from ddprl.metrics import read_metrics  # noqa: E402
 
-SMALL = ["engine=jax", "task=gymnax/CartPole-v1", "num_envs=8", "n_steps=32", "batch_size=64", "epochs=2",
-         "eval_episodes=4", "progress=false"]
+SMALL = [
+    "engine=jax",
+    "task=gymnax/CartPole-v1",
+    "num_envs=8",
+    "n_steps=32",
+    "batch_size=64",
+    "epochs=2",
+    "eval_episodes=4",
+    "progress=false",
+]
 
 
 def run_devices(args, tmp_path, devices: int, timeout: float = 300):
@@ -32,8 +41,9 @@ def run_devices(args, tmp_path, devices: int, timeout: float = 300):
 
     env = cli_env()
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    return subprocess.run([sys.executable, "-m", "ddprl", *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "ddprl", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _ok(res):
@@ -47,8 +57,12 @@ def params_of(path):
 
 def test_run_directory_checkpoints_eval_and_play(tmp_path):
     run = tmp_path / "r"
-    _ok(run_cli(["train", *SMALL, "devices=4", "steps=1024", "eval_freq=512", "checkpoint_freq=512",
-                 f"run_dir={run}"], cwd=tmp_path))
+    _ok(
+        run_cli(
+            ["train", *SMALL, "devices=4", "steps=1024", "eval_freq=512", "checkpoint_freq=512", f"run_dir={run}"],
+            cwd=tmp_path,
+        )
+    )
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [256, 512, 768, 1024]
     assert all(r["time/global_fps"] > 0 and r["train/effective_batch_size"] == 64 * 4 for r in rows)
@@ -77,8 +91,16 @@ def test_run_directory_checkpoints_eval_and_play(tmp_path):
 
 
 def test_resume_equals_an_uninterrupted_run(tmp_path):
-    common = [*SMALL, "devices=2", "steps=1536", "checkpoint_freq=768", "eval_freq=768", "keep_last=0",
-              "norm_obs=true", "norm_reward=true"]
+    common = [
+        *SMALL,
+        "devices=2",
+        "steps=1536",
+        "checkpoint_freq=768",
+        "eval_freq=768",
+        "keep_last=0",
+        "norm_obs=true",
+        "norm_reward=true",
+    ]
     _ok(run_cli(["train", *common, f"run_dir={tmp_path / 'full'}"], cwd=tmp_path))
     middle = tmp_path / "full" / "checkpoints" / "step_768.pt"
     assert middle.exists()
@@ -88,10 +110,14 @@ def test_resume_equals_an_uninterrupted_run(tmp_path):
     assert full.keys() == resumed.keys()
     for name in full:
         assert torch.equal(full[name], resumed[name]), name
+
     # The same rows after the resume point, apart from timings.
     def tail(run):
-        return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "wall_time"}
-                for r in read_metrics(tmp_path / run) if r["step"] > 768]
+        return [
+            {k: v for k, v in r.items() if not k.startswith("time/") and k != "wall_time"}
+            for r in read_metrics(tmp_path / run)
+            if r["step"] > 768
+        ]
 
     assert tail("full") == tail("resumed") and len(tail("full")) == 3
 
@@ -100,8 +126,11 @@ def test_two_processes_equal_one_process(tmp_path):
     # 2 JAX processes x 2 devices (jax.distributed over localhost) == 1 process x 4 devices.
     common = [*SMALL, "steps=512", "checkpoint_freq=0", "eval_episodes=0"]
     _ok(run_cli(["train", *common, "devices=4", f"run_dir={tmp_path / 'one'}"], cwd=tmp_path))
-    res = _ok(run_cli(["train", *common, "world_size=2", "devices=2", f"run_dir={tmp_path / 'two'}"],
-                      cwd=tmp_path, timeout=400))
+    res = _ok(
+        run_cli(
+            ["train", *common, "world_size=2", "devices=2", f"run_dir={tmp_path / 'two'}"], cwd=tmp_path, timeout=400
+        )
+    )
     ckpt = load_checkpoint(tmp_path / "two" / "checkpoints" / "latest.pt")
     assert ckpt["world_size"] == 2 and len(ckpt["ranks"]) == 2
     assert ckpt["ranks"][1]["envs"]["['obs']"].shape == (4, 4)  # each process saved its own 4 envs
@@ -121,17 +150,23 @@ def _bad(tmp_path, args, message, devices=4):
     assert not (tmp_path / "runs").exists()  # nothing half-written
 
 
-@pytest.mark.parametrize("args,message", [
-    (["num_envs=6"], r"num_envs=6 is not divisible by the 4 devices of the mesh"),
-    (["devices=8"], r"devices=8 but this process sees 4 cpu device\(s\).*xla_force_host_platform_device_count"),
-    (["task=gymnax/CartPol-v1"], r"unknown task 'gymnax/CartPol-v1' for engine=jax \(did you mean gymnax/CartPole-v1"),
-    (["task=brax/humanoidd"], r"unknown brax task 'brax/humanoidd' \(did you mean brax/humanoid"),
-    (["algo=qmix"], r"algo=qmix has no engine=jax; it runs on engine=torch"),
-    (["engine=jaxx"], r"unknown engine 'jaxx' \(did you mean jax\?\); choose from torch, jax"),
-    (["precision=bf16"], r"engine=jax trains in fp32 only"),
-    (["batch_size=4096"], r"batch_size=4096 is larger than the per-device rollout"),
-    (["env_kwargs={gravity_x: 1}"], r"env_kwargs \['gravity_x'\] are not parameters of CartPole-v1"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["num_envs=6"], r"num_envs=6 is not divisible by the 4 devices of the mesh"),
+        (["devices=8"], r"devices=8 but this process sees 4 cpu device\(s\).*xla_force_host_platform_device_count"),
+        (
+            ["task=gymnax/CartPol-v1"],
+            r"unknown task 'gymnax/CartPol-v1' for engine=jax \(did you mean gymnax/CartPole-v1",
+        ),
+        (["task=brax/humanoidd"], r"unknown brax task 'brax/humanoidd' \(did you mean brax/humanoid"),
+        (["algo=qmix"], r"algo=qmix has no engine=jax; it runs on engine=torch"),
+        (["engine=jaxx"], r"unknown engine 'jaxx' \(did you mean jax\?\); choose from torch, jax"),
+        (["precision=bf16"], r"engine=jax trains in fp32 only"),
+        (["batch_size=4096"], r"batch_size=4096 is larger than the per-device rollout"),
+        (["env_kwargs={gravity_x: 1}"], r"env_kwargs \['gravity_x'\] are not parameters of CartPole-v1"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     _bad(tmp_path, ["train", "engine=jax", "steps=1000", "progress=false", *args], message)
 
@@ -158,8 +193,22 @@ def test_cartpole_learns_on_two_simulated_devices(tmp_path):
     would make a flaky test. best.pt must hold the policy of the best evaluation.
     """
     run = tmp_path / "learn"
-    _ok(run_devices(["train", "engine=jax", "devices=2", f"run_dir={run}", "progress=false", "eval_freq=10000",
-                     "checkpoint_freq=10000", "keep_last=1"], tmp_path, 2))
+    _ok(
+        run_devices(
+            [
+                "train",
+                "engine=jax",
+                "devices=2",
+                f"run_dir={run}",
+                "progress=false",
+                "eval_freq=10000",
+                "checkpoint_freq=10000",
+                "keep_last=1",
+            ],
+            tmp_path,
+            2,
+        )
+    )
     evals = [r for r in read_metrics(run) if "eval/return_mean" in r]
     assert len(evals) >= 14 and all(r["eval/episodes"] == 10 for r in evals)
     best = max(r["eval/return_mean"] for r in evals)
@@ -171,9 +220,27 @@ def test_brax_task_trains_on_mjx(tmp_path):
     """A MuJoCo task (brax's inverted pendulum, MJX physics) through the same compiled loop (smoke:
     compiling MJX on a CPU takes ~20 s; the learning runs belong to benchmarks)."""
     run = tmp_path / "brax"
-    _ok(run_devices(["train", "engine=jax", "task=brax/inverted_pendulum", "env_kwargs={episode_length: 50}",
-                     "devices=2", "num_envs=4", "n_steps=8", "batch_size=16", "steps=64", "eval_episodes=2",
-                     f"run_dir={run}", "progress=false"], tmp_path, 2, timeout=500))
+    _ok(
+        run_devices(
+            [
+                "train",
+                "engine=jax",
+                "task=brax/inverted_pendulum",
+                "env_kwargs={episode_length: 50}",
+                "devices=2",
+                "num_envs=4",
+                "n_steps=8",
+                "batch_size=16",
+                "steps=64",
+                "eval_episodes=2",
+                f"run_dir={run}",
+                "progress=false",
+            ],
+            tmp_path,
+            2,
+            timeout=500,
+        )
+    )
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [32, 64]
     assert rows[-1]["eval/episodes"] == 2 and 0 < rows[-1]["eval/length_mean"] <= 50
@@ -188,8 +255,15 @@ def test_process_identity_follows_the_launchers():
     cfg_auto = SimpleNamespace(world_size=4, nnodes=2, node_rank=1, master_addr="auto", master_port="auto")
     torchrun = {"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "29511"}
     assert process_identity(cfg_auto, torchrun) == (3, 4, "10.0.0.9:29512")  # torchrun's store holds 29511
-    slurm = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "4242",
-             "SLURM_NODEID": "1", "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_NODELIST": "node[7-8]"}
+    slurm = {
+        "SLURM_PROCID": "1",
+        "SLURM_NTASKS": "2",
+        "SLURM_STEP_ID": "0",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_NODEID": "1",
+        "SLURM_NTASKS_PER_NODE": "1",
+        "SLURM_JOB_NODELIST": "node[7-8]",
+    }
     assert process_identity(cfg_auto, {**slurm, "MASTER_ADDR": "node7-ib"}) == (1, 2, "node7-ib:24242")
     # no MASTER_ADDR: the node list's first host; the port from the job id
     assert process_identity(cfg_auto, slurm) == (1, 2, "node7:24242")

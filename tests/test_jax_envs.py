@@ -22,14 +22,25 @@ def rollout(env, steps, num_envs=3, action=None, seed=0):
     step = jax.jit(jax.vmap(env.step))
     out = []
     for t in range(steps):
-        a = action if action is not None else (jnp.zeros(num_envs, jnp.int32) if env.discrete
-                                               else jnp.zeros((num_envs, env.action_dim)))
+        a = (
+            action
+            if action is not None
+            else (jnp.zeros(num_envs, jnp.int32) if env.discrete else jnp.zeros((num_envs, env.action_dim)))
+        )
         prev = obs
-        state, obs, reward, terminated, truncated, final_obs = step(jax.random.split(jax.random.PRNGKey(t), num_envs),
-                                                                    state, a)
-        out.append({"prev": np.asarray(prev), "obs": np.asarray(obs), "reward": np.asarray(reward),
-                    "terminated": np.asarray(terminated), "truncated": np.asarray(truncated),
-                    "final_obs": np.asarray(final_obs)})
+        state, obs, reward, terminated, truncated, final_obs = step(
+            jax.random.split(jax.random.PRNGKey(t), num_envs), state, a
+        )
+        out.append(
+            {
+                "prev": np.asarray(prev),
+                "obs": np.asarray(obs),
+                "reward": np.asarray(reward),
+                "terminated": np.asarray(terminated),
+                "truncated": np.asarray(truncated),
+                "final_obs": np.asarray(final_obs),
+            }
+        )
     return out
 
 
@@ -71,7 +82,7 @@ def test_vec_env_wrapper_reports_episodes_like_the_torch_envs():
     assert obs.shape == (2, 3) and obs.dtype == torch.float32
     again = JaxVecEnv(make_jax_env("gymnax/Pendulum-v1"), num_envs=2).reset(seed=5)
     assert torch.equal(obs, again)  # seeded by seed + i
-    for t in range(3):
+    for _ in range(3):
         obs, reward, terminated, truncated, info = env.step(torch.zeros(2, 1))
     assert truncated.all() and not terminated.any()
     assert torch.equal(info["episode_length"], torch.tensor([3, 3]))
@@ -80,8 +91,9 @@ def test_vec_env_wrapper_reports_episodes_like_the_torch_envs():
     assert frame.ndim == 3 and frame.shape[2] == 3
 
 
-@pytest.mark.parametrize("task,family", [("gymnax/Acrobot-v1", "gymnax"), ("CartPole-v1", "gymnax"),
-                                         ("brax/ant", "brax")])
+@pytest.mark.parametrize(
+    "task,family", [("gymnax/Acrobot-v1", "gymnax"), ("CartPole-v1", "gymnax"), ("brax/ant", "brax")]
+)
 def test_task_names(task, family):
     assert parse_task(task)[0] == family
     check_task(task)
@@ -102,8 +114,16 @@ def test_unknown_task_names_near_matches():
         check_task("brax/hopr")
 
 
-@pytest.mark.parametrize("task", ["gymnax/Acrobot-v1", "gymnax/MountainCar-v0", "gymnax/MountainCarContinuous-v0",
-                                  "gymnax/Breakout-MinAtar", "gymnax/Pendulum-v1"])
+@pytest.mark.parametrize(
+    "task",
+    [
+        "gymnax/Acrobot-v1",
+        "gymnax/MountainCar-v0",
+        "gymnax/MountainCarContinuous-v0",
+        "gymnax/Breakout-MinAtar",
+        "gymnax/Pendulum-v1",
+    ],
+)
 def test_the_issue_s_gymnax_families_step(task):
     env = make_jax_env(task)
     steps = rollout(env, 3, num_envs=2)

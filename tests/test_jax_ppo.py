@@ -32,8 +32,17 @@ def mesh_of(n: int) -> Mesh:
 
 
 def config(**keys):
-    base = {"engine": "jax", "task": "gymnax/CartPole-v1", "num_envs": NUM_ENVS, "n_steps": 16, "epochs": 2,
-            "world_size": 1, "norm_obs": True, "norm_reward": True, "progress": False}
+    base = {
+        "engine": "jax",
+        "task": "gymnax/CartPole-v1",
+        "num_envs": NUM_ENVS,
+        "n_steps": 16,
+        "epochs": 2,
+        "world_size": 1,
+        "norm_obs": True,
+        "norm_reward": True,
+        "progress": False,
+    }
     return load_config([f"{k}={v}" for k, v in {**base, **keys}.items()])
 
 
@@ -51,13 +60,15 @@ def run_iterations(cfg, n_devices: int, iterations: int, task: str = "gymnax/Car
 
 
 def assert_trees_close(a, b, rtol=2e-5, atol=2e-6):
-    for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b)):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol,
-                                   err_msg=jax.tree_util.keystr(path))
+    for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(
+            np.asarray(x), np.asarray(y), rtol=rtol, atol=atol, err_msg=jax.tree_util.keystr(path)
+        )
 
 
-@pytest.mark.parametrize("task,n_devices", [("gymnax/CartPole-v1", 2), ("gymnax/CartPole-v1", 4),
-                                             ("gymnax/Pendulum-v1", 4)])
+@pytest.mark.parametrize(
+    "task,n_devices", [("gymnax/CartPole-v1", 2), ("gymnax/CartPole-v1", 4), ("gymnax/Pendulum-v1", 4)]
+)
 def test_n_shards_equal_one_device(task, n_devices):
     # Each device's share as one minibatch: N devices x (n_steps x 8/N envs) == 1 device x all.
     local = 16 * NUM_ENVS // n_devices
@@ -67,14 +78,15 @@ def test_n_shards_equal_one_device(task, n_devices):
     assert_trees_close(host(many), host(one))
     # The envs themselves: same states and observations whatever the split.
     np.testing.assert_allclose(np.asarray(many["obs"]), np.asarray(one["obs"]), rtol=1e-5, atol=1e-6)
-    for a, b in zip(m_many, m_one):
+    for a, b in zip(m_many, m_one, strict=True):
         assert a["train/episodes"] == b["train/episodes"]
         np.testing.assert_allclose(a["train/loss"], b["train/loss"], rtol=1e-4, atol=1e-6)
         # The averaged gradient itself (Adam and clipping would hide a gradient N times too large).
         np.testing.assert_allclose(a["train/grad_norm"], b["train/grad_norm"], rtol=1e-4)
     # ...and the update moved the weights (the comparison is not between two initial states).
-    fresh = initial_carry(make_jax_env(task), config(task=task), mesh_of(1), NUM_ENVS,
-                          jax.random.PRNGKey(3), jax.random.PRNGKey(4))
+    fresh = initial_carry(
+        make_jax_env(task), config(task=task), mesh_of(1), NUM_ENVS, jax.random.PRNGKey(3), jax.random.PRNGKey(4)
+    )
     assert not np.allclose(np.asarray(fresh["params"]["actor"][0]["w"]), np.asarray(one["params"]["actor"][0]["w"]))
 
 
@@ -84,7 +96,7 @@ def test_sync_freq_accumulates_like_one_big_batch():
     many, m_many = run_iterations(config(batch_size=16, sync_freq=4), 2, 2)
     one, m_one = run_iterations(config(batch_size=16 * NUM_ENVS, sync_freq=1), 1, 2)
     assert_trees_close(jax.device_get(local_copy(many["params"])), jax.device_get(local_copy(one["params"])))
-    for a, b in zip(m_many, m_one):
+    for a, b in zip(m_many, m_one, strict=True):
         np.testing.assert_allclose(a["train/grad_norm"], b["train/grad_norm"], rtol=1e-4)
     with pytest.raises(AssertionError):  # and sync_freq matters: stepping after every minibatch differs
         every, _ = run_iterations(config(batch_size=16, sync_freq=1), 2, 2)
@@ -128,15 +140,27 @@ def test_gae_matches_the_torch_engine():
 
     rng = np.random.default_rng(0)
     T, N = 7, 3
-    data = {"reward": rng.normal(size=(T, N)).astype(np.float32), "value": rng.normal(size=(T, N)).astype(np.float32),
-            "final_value": rng.normal(size=(T, N)).astype(np.float32),
-            "terminated": rng.random((T, N)) < 0.2, "truncated": rng.random((T, N)) < 0.2}
+    data = {
+        "reward": rng.normal(size=(T, N)).astype(np.float32),
+        "value": rng.normal(size=(T, N)).astype(np.float32),
+        "final_value": rng.normal(size=(T, N)).astype(np.float32),
+        "terminated": rng.random((T, N)) < 0.2,
+        "truncated": rng.random((T, N)) < 0.2,
+    }
     data["truncated"] &= ~data["terminated"]
     nxt = rng.normal(size=N).astype(np.float32)
     adv, ret = gae({k: jnp.asarray(v) for k, v in data.items()}, jnp.asarray(nxt), 0.9, 0.8)
     t = {k: torch.from_numpy(v) for k, v in data.items()}
-    rollout = Rollout(obs=None, actions=None, log_probs=None, values=t["value"], rewards=t["reward"],
-                      terminated=t["terminated"], truncated=t["truncated"], final_values=t["final_value"])
+    rollout = Rollout(
+        obs=None,
+        actions=None,
+        log_probs=None,
+        values=t["value"],
+        rewards=t["reward"],
+        terminated=t["terminated"],
+        truncated=t["truncated"],
+        final_values=t["final_value"],
+    )
     t_adv, t_ret = compute_gae(rollout, torch.from_numpy(nxt), 0.9, 0.8)
     np.testing.assert_allclose(np.asarray(adv), t_adv.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(ret), t_ret.numpy(), rtol=1e-5, atol=1e-6)
@@ -155,11 +179,14 @@ def test_loss_and_distributions_match_the_torch_engine(discrete):
         params["log_std"] = jnp.asarray(rng.normal(size=A).astype(np.float32) * 0.3)
     obs = rng.normal(size=(B, 4)).astype(np.float32)
     action = rng.integers(0, A, B) if discrete else rng.normal(size=(B, A)).astype(np.float32)
-    mb = {"obs": jnp.asarray(obs), "action": jnp.asarray(action),
-          "log_prob": jnp.asarray(rng.normal(size=B).astype(np.float32) - 1.0),
-          "value": jnp.asarray(rng.normal(size=B).astype(np.float32)),
-          "advantage": jnp.asarray(rng.normal(size=B).astype(np.float32)),
-          "return": jnp.asarray(rng.normal(size=B).astype(np.float32))}
+    mb = {
+        "obs": jnp.asarray(obs),
+        "action": jnp.asarray(action),
+        "log_prob": jnp.asarray(rng.normal(size=B).astype(np.float32) - 1.0),
+        "value": jnp.asarray(rng.normal(size=B).astype(np.float32)),
+        "advantage": jnp.asarray(rng.normal(size=B).astype(np.float32)),
+        "return": jnp.asarray(rng.normal(size=B).astype(np.float32)),
+    }
     head = torch.from_numpy(np.array(nets.policy_head(params, mb["obs"])))
     if discrete:
         dist = torch.distributions.Categorical(logits=head)
@@ -170,8 +197,14 @@ def test_loss_and_distributions_match_the_torch_engine(discrete):
         t_action = torch.from_numpy(action)
         logp, ent = dist.log_prob(t_action).sum(-1), dist.entropy().sum(-1)
     out = PolicyOutput(t_action, logp, ent, torch.from_numpy(np.array(nets.value(params, mb["obs"]))))
-    expected = torch_loss(out, *(torch.from_numpy(np.array(mb[k])) for k in ("log_prob", "value", "advantage", "return")),
-                          cfg.clip_coef, cfg.clip_vloss, cfg.vf_coef, cfg.ent_coef)
+    expected = torch_loss(
+        out,
+        *(torch.from_numpy(np.array(mb[k])) for k in ("log_prob", "value", "advantage", "return")),
+        cfg.clip_coef,
+        cfg.clip_vloss,
+        cfg.vf_coef,
+        cfg.ent_coef,
+    )
     _, terms = ppo_loss(params, mb, cfg, discrete)
     for name in ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac"):
         np.testing.assert_allclose(float(terms[name]), float(expected[name]), rtol=1e-5, atol=1e-6, err_msg=name)

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 jax = pytest.importorskip("jax")
-from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
+from jax.sharding import Mesh  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from ddprl.algos.ppo_jax.learn import rms_init, rms_update  # noqa: E402
 from ddprl.jax.runtime import AXIS  # noqa: E402

@@ -51,7 +51,7 @@ def test_shapes_dtypes_and_devices(task):
 def test_seeded_reset_is_reproducible(task):
     first, second = make_marl_env(task, 2, seed=0), make_marl_env(task, 2, seed=0)
     a, b = first.reset(seed=7), second.reset(seed=7)
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     other = second.reset(seed=8)
     assert not torch.equal(a.state, other.state)
     if task != VMAS:  # VMAS seeds its batch as one stream (see envs/marl/vmas_env.py)
@@ -137,8 +137,12 @@ def test_lbf_action_masks_are_lbf_valid_actions():
 
 
 def test_lbf_five_food_ids_are_registered():
-    for task in ["Foraging-15x15-3p-5f-v3", "Foraging-15x15-4p-5f-v3", "Foraging-2s-10x10-3p-5f-coop-v3",
-                 "Foraging-10x10-3p-9f-v3"]:
+    for task in [
+        "Foraging-15x15-3p-5f-v3",
+        "Foraging-15x15-4p-5f-v3",
+        "Foraging-2s-10x10-3p-5f-coop-v3",
+        "Foraging-10x10-3p-9f-v3",
+    ]:
         assert task in gym.registry
         check_marl_task(task)
     env = make_marl_env("Foraging-15x15-4p-5f-v3", 2, seed=0)
@@ -169,7 +173,7 @@ def test_mpe_truncates_at_max_cycles_and_sums_agent_rewards():
     for t in range(1, 26):
         actions = random_actions(obs, gen)
         obs, reward, terminated, truncated, _ = env.step(actions)
-        _, raw_rewards, _, _, _ = raw.step(dict(zip(raw.possible_agents, actions[0].tolist())))
+        _, raw_rewards, _, _, _ = raw.step(dict(zip(raw.possible_agents, actions[0].tolist(), strict=True)))
         assert reward[0].item() == pytest.approx(sum(raw_rewards.values()), rel=1e-6)
         assert not terminated.any() and truncated.all() == (t == 25)
     assert obs.first.all()
@@ -179,7 +183,7 @@ def test_mpe_success_on_the_last_step_is_termination():
     env = make_marl_env("simple_spread_v3", 2, seed=0, terminate_on_success=True, time_limit=1)
     env.reset()
     world = env.envs[0].raw.world
-    for agent, landmark in zip(world.agents, world.landmarks):  # every landmark covered, at rest
+    for agent, landmark in zip(world.agents, world.landmarks, strict=True):  # every landmark covered, at rest
         agent.state.p_pos, agent.state.p_vel = landmark.state.p_pos.copy(), agent.state.p_vel * 0
     obs, _, terminated, truncated, _ = env.step(torch.zeros(2, 3, dtype=torch.int64))
     assert terminated.tolist() == [True, False] and truncated.tolist() == [False, True] and obs.first.all()
@@ -194,8 +198,10 @@ def test_mpe_pads_heterogeneous_agents():
     torch.testing.assert_close(obs.state, torch.cat([obs.obs[:, 0, :3], obs.obs[:, 1]], dim=1))
 
 
-@pytest.mark.parametrize("task, native", [(LBF, "max_episode_steps"), (RWARE, "max_steps"),
-                                          ("simple_spread_v3", "max_cycles"), (VMAS, "max_steps")])
+@pytest.mark.parametrize(
+    "task, native",
+    [(LBF, "max_episode_steps"), (RWARE, "max_steps"), ("simple_spread_v3", "max_cycles"), (VMAS, "max_steps")],
+)
 def test_time_limit_sets_episode_limit_and_truncation(task, native):
     env = make_marl_env(task, 2, seed=0, time_limit=4)
     assert env.episode_limit == 4
@@ -234,14 +240,17 @@ def test_unknown_tasks_and_missing_packages(monkeypatch):
         check_marl_task(RWARE)
 
 
-@pytest.mark.parametrize("task, kwargs, message", [
-    (LBF, {"penalti": 0.1}, "unknown env kwargs penalti; accepted: time_limit, players"),
-    (RWARE, {"msg_bits": 2}, "msg_bits"),
-    ("simple_spread_v3", {"continuous_actions": True}, "unknown env kwargs continuous_actions"),
-    (VMAS, {"n_agnets": 3}, "not all used by the scenario"),
-    (VMAS, {"continuous_actions": True}, "set by ddprl"),
-    (LBF, {"time_limit": 0}, "positive int"),
-])
+@pytest.mark.parametrize(
+    "task, kwargs, message",
+    [
+        (LBF, {"penalti": 0.1}, "unknown env kwargs penalti; accepted: time_limit, players"),
+        (RWARE, {"msg_bits": 2}, "msg_bits"),
+        ("simple_spread_v3", {"continuous_actions": True}, "unknown env kwargs continuous_actions"),
+        (VMAS, {"n_agnets": 3}, "not all used by the scenario"),
+        (VMAS, {"continuous_actions": True}, "set by ddprl"),
+        (LBF, {"time_limit": 0}, "positive int"),
+    ],
+)
 def test_bad_kwargs_are_usage_errors(task, kwargs, message):
     with pytest.raises(UsageError, match=message):
         make_marl_env(task, 1, seed=0, **kwargs)

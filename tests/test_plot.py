@@ -8,8 +8,8 @@ import re
 
 import numpy as np
 import pytest
-
 from conftest import run_cli
+
 from ddprl.errors import UsageError
 from ddprl.plot import compact, default_keys, figure, load_runs, parse_plot_args, plot_runs, y_label
 
@@ -27,10 +27,17 @@ def fake_records(n=20, rate=1.0, fps=9000.0):
     records = []
     for i in range(n):
         step = 512 * (i + 1)
-        r = {"step": step, "wall_time": 0.4 * (i + 1), "train/loss": 1.0 / (1 + rate * i),
-             "train/pg_loss": -0.01 * math.sin(i), "train/v_loss": 2.0 * math.exp(-rate * i / 5),
-             "train/approx_kl": 0.01, "train/episode_return": 10 + rate * 5 * i,
-             "time/global_fps": fps + 100 * math.cos(i), "rank0/rollout_s": 0.1}
+        r = {
+            "step": step,
+            "wall_time": 0.4 * (i + 1),
+            "train/loss": 1.0 / (1 + rate * i),
+            "train/pg_loss": -0.01 * math.sin(i),
+            "train/v_loss": 2.0 * math.exp(-rate * i / 5),
+            "train/approx_kl": 0.01,
+            "train/episode_return": 10 + rate * 5 * i,
+            "time/global_fps": fps + 100 * math.cos(i),
+            "rank0/rollout_s": 0.1,
+        }
         if i % 5 == 4:
             r.update({"eval/return_mean": 12 + rate * 5 * i, "eval/return_std": 3.0, "eval/episodes": 10.0})
         records.append(r)
@@ -69,8 +76,14 @@ def test_plot_two_runs_default_keys(two_runs, tmp_path):
 def test_default_keys_headline_then_losses(two_runs):
     runs = load_runs(list(two_runs))
     available = sorted({k for records in runs.values() for r in records for k in r})
-    assert default_keys(available) == ["eval/return_mean", "train/episode_return", "time/global_fps",
-                                       "train/loss", "train/pg_loss", "train/v_loss"]
+    assert default_keys(available) == [
+        "eval/return_mean",
+        "train/episode_return",
+        "time/global_fps",
+        "train/loss",
+        "train/pg_loss",
+        "train/v_loss",
+    ]
 
 
 def test_default_keys_of_any_run(tmp_path):
@@ -100,20 +113,33 @@ def tick_labels(fig):
 
     def shown(ticks, labels, limits):
         lo, hi = sorted(limits)
-        return [t.get_text() for v, t in zip(ticks, labels) if lo <= v <= hi]
+        return [t.get_text() for v, t in zip(ticks, labels, strict=True) if lo <= v <= hi]
 
-    return [(shown(ax.get_xticks(), ax.get_xticklabels(), ax.get_xlim()),
-             shown(ax.get_yticks(), ax.get_yticklabels(), ax.get_ylim())) for ax in fig.axes]
+    return [
+        (
+            shown(ax.get_xticks(), ax.get_xticklabels(), ax.get_xlim()),
+            shown(ax.get_yticks(), ax.get_yticklabels(), ax.get_ylim()),
+        )
+        for ax in fig.axes
+    ]
 
 
 def test_axes_readable_steps_and_labelled_y(tmp_path):
     """Steps up to 2M in 10k increments: ticks like 500k / 1.5M, never 1250000 or a 1e6 offset."""
-    records = [{"step": 10240 * i, "wall_time": 3.1 * i, "train/episode_return": 5.0 * i,
-                "time/global_fps": 3000.0 + 100 * i, "train/loss": 1 / i} for i in range(1, 201)]
+    records = [
+        {
+            "step": 10240 * i,
+            "wall_time": 3.1 * i,
+            "train/episode_return": 5.0 * i,
+            "time/global_fps": 3000.0 + 100 * i,
+            "train/loss": 1 / i,
+        }
+        for i in range(1, 201)
+    ]
     run = write_run(tmp_path / "long", records)
     fig = figure(load_runs([run]), ["train/episode_return", "time/global_fps", "train/loss"])
     assert len(fig.axes) == 3
-    for ax, (xs, ys) in zip(fig.axes, tick_labels(fig)):
+    for ax, (xs, _ys) in zip(fig.axes, tick_labels(fig), strict=True):
         assert xs and all(re.fullmatch(r"0|\d{1,3}(\.\d{1,2})?[kM]", x) for x in xs), xs
         assert 3 <= len(xs) <= 7, xs
         assert ax.xaxis.get_offset_text().get_text() == ""
@@ -137,10 +163,27 @@ def test_wall_time_in_the_unit_of_the_longest_run(tmp_path):
 
 def test_compact_and_y_label():
     assert [compact(v) for v in (0, 512, 2500, 100_000, 1_000_000, 1_250_000, 2e9, -3000)] == [
-        "0", "512", "2.5k", "100k", "1M", "1.25M", "2B", "-3k"]
-    assert [y_label(k) for k in ("eval/return_mean", "train/value_loss", "time/rollout_s", "time/updates_per_s",
-                                 "train/lr", "val/accuracy", "train/approx_kl")] == [
-        "return (mean ± std)", "loss", "seconds", "updates / s", "learning rate", "accuracy", "approx kl"]
+        "0",
+        "512",
+        "2.5k",
+        "100k",
+        "1M",
+        "1.25M",
+        "2B",
+        "-3k",
+    ]
+    assert [
+        y_label(k)
+        for k in (
+            "eval/return_mean",
+            "train/value_loss",
+            "time/rollout_s",
+            "time/updates_per_s",
+            "train/lr",
+            "val/accuracy",
+            "train/approx_kl",
+        )
+    ] == ["return (mean ± std)", "loss", "seconds", "updates / s", "learning rate", "accuracy", "approx kl"]
 
 
 def test_resumed_run_wall_time_is_cumulative(tmp_path):

@@ -14,11 +14,11 @@ import functools
 import logging
 import math
 
+import dist_fns
 import gymnasium as gym
 import pytest
 import torch
 
-import dist_fns
 from ddprl.algos.graphs import capture_graphs, host_syncs, training_step_unsupported
 from ddprl.algos.ppo import loop
 from ddprl.algos.ppo import rollout as ppo_rollout
@@ -28,11 +28,11 @@ from ddprl.algos.ppo.loss import ppo_loss
 from ddprl.algos.ppo.networks import ActorCritic
 from ddprl.algos.ppo.rollout import RolloutBuffer, RolloutStep
 from ddprl.algos.ppo.update import UpdateStep, learn
-from ddprl.prepare import prepare_train
 from ddprl.config import load_config
 from ddprl.envs.snake import SnakeEnv
 from ddprl.metrics import read_metrics
 from ddprl.normalize import RunningMeanStd
+from ddprl.prepare import prepare_train
 from ddprl.runtime import compat, launch
 
 # Regions need a torch whose Dynamo traces torch.func through modules (2.13 does, 2.4 does not):
@@ -61,13 +61,20 @@ class LocalRuntime:
         return contextlib.nullcontext()
 
 
-def snake_rollout(compile=False, unroll=2, n_steps=4, num_envs=8, precision="fp32", norm_obs=False, env_cls=SnakeEnv,
-                  device="cpu"):
+def snake_rollout(
+    compile=False, unroll=2, n_steps=4, num_envs=8, precision="fp32", norm_obs=False, env_cls=SnakeEnv, device="cpu"
+):
     """A tiny Snake rollout region (5x5 board, a 1-conv CNN), with its env, policy and buffer."""
     env = env_cls(num_envs, grid_size=5, seed=3, device=device)
     torch.manual_seed(0)
-    policy = ActorCritic(env.single_observation_space, env.single_action_space, policy="cnn", policy_width=4,
-                         policy_depth=1, hidden_sizes=[16]).to(device)
+    policy = ActorCritic(
+        env.single_observation_space,
+        env.single_action_space,
+        policy="cnn",
+        policy_width=4,
+        policy_depth=1,
+        hidden_sizes=[16],
+    ).to(device)
     obs_shape = tuple(env.single_observation_space.shape)
     buffer = RolloutBuffer(n_steps, num_envs, obs_shape, (), torch.long, env.device)
     normalize = lambda x: x  # noqa: E731
@@ -82,9 +89,14 @@ def snake_rollout(compile=False, unroll=2, n_steps=4, num_envs=8, precision="fp3
 def fixed_batch(n=96, seed=3):
     """A flat PPO batch of ``n`` samples for a 4-d observation, 3 actions (what ``learn`` reads)."""
     g = torch.Generator().manual_seed(seed)
-    return {"obs": torch.randn(n, 4, generator=g), "actions": torch.randint(0, 3, (n,), generator=g),
-            "log_probs": -1.1 + 0.1 * torch.randn(n, generator=g), "values": torch.randn(n, generator=g),
-            "advantages": torch.randn(n, generator=g), "returns": torch.randn(n, generator=g)}
+    return {
+        "obs": torch.randn(n, 4, generator=g),
+        "actions": torch.randint(0, 3, (n,), generator=g),
+        "log_probs": -1.1 + 0.1 * torch.randn(n, generator=g),
+        "values": torch.randn(n, generator=g),
+        "advantages": torch.randn(n, generator=g),
+        "returns": torch.randn(n, generator=g),
+    }
 
 
 def mlp_agent():
@@ -93,8 +105,15 @@ def mlp_agent():
 
 
 def ppo_cfg(**keys):
-    base = {"num_envs": 8, "n_steps": 12, "batch_size": 32, "epochs": 2, "max_grad_norm": 0.5, "ent_coef": 0.01,
-            "world_size": 1}
+    base = {
+        "num_envs": 8,
+        "n_steps": 12,
+        "batch_size": 32,
+        "epochs": 2,
+        "max_grad_norm": 0.5,
+        "ent_coef": 0.01,
+        "world_size": 1,
+    }
     base.update(keys)
     return load_config([f"{k}={v}" for k, v in base.items()])
 
@@ -103,8 +122,17 @@ def region_update(batch, cfg, compile=False, precision="fp32", normalize=lambda 
     agent = mlp_agent().to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=1e-2, eps=1e-5)
     region_batch = {k: v.to(device, copy=True) for k, v in batch.items()}
-    return agent, UpdateStep(LocalRuntime(), agent, optimizer, region_batch, cfg, normalize,
-                             PRECISIONS[precision](), compile=compile, functional=functional)
+    return agent, UpdateStep(
+        LocalRuntime(),
+        agent,
+        optimizer,
+        region_batch,
+        cfg,
+        normalize,
+        PRECISIONS[precision](),
+        compile=compile,
+        functional=functional,
+    )
 
 
 def reference_learn(agent, optimizer, batch, cfg):
@@ -118,12 +146,20 @@ def reference_learn(agent, optimizer, batch, cfg):
         perm = torch.randperm(n)
         epoch_kl = 0.0
         for i in range(num_minibatches):
-            idx = perm[i * cfg.batch_size:(i + 1) * cfg.batch_size]
+            idx = perm[i * cfg.batch_size : (i + 1) * cfg.batch_size]
             group_start = (i // k) * k
             group_size = min(k, num_minibatches - group_start)
-            terms = ppo_loss(agent(batch["obs"][idx], batch["actions"][idx]), batch["log_probs"][idx],
-                             batch["values"][idx], batch["advantages"][idx], batch["returns"][idx],
-                             cfg.clip_coef, cfg.clip_vloss, cfg.vf_coef, cfg.ent_coef)
+            terms = ppo_loss(
+                agent(batch["obs"][idx], batch["actions"][idx]),
+                batch["log_probs"][idx],
+                batch["values"][idx],
+                batch["advantages"][idx],
+                batch["returns"][idx],
+                cfg.clip_coef,
+                cfg.clip_vloss,
+                cfg.vf_coef,
+                cfg.ent_coef,
+            )
             (terms["loss"] / group_size).backward()
             if i - group_start == group_size - 1:
                 if cfg.max_grad_norm > 0:
@@ -155,11 +191,12 @@ def eager_learn(batch, cfg, seed=5, lrs=(1e-2,)):
 
 
 def assert_same_weights(a, b, atol):
-    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+    for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=0, atol=atol, msg=name)
 
 
 # -- each region is one graph, without host reads ----------------------------------------------------
+
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_rollout_region_is_one_graph_without_host_reads(precision):
@@ -208,8 +245,16 @@ def test_the_checks_catch_a_host_read_put_into_a_region(how):
     tensor's value cannot be captured in one graph at all."""
     if how == "cpu":
         agent = mlp_agent()
-        update = UpdateReadingTheHost(LocalRuntime(), agent, torch.optim.Adam(agent.parameters()), fixed_batch(),
-                                      ppo_cfg(), lambda x: x, contextlib.nullcontext(), functional=True)
+        update = UpdateReadingTheHost(
+            LocalRuntime(),
+            agent,
+            torch.optim.Adam(agent.parameters()),
+            fixed_batch(),
+            ppo_cfg(),
+            lambda x: x,
+            contextlib.nullcontext(),
+            functional=True,
+        )
         fn, args = update.step_eager, (torch.randperm(96)[:32].view(1, 32),)
     else:
         SnakeReadingTheHost.how = how
@@ -246,15 +291,17 @@ def test_a_rollout_region_that_breaks_its_graph_says_so_and_runs_eagerly():
         logger.setLevel(level)
     (eager, eager_sums), (fallen, fallen_sums) = runs
     assert fallen.region.eager
-    for name, a, b in zip(eager.buffer.data._fields, eager.buffer.data, fallen.buffer.data):
+    for name, a, b in zip(eager.buffer.data._fields, eager.buffer.data, fallen.buffer.data, strict=True):
         assert torch.equal(a, b), name
-    assert all(torch.equal(a, b) for a, b in zip(eager_sums, fallen_sums))
+    assert all(torch.equal(a, b) for a, b in zip(eager_sums, fallen_sums, strict=True))
     assert len(lines) == 1 and lines[0][0] == "WARNING", lines
     assert lines[0][1].startswith("compile=true: region ppo rollout: graph break (") and lines[0][1].endswith(
-        "in advance); it runs eagerly from now on"), lines
+        "in advance); it runs eagerly from now on"
+    ), lines
 
 
 # -- the rollout region stores what a plain step loop stores ----------------------------------------
+
 
 def test_rollout_region_stores_what_a_step_loop_stores():
     """Eagerly, the region's K unrolled steps per call, its buffer cursor and its episode sums
@@ -277,13 +324,16 @@ def test_rollout_region_stores_what_a_step_loop_stores():
                 action, log_prob, value = policy.act_with_noise(obs, noise[t % 2])
                 _, reward, terminated, truncated, info = env.advance(action, rnd[t % 2])
                 final_values = policy.value(info["final_obs"])
-            for k, v in zip(ref.buffer.data._fields, (obs, action, log_prob, value, reward, terminated, truncated,
-                                                      final_values)):
+            for k, v in zip(
+                ref.buffer.data._fields,
+                (obs, action, log_prob, value, reward, terminated, truncated, final_values),
+                strict=True,
+            ):
                 stored[k].append(v)
             done = terminated | truncated
             ep_return += float((info["episode_return"] * done).sum())
             ep_count += int(done.sum())
-    for k, got in zip(ref.buffer.data._fields, rollout.buffer.data):
+    for k, got in zip(ref.buffer.data._fields, rollout.buffer.data, strict=True):
         torch.testing.assert_close(got, torch.stack(stored[k]), rtol=0, atol=0, msg=k)
     assert ep_count > 0 and (float(returns), int(count)) == (pytest.approx(ep_return), ep_count)
 
@@ -312,6 +362,7 @@ def test_act_with_noise_samples_the_policy():
 
 # -- the update region equals learn ------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("functional", [True, False], ids=["torch.func", "autograd"])
 def test_update_region_equals_learn_with_accumulation_and_clipping(functional):
     """Eagerly, the region's gradients (torch.func, or autograd as ``compile=false`` takes them),
@@ -325,7 +376,9 @@ def test_update_region_equals_learn_with_accumulation_and_clipping(functional):
     metrics = learn(LocalRuntime(), update, cfg)
     assert_same_weights(ref, agent, atol=1e-6)
     assert metrics == pytest.approx(ref_metrics[0], rel=1e-5, abs=1e-6)
-    assert max((p - q).abs().max() for p, q in zip(mlp_agent().parameters(), agent.parameters())) > 1e-3  # it moved
+    assert (
+        max((p - q).abs().max() for p, q in zip(mlp_agent().parameters(), agent.parameters(), strict=True)) > 1e-3
+    )  # it moved
 
 
 def test_compiled_update_equals_learn_and_follows_the_lr_without_recompiling():
@@ -347,6 +400,7 @@ def test_compiled_update_equals_learn_and_follows_the_lr_without_recompiling():
 
 # -- compiled == eager: the rollout region ------------------------------------------------------------
 
+
 def test_compiled_rollout_equals_eager():
     """Compiled (inductor), 2 steps per graph, two rollouts of 4 steps: the stored rollout (and
     the env state it leaves) equals the eager region's on the same random draws."""
@@ -357,18 +411,19 @@ def test_compiled_rollout_equals_eager():
         sums = [torch.stack(rollout.collect()) for _ in range(2)]
         runs.append((rollout, sums))
     (eager, eager_sums), (compiled, compiled_sums) = runs
-    for name, a, b in zip(eager.buffer.data._fields, eager.buffer.data, compiled.buffer.data):
+    for name, a, b in zip(eager.buffer.data._fields, eager.buffer.data, compiled.buffer.data, strict=True):
         if a.is_floating_point() and name != "obs":  # network outputs: inductor's own kernels
             torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5, msg=name)
         else:  # the game and the sampled actions: exactly
             assert torch.equal(a, b), name
-    assert all(torch.equal(a, b) for a, b in zip(eager_sums, compiled_sums))
+    assert all(torch.equal(a, b) for a, b in zip(eager_sums, compiled_sums, strict=True))
     assert torch.equal(eager.env.body, compiled.env.body) and torch.equal(eager.env.food, compiled.env.food)
     assert int(compiled.cursor) == 4
     assert (compiled.region.graphs, compiled.region.eager) == (1, False)  # compiled, not fallen back
 
 
 # -- data parallel: 2 gloo ranks on halves == one process on the whole batch ----------------------------
+
 
 def test_update_region_two_ranks_equal_one_process(tmp_path):
     """Update regions on 2 ranks (gradients averaged inside the graph by a functional all-reduce,
@@ -387,8 +442,10 @@ def test_update_region_two_ranks_equal_one_process(tmp_path):
     optimizer = torch.optim.Adam(ref_agent.parameters(), lr=1e-2, eps=1e-5)
     reference_learn(ref_agent, optimizer, batch, single)
     cfg = ppo_cfg(batch_size=n // 2, **{**common, "world_size": 2})
-    launch(functools.partial(dist_fns.ppo_learn_compiled, out=str(tmp_path), batch_path=str(path),
-                             backend="aot_eager"), cfg)
+    launch(
+        functools.partial(dist_fns.ppo_learn_compiled, out=str(tmp_path), batch_path=str(path), backend="aot_eager"),
+        cfg,
+    )
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for name, p in ref_agent.state_dict().items():
         torch.testing.assert_close(ranks[0]["params"][name], p, rtol=0, atol=1e-5, msg=name)
@@ -397,6 +454,7 @@ def test_update_region_two_ranks_equal_one_process(tmp_path):
 
 
 # -- the loop on the regions: runs, logs, resumes exactly ----------------------------------------------
+
 
 def test_plan_says_what_stays_out_of_the_graphs():
     cfg = load_config(["task=snake", "compile=true", "n_steps=12", "compile_unroll=5"])
@@ -416,9 +474,11 @@ def test_plan_says_what_stays_out_of_the_graphs():
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
-    assert lines == ["compile=true: torch.compile of the model; the update runs eagerly on the compiled model "
-                     "(precision=fp16: GradScaler skips steps on the host); the rollout compiles only the policy "
-                     "(object steps outside a graph)"]
+    assert lines == [
+        "compile=true: torch.compile of the model; the update runs eagerly on the compiled model "
+        "(precision=fp16: GradScaler skips steps on the host); the rollout compiles only the policy "
+        "(object steps outside a graph)"
+    ]
 
 
 def test_train_on_regions_resumes_to_the_same_parameters(tmp_path, monkeypatch, capfd):
@@ -426,10 +486,28 @@ def test_train_on_regions_resumes_to_the_same_parameters(tmp_path, monkeypatch, 
     eager tests above cover inductor); interrupted and resumed == never interrupted."""
     monkeypatch.setattr(ppo_rollout, "compile_region", lambda fn, *args, **kwargs: fn)
     monkeypatch.setattr(ppo_update, "compile_region", lambda fn, *args, **kwargs: fn)
-    common = ["task=snake", "world_size=1", "num_envs=8", "n_steps=4", "batch_size=16", "epochs=2", "sync_freq=2",
-              "steps=96", "checkpoint_freq=64", "eval_episodes=0", "progress=false", "compile=true",
-              "policy=cnn", "policy_width=4", "policy_depth=1", "hidden_sizes=[16]", "env_kwargs={grid_size: 5}",
-              "norm_obs=true", "target_kl=1.0", "device=cpu"]
+    common = [
+        "task=snake",
+        "world_size=1",
+        "num_envs=8",
+        "n_steps=4",
+        "batch_size=16",
+        "epochs=2",
+        "sync_freq=2",
+        "steps=96",
+        "checkpoint_freq=64",
+        "eval_episodes=0",
+        "progress=false",
+        "compile=true",
+        "policy=cnn",
+        "policy_width=4",
+        "policy_depth=1",
+        "hidden_sizes=[16]",
+        "env_kwargs={grid_size: 5}",
+        "norm_obs=true",
+        "target_kl=1.0",
+        "device=cpu",
+    ]
     launch(train, prepare_train([*common, f"run_dir={tmp_path / 'a'}"], None))
     assert "rollout as graphs of 2 env steps, update as one graph per optimizer step" in capfd.readouterr().err
     records = read_metrics(tmp_path / "a")
@@ -445,6 +523,7 @@ def test_train_on_regions_resumes_to_the_same_parameters(tmp_path, monkeypatch, 
 
 
 # -- CUDA: the regions are replayed as CUDA graphs ------------------------------------------------------
+
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -467,7 +546,7 @@ def test_regions_replay_as_cuda_graphs_without_host_syncs():
         assert not compile or (rollout.region.graphs, rollout.region.eager) == (1, False)
         rollouts.append((rollout.buffer.data, sums))
     (eager, eager_sums), (compiled, compiled_sums) = rollouts
-    for name, a, b in zip(eager._fields, eager, compiled):
+    for name, a, b in zip(eager._fields, eager, compiled, strict=True):
         if a.is_floating_point() and name != "obs":
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4, msg=name)
         else:

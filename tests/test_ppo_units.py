@@ -16,19 +16,28 @@ from ddprl.normalize import ReturnScaler, RunningMeanStd
 
 
 def rollout_of(rewards, values, terminated, truncated, final_values):
-    t = lambda x, dt=torch.float32: torch.tensor(x, dtype=dt).reshape(-1, 1)  # (T, N=1)
+    def t(x, dt=torch.float32):  # (T, N=1)
+        return torch.tensor(x, dtype=dt).reshape(-1, 1)
+
     z = torch.zeros(len(rewards), 1)
-    return Rollout(obs=z, actions=z, log_probs=z, values=t(values), rewards=t(rewards),
-                   terminated=t(terminated, torch.bool), truncated=t(truncated, torch.bool),
-                   final_values=t(final_values))
+    return Rollout(
+        obs=z,
+        actions=z,
+        log_probs=z,
+        values=t(values),
+        rewards=t(rewards),
+        terminated=t(terminated, torch.bool),
+        truncated=t(truncated, torch.bool),
+        final_values=t(final_values),
+    )
 
 
 def test_gae_terminated_does_not_bootstrap():
     g, lam = 0.9, 0.5
     r = rollout_of([1.0, 2.0, 3.0], [0.5, 1.0, 1.5], [0, 1, 0], [0, 0, 0], [0, 0, 0])
     adv, ret = compute_gae(r, torch.tensor([2.0]), g, lam)
-    d2 = 3.0 + g * 2.0 - 1.5                      # last step bootstraps from next_values
-    d1 = 2.0 + 0.0 - 1.0                          # terminated: no bootstrap, chain cut
+    d2 = 3.0 + g * 2.0 - 1.5  # last step bootstraps from next_values
+    d1 = 2.0 + 0.0 - 1.0  # terminated: no bootstrap, chain cut
     d0 = 1.0 + g * 1.0 - 0.5
     expected = [d0 + g * lam * d1, d1, d2]
     assert torch.allclose(adv.flatten(), torch.tensor(expected))
@@ -40,7 +49,7 @@ def test_gae_truncated_bootstraps_from_final_obs():
     r = rollout_of([1.0, 2.0], [0.5, 1.0], [0, 0], [1, 0], [7.0, 0.0])
     adv, _ = compute_gae(r, torch.tensor([3.0]), g, lam)
     d1 = 2.0 + g * 3.0 - 1.0
-    d0 = 1.0 + g * 7.0 - 0.5     # V(final_obs) = 7, not V(next episode's first obs) = 1.0
+    d0 = 1.0 + g * 7.0 - 0.5  # V(final_obs) = 7, not V(next episode's first obs) = 1.0
     assert torch.allclose(adv.flatten(), torch.tensor([d0, d1]))  # chain cut at the truncation
 
 
@@ -49,8 +58,17 @@ def test_ppo_loss_matches_hand_computation():
     old_lp = torch.tensor([math.log(0.4), math.log(0.5)])
     adv = torch.tensor([1.0, -1.0])
     out = PolicyOutput(action=None, log_prob=new_lp, entropy=torch.tensor([0.6, 0.4]), value=torch.tensor([1.0, 3.0]))
-    terms = ppo_loss(out, old_lp, old_values=torch.tensor([0.0, 2.5]), advantages=adv,
-                     returns=torch.tensor([2.0, 2.0]), clip_coef=0.2, clip_vloss=False, vf_coef=0.5, ent_coef=0.01)
+    terms = ppo_loss(
+        out,
+        old_lp,
+        old_values=torch.tensor([0.0, 2.5]),
+        advantages=adv,
+        returns=torch.tensor([2.0, 2.0]),
+        clip_coef=0.2,
+        clip_vloss=False,
+        vf_coef=0.5,
+        ent_coef=0.01,
+    )
     # ratios 1.25 and 1.8: the first is clipped to 1.2 (A>0), the second's max(-A*r, -A*clip(r)) = 1.8
     pg = (-1.0 * 1.2 + 1.8) / 2
     v = 0.5 * ((1.0 - 2.0) ** 2 + (3.0 - 2.0) ** 2) / 2
@@ -81,8 +99,9 @@ def test_output_heads_stay_fp32_under_bf16_autocast(policy):
     # A value of ~100.3 would be rounded to 100.5 by a bf16 head (8 significant bits).
     torch.manual_seed(0)
     obs_space = gym.spaces.Box(0, 1, (3, 5, 5)) if policy == "cnn" else gym.spaces.Box(-1, 1, (6,))
-    net = ActorCritic(obs_space, gym.spaces.Discrete(4), policy=policy, hidden_sizes=[16], policy_width=4,
-                      policy_depth=1)
+    net = ActorCritic(
+        obs_space, gym.spaces.Discrete(4), policy=policy, hidden_sizes=[16], policy_width=4, policy_depth=1
+    )
     value_head = net.critic if policy == "cnn" else net.critic[-1]
     with torch.no_grad():
         value_head.bias.fill_(100.3)
@@ -146,8 +165,9 @@ def test_return_scaler_tracks_discounted_returns_across_rollouts():
             g = 0.0 if dones[t, n] else g
     torch.testing.assert_close(whole, expected)
     split = ReturnScaler(2, gamma)  # two rollouts in a row continue each env's return
-    torch.testing.assert_close(torch.cat([split.track(rewards[:3], dones[:3]), split.track(rewards[3:], dones[3:])]),
-                               expected)
+    torch.testing.assert_close(
+        torch.cat([split.track(rewards[:3], dones[:3]), split.track(rewards[3:], dones[3:])]), expected
+    )
 
 
 def test_return_scaler_divides_by_the_return_std_and_clips():

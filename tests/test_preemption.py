@@ -16,27 +16,54 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import cli_env, run_cli
+
 from ddprl.checkpoint import load_checkpoint, save_atomically
 from ddprl.metrics import read_metrics
 from ddprl.run import Checkpointer, resolve_resume
 from ddprl.runtime import free_port
 from ddprl.runtime.preemption import PREEMPTED_EXIT_CODE, StopCheck
 
-PPO = ["device=cpu", "n_steps=64", "batch_size=64", "epochs=2", "progress=false", "eval_episodes=0",
-       "checkpoint_freq=0", "dist_timeout=120"]  # 2 ranks x 4 envs: 512 global steps per iteration
-QMIX = ["task=Foraging-8x8-2p-2f-coop-v3", "algo=qmix", "device=cpu", "num_envs=4", "batch_size=4",
-        "buffer_size=64", "update_every=100", "log_freq=4", "eval_episodes=0", "checkpoint_freq=0",
-        "progress=false", "dist_timeout=120"]  # 4 global steps per iteration, a row each
+PPO = [
+    "device=cpu",
+    "n_steps=64",
+    "batch_size=64",
+    "epochs=2",
+    "progress=false",
+    "eval_episodes=0",
+    "checkpoint_freq=0",
+    "dist_timeout=120",
+]  # 2 ranks x 4 envs: 512 global steps per iteration
+QMIX = [
+    "task=Foraging-8x8-2p-2f-coop-v3",
+    "algo=qmix",
+    "device=cpu",
+    "num_envs=4",
+    "batch_size=4",
+    "buffer_size=64",
+    "update_every=100",
+    "log_freq=4",
+    "eval_episodes=0",
+    "checkpoint_freq=0",
+    "progress=false",
+    "dist_timeout=120",
+]  # 4 global steps per iteration, a row each
 
 
-def start(args: list[str], cwd: Path, env: dict[str, str] | None = None,
-          launcher: list[str] | None = None) -> subprocess.Popen:
+def start(
+    args: list[str], cwd: Path, env: dict[str, str] | None = None, launcher: list[str] | None = None
+) -> subprocess.Popen:
     """A job in its own session (so that cleanup can stop all of its processes)."""
     cmd = (launcher or [sys.executable]) + ["-m", "ddprl", *args]
-    return subprocess.Popen(cmd, cwd=cwd, env=env or cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    return subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env or cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def stop_all(procs: list[subprocess.Popen]) -> None:
@@ -78,7 +105,7 @@ def check_resumes_without_gaps(run_dir: Path, cwd: Path, extra: list[str], step_
     assert res.returncode == 0, res.stderr[-3000:]
     steps = [r["step"] for r in rows(run_dir)]
     assert steps[-1] >= total
-    assert all(b - a == step_size for a, b in zip(steps, steps[1:])), steps
+    assert all(b - a == step_size for a, b in zip(steps, steps[1:], strict=False)), steps
 
 
 @pytest.mark.parametrize("algo", ["ppo", "qmix"])
@@ -110,10 +137,24 @@ def slurm_env(rank: int, job_id: int) -> dict[str, str]:
     env = cli_env()
     for name in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
         env.pop(name, None)
-    env.update({"SLURM_JOB_ID": str(job_id), "SLURM_JOBID": str(job_id), "SLURM_STEP_ID": "0", "SLURM_STEPID": "0",
-                "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_NODEID": "0", "SLURM_NTASKS": "2",
-                "SLURM_NPROCS": "2", "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "localhost",
-                "SLURM_STEP_NODELIST": "localhost", "SLURM_TASKS_PER_NODE": "2", "SLURM_STEP_TASKS_PER_NODE": "2"})
+    env.update(
+        {
+            "SLURM_JOB_ID": str(job_id),
+            "SLURM_JOBID": str(job_id),
+            "SLURM_STEP_ID": "0",
+            "SLURM_STEPID": "0",
+            "SLURM_PROCID": str(rank),
+            "SLURM_LOCALID": str(rank),
+            "SLURM_NODEID": "0",
+            "SLURM_NTASKS": "2",
+            "SLURM_NPROCS": "2",
+            "SLURM_NNODES": "1",
+            "SLURM_JOB_NODELIST": "localhost",
+            "SLURM_STEP_NODELIST": "localhost",
+            "SLURM_TASKS_PER_NODE": "2",
+            "SLURM_STEP_TASKS_PER_NODE": "2",
+        }
+    )
     return env
 
 
@@ -137,10 +178,12 @@ def test_sigterm_to_one_rank_stops_every_rank(tmp_path):
 def test_torchrun_restarts_workers_after_a_sigkill_and_completes(tmp_path):
     run_dir = tmp_path / "run"
     total = 512 * 60
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                "--max-restarts=1"]
-    p = start(["train", *PPO, "checkpoint_freq=2048", f"steps={total}", "resume=auto", f"run_dir={run_dir}"],
-              tmp_path, launcher=launcher)
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=1"]
+    p = start(
+        ["train", *PPO, "checkpoint_freq=2048", f"steps={total}", "resume=auto", f"run_dir={run_dir}"],
+        tmp_path,
+        launcher=launcher,
+    )
     try:
         wait_for(lambda: (run_dir / "checkpoints" / "latest.pt").exists(), 120, "a checkpoint", [p])
         workers = Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()
@@ -153,11 +196,14 @@ def test_torchrun_restarts_workers_after_a_sigkill_and_completes(tmp_path):
     assert code == 0, err[-3000:]
     steps = [r["step"] for r in rows(run_dir)]
     assert steps[-1] == total and killed_at < total
-    assert all(b - a == 512 for a, b in zip(steps, steps[1:])), steps  # monotone: the lost future was dropped
+    assert all(b - a == 512 for a, b in zip(steps, steps[1:], strict=False)), (
+        steps
+    )  # monotone: the lost future was dropped
     assert err.count("parameters synchronised") == 2  # a second attempt of the whole group ran
 
 
 # -- pieces -------------------------------------------------------------------------------------
+
 
 class OneRank:
     """A runtime of one rank for StopCheck (its only verb)."""
@@ -183,8 +229,20 @@ def test_stop_check_reduces_about_once_per_interval():
 
 
 def _checkpoint(path: Path, step: int) -> None:
-    save_atomically({"format_version": 2, "algo": "ppo", "step": step, "world_size": 1, "config": {},
-                     "counters": {}, "state": {"w": torch.zeros(3)}, "ranks": [], "best": None}, path)
+    save_atomically(
+        {
+            "format_version": 2,
+            "algo": "ppo",
+            "step": step,
+            "world_size": 1,
+            "config": {},
+            "counters": {},
+            "state": {"w": torch.zeros(3)},
+            "ranks": [],
+            "best": None,
+        },
+        path,
+    )
 
 
 def test_resume_auto_skips_damaged_checkpoints(tmp_path, caplog):
@@ -228,8 +286,10 @@ def test_sbatch_script_requeues_after_the_signal_and_resumes(tmp_path):
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "srun").write_text(FAKE_SRUN)
-    (fake / "scontrol").write_text('#!/usr/bin/env bash\n'  # `show hostnames` of a one-host list; requeue recorded
-                                   'if [ "$1" = show ]; then echo "$3"; else echo "$@" >> "$FAKE_SLURM_DIR/scontrol"; fi\n')
+    (fake / "scontrol").write_text(
+        "#!/usr/bin/env bash\n"  # `show hostnames` of a one-host list; requeue recorded
+        'if [ "$1" = show ]; then echo "$3"; else echo "$@" >> "$FAKE_SLURM_DIR/scontrol"; fi\n'
+    )
     for tool in ("srun", "scontrol"):
         (fake / tool).chmod(0o755)
     port = free_port()
@@ -239,15 +299,32 @@ def test_sbatch_script_requeues_after_the_signal_and_resumes(tmp_path):
     env = cli_env()
     for name in ("MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    env.update({"PATH": f"{fake}:{env['PATH']}", "FAKE_SLURM_DIR": str(tmp_path), "PYTHON": sys.executable,
-                "SLURM_JOB_ID": job_id, "SLURM_JOB_NAME": "ppo", "SLURM_NTASKS": "2", "SLURM_NNODES": "1",
-                "SLURM_JOB_NODELIST": "localhost", "SLURM_NTASKS_PER_NODE": "2"})
+    env.update(
+        {
+            "PATH": f"{fake}:{env['PATH']}",
+            "FAKE_SLURM_DIR": str(tmp_path),
+            "PYTHON": sys.executable,
+            "SLURM_JOB_ID": job_id,
+            "SLURM_JOB_NAME": "ppo",
+            "SLURM_NTASKS": "2",
+            "SLURM_NNODES": "1",
+            "SLURM_JOB_NODELIST": "localhost",
+            "SLURM_NTASKS_PER_NODE": "2",
+        }
+    )
     script = [str(Path(__file__).resolve().parents[1] / "scripts" / "slurm.sbatch")]
     run_dir = tmp_path / "runs" / f"ppo-{job_id}"
 
     def sbatch(*keys: str) -> subprocess.Popen:
-        return subprocess.Popen(["bash", *script, *PPO, *keys], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        return subprocess.Popen(
+            ["bash", *script, *PPO, *keys],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
 
     job = sbatch("steps=100000000")
     try:
@@ -272,4 +349,4 @@ def test_sbatch_script_requeues_after_the_signal_and_resumes(tmp_path):
     assert requeued.returncode == 0, err[-3000:]
     steps = [r["step"] for r in rows(run_dir)]
     assert steps[-1] == stopped_at + 2 * 512
-    assert all(b - a == 512 for a, b in zip(steps, steps[1:])), steps
+    assert all(b - a == 512 for a, b in zip(steps, steps[1:], strict=False)), steps

@@ -9,14 +9,23 @@ import re
 import gymnasium as gym
 import pytest
 import yaml
-
 from conftest import run_cli
+
 from ddprl.cli import main
 from ddprl.config import CONFIG_DIR, load_config, save_yaml, to_dict
 from ddprl.errors import UsageError
 
-GYMNASIUM_PRESETS = ["Pendulum-v1", "Acrobot-v1", "MountainCarContinuous-v0", "LunarLander-v3", "HalfCheetah-v5",
-                     "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5"]
+GYMNASIUM_PRESETS = [
+    "Pendulum-v1",
+    "Acrobot-v1",
+    "MountainCarContinuous-v0",
+    "LunarLander-v3",
+    "HalfCheetah-v5",
+    "Hopper-v5",
+    "Walker2d-v5",
+    "Ant-v5",
+    "Humanoid-v5",
+]
 
 
 @pytest.mark.parametrize("task", GYMNASIUM_PRESETS)
@@ -95,8 +104,7 @@ def test_keys_of_a_task_show_which_values_its_preset_sets(capsys):
 def test_default_ppo_on_pendulum_reaches_minus_200_within_200k_steps(tmp_path):
     """The issue's check of the preset: `ddprl train task=Pendulum-v1 world_size=2`, nothing else
     that changes learning (random play scores about -1,200)."""
-    res = run_cli(["train", "task=Pendulum-v1", "world_size=2", "progress=false", f"run_dir={tmp_path}"],
-                  timeout=600)
+    res = run_cli(["train", "task=Pendulum-v1", "world_size=2", "progress=false", f"run_dir={tmp_path}"], timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     evals = [(r["step"], r["eval/return_mean"]) for r in rows if "eval/return_mean" in r]

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import functools
 
+import dist_fns
 import pytest
 import torch
 
-import dist_fns
 from ddprl.config import load_config
 from ddprl.runtime import launch
 
-A, U, O, S, T = 3, 4, 6, 7, 5  # agents, actions, obs, state features, episode limit
+A, U, OBS, S, T = 3, 4, 6, 7, 5  # agents, actions, obs, state features, episode limit
 
 
 def episodes(n: int, g: torch.Generator) -> dict[str, torch.Tensor]:
@@ -26,25 +26,43 @@ def episodes(n: int, g: torch.Generator) -> dict[str, torch.Tensor]:
     terminated = torch.zeros(n, T, dtype=torch.bool)
     ends = torch.rand(n, generator=g) < 0.5
     terminated[torch.arange(n)[ends], lengths[ends] - 1] = True
-    return {"obs": torch.randn(n, T + 1, A, O, generator=g), "state": torch.randn(n, T + 1, S, generator=g),
-            "avail": avail, "actions": actions, "reward": torch.randn(n, T, generator=g) * filled,
-            "terminated": terminated, "filled": filled}
+    return {
+        "obs": torch.randn(n, T + 1, A, OBS, generator=g),
+        "state": torch.randn(n, T + 1, S, generator=g),
+        "avail": avail,
+        "actions": actions,
+        "reward": torch.randn(n, T, generator=g) * filled,
+        "terminated": terminated,
+        "filled": filled,
+    }
 
 
 @pytest.fixture(scope="module")
 def batches_path(tmp_path_factory):
     g = torch.Generator().manual_seed(3)
-    data = {"dims": (A, U, O, S), "steps": [[episodes(8, g), episodes(8, g)] for _ in range(5)]}
+    data = {"dims": (A, U, OBS, S), "steps": [[episodes(8, g), episodes(8, g)] for _ in range(5)]}
     path = tmp_path_factory.mktemp("qmix") / "batches.pt"
     torch.save(data, path)
     return str(path)
 
 
 def run(tmp_path, batches_path, world_size, steps, sync_freq=1, use_rnn=False, name=""):
-    cfg = load_config(["algo=qmix", f"world_size={world_size}", f"num_envs={world_size}", "batch_size=4",
-                       f"sync_freq={sync_freq}", "dist_timeout=60", "td_lambda=0.6", "double_q=true",
-                       "standardise_rewards=true", "target_update_interval=2", "lr=0.01",
-                       f"use_rnn={str(use_rnn).lower()}"])
+    cfg = load_config(
+        [
+            "algo=qmix",
+            f"world_size={world_size}",
+            f"num_envs={world_size}",
+            "batch_size=4",
+            f"sync_freq={sync_freq}",
+            "dist_timeout=60",
+            "td_lambda=0.6",
+            "double_q=true",
+            "standardise_rewards=true",
+            "target_update_interval=2",
+            "lr=0.01",
+            f"use_rnn={str(use_rnn).lower()}",
+        ]
+    )
     out = tmp_path / f"w{world_size}-s{sync_freq}-r{int(use_rnn)}{name}"
     out.mkdir()
     launch(functools.partial(dist_fns.qmix_learn, out=str(out), batch_path=batches_path, steps=steps), cfg)
@@ -78,8 +96,12 @@ def test_two_half_batches_equal_one_process_on_the_whole_batch(tmp_path, batches
 def test_sync_freq_batches_equal_one_batch_of_all_of_them(tmp_path, batches_path):
     # 2 ranks x 2 accumulated batches of 4 episodes == 1 process on the 16 episodes at once.
     data = torch.load(batches_path)
-    merged = {"dims": data["dims"], "steps": [[{k: torch.cat([b0[k][:4], b1[k][:4], b0[k][4:], b1[k][4:]])
-                                                 for k in b0}] for b0, b1 in data["steps"]]}
+    merged = {
+        "dims": data["dims"],
+        "steps": [
+            [{k: torch.cat([b0[k][:4], b1[k][:4], b0[k][4:], b1[k][4:]]) for k in b0}] for b0, b1 in data["steps"]
+        ],
+    }
     merged_path = tmp_path / "merged.pt"
     torch.save(merged, merged_path)
     single = run(tmp_path, str(merged_path), 1, steps=3, name="-merged")[0]

@@ -5,19 +5,30 @@ from __future__ import annotations
 
 import functools
 
+import dist_fns
 import pytest
 import torch
-
-import dist_fns
 from conftest import run_cli
+
 from ddprl.config import load_config
 from ddprl.metrics import read_metrics
 from ddprl.runtime import launch
 
 TASK = "Foraging-5x5-2p-1f-v3"
 # 4 envs x 2 ranks; updates every 100 global steps on batches of 4 episodes per rank.
-FAST = [f"task={TASK}", "algo=qmix", "world_size=2", "num_envs=4", "batch_size=4", "buffer_size=64",
-        "update_every=100", "log_freq=400", "eval_episodes=4", "progress=false", "dist_timeout=120"]
+FAST = [
+    f"task={TASK}",
+    "algo=qmix",
+    "world_size=2",
+    "num_envs=4",
+    "batch_size=4",
+    "buffer_size=64",
+    "update_every=100",
+    "log_freq=400",
+    "eval_episodes=4",
+    "progress=false",
+    "dist_timeout=120",
+]
 
 
 def ckpt_of(run_dir, name="latest.pt"):
@@ -67,16 +78,26 @@ def test_eval_and_play_from_the_checkpoint(qmix_run, tmp_path):
 def test_resume_continues_the_counters(qmix_run, tmp_path):
     run_dir, _ = qmix_run
     src = ckpt_of(run_dir, "step_800.pt")
-    res = run_cli(["train", *FAST, "steps=1600", "eval_freq=800", "checkpoint_freq=800", f"run_dir={tmp_path}/r",
-                   f"resume={run_dir / 'checkpoints' / 'step_800.pt'}"])
+    res = run_cli(
+        [
+            "train",
+            *FAST,
+            "steps=1600",
+            "eval_freq=800",
+            "checkpoint_freq=800",
+            f"run_dir={tmp_path}/r",
+            f"resume={run_dir / 'checkpoints' / 'step_800.pt'}",
+        ]
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     rows = read_metrics(tmp_path / "r")
     assert [r["step"] for r in rows] == [1200, 1600]
     # the buffers start empty again: a new warm-up of 400 steps, then updates go on from the count saved
     assert rows[-1]["train/updates"] == src["counters"]["updates"] + (1600 - 800 - 400) // 100 + 1
     resumed = ckpt_of(tmp_path / "r")
-    assert not torch.equal(resumed["state"]["networks"]["agent"]["fc1.weight"],
-                           src["state"]["networks"]["agent"]["fc1.weight"])
+    assert not torch.equal(
+        resumed["state"]["networks"]["agent"]["fc1.weight"], src["state"]["networks"]["agent"]["fc1.weight"]
+    )
 
 
 def test_resume_with_the_saved_replays_needs_no_warm_up(tmp_path):
@@ -101,20 +122,40 @@ def test_staged_pretrain_then_frozen_then_fine_tuned(tmp_path):
     assert set(pre["state"]["networks"]) == {"encoder", "decoder"}
     assert "train/recon_mse" in read_metrics(stage1)[-1]
 
-    res = run_cli(["train", *common, "stage=qmix", "steps=800", f"init_from={stage1 / 'checkpoints' / 'latest.pt'}",
-                   "freeze_encoder=true", f"run_dir={stage2}"])
+    res = run_cli(
+        [
+            "train",
+            *common,
+            "stage=qmix",
+            "steps=800",
+            f"init_from={stage1 / 'checkpoints' / 'latest.pt'}",
+            "freeze_encoder=true",
+            f"run_dir={stage2}",
+        ]
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     frozen = ckpt_of(stage2)
     for k, v in pre["state"]["networks"]["encoder"].items():  # stage 2 kept the encoder as stage 1 left it
         assert torch.equal(frozen["state"]["networks"]["encoder"][k], v)
     assert "trains agent, mixer" in res.stderr
 
-    res = run_cli(["train", *common, "stage=qmix", "steps=800", f"init_from={stage2 / 'checkpoints' / 'latest.pt'}",
-                   "freeze_encoder=false", f"run_dir={stage3}"])
+    res = run_cli(
+        [
+            "train",
+            *common,
+            "stage=qmix",
+            "steps=800",
+            f"init_from={stage2 / 'checkpoints' / 'latest.pt'}",
+            "freeze_encoder=false",
+            f"run_dir={stage3}",
+        ]
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     tuned = ckpt_of(stage3)
-    enc_changed = [not torch.equal(tuned["state"]["networks"]["encoder"][k], v)
-                   for k, v in frozen["state"]["networks"]["encoder"].items()]
+    enc_changed = [
+        not torch.equal(tuned["state"]["networks"]["encoder"][k], v)
+        for k, v in frozen["state"]["networks"]["encoder"].items()
+    ]
     assert any(enc_changed)
     assert "trains encoder, agent, mixer" in res.stderr
 
@@ -124,16 +165,29 @@ def test_staged_pretrain_then_frozen_then_fine_tuned(tmp_path):
     assert read_metrics(stage1)[-1]["step"] == 1200 and ckpt_of(stage1)["step"] == 1200
 
 
-@pytest.mark.parametrize("stage, freeze, synced", [
-    ("pretrain", True, ["decoder", "encoder"]),
-    ("qmix", True, ["agent", "mixer"]),
-    ("qmix", False, ["agent", "encoder", "mixer"]),
-])
+@pytest.mark.parametrize(
+    "stage, freeze, synced",
+    [
+        ("pretrain", True, ["decoder", "encoder"]),
+        ("qmix", True, ["agent", "mixer"]),
+        ("qmix", False, ["agent", "encoder", "mixer"]),
+    ],
+)
 def test_ddp_wraps_only_the_modules_a_stage_trains(tmp_path, stage, freeze, synced):
     init = []
     if stage == "qmix" and freeze:  # a frozen encoder comes from a pretraining checkpoint
-        res = run_cli(["train", *FAST, "encoder_dim=8", "stage=pretrain", "steps=400", "eval_freq=0",
-                       "checkpoint_freq=0", f"run_dir={tmp_path}/pre"])
+        res = run_cli(
+            [
+                "train",
+                *FAST,
+                "encoder_dim=8",
+                "stage=pretrain",
+                "steps=400",
+                "eval_freq=0",
+                "checkpoint_freq=0",
+                f"run_dir={tmp_path}/pre",
+            ]
+        )
         assert res.returncode == 0, res.stderr[-3000:]
         init = [f"init_from={tmp_path}/pre/checkpoints/latest.pt"]
     cfg = load_config([*FAST, "encoder_dim=8", f"stage={stage}", f"freeze_encoder={str(freeze).lower()}", *init])
@@ -143,14 +197,17 @@ def test_ddp_wraps_only_the_modules_a_stage_trains(tmp_path, stage, freeze, sync
         assert record["ddp"] and record["synced"] == synced
 
 
-@pytest.mark.parametrize("args, message", [
-    (["task=Foraging-8x8-2p-2f-cop-v3"], "Foraging-8x8-2p-2f-coop-v3"),
-    (["stage=pretrain"], "encoder_dim"),
-    (["encoder_dim=8"], "init_from"),
-    (["mixer=qtran"], "mixer="),
-    (["buffer_size=6"], "buffer_size"),
-    (["init_from=/nonexistent.pt"], "init_from"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["task=Foraging-8x8-2p-2f-cop-v3"], "Foraging-8x8-2p-2f-coop-v3"),
+        (["stage=pretrain"], "encoder_dim"),
+        (["encoder_dim=8"], "init_from"),
+        (["mixer=qtran"], "mixer="),
+        (["buffer_size=6"], "buffer_size"),
+        (["init_from=/nonexistent.pt"], "init_from"),
+    ],
+)
 def test_bad_input_one_line_exit_2_no_run_dir(tmp_path, args, message):
     res = run_cli(["train", *FAST, "steps=400", f"run_dir={tmp_path}/run", *args])
     assert res.returncode == 2, res.stderr[-2000:]
@@ -173,9 +230,27 @@ def random_return(task: str, episodes: int = 400) -> float:
 
 def test_two_ranks_learn_lbf_clearly_above_random(tmp_path):
     # PyMARL2-style settings (TD(lambda) 0.6, lr 1e-3) on the smallest LBF layout, 2 ranks x 4 envs.
-    res = run_cli(["train", "algo=qmix", f"task={TASK}", "world_size=2", "num_envs=8", "steps=60000", "td_lambda=0.6",
-                   "lr=0.001", "epsilon_anneal_steps=20000", "eval_freq=0", "eval_episodes=100", "log_freq=20000",
-                   "progress=false", "dist_timeout=120", "seed=3", f"run_dir={tmp_path}/run"], timeout=600)
+    res = run_cli(
+        [
+            "train",
+            "algo=qmix",
+            f"task={TASK}",
+            "world_size=2",
+            "num_envs=8",
+            "steps=60000",
+            "td_lambda=0.6",
+            "lr=0.001",
+            "epsilon_anneal_steps=20000",
+            "eval_freq=0",
+            "eval_episodes=100",
+            "log_freq=20000",
+            "progress=false",
+            "dist_timeout=120",
+            "seed=3",
+            f"run_dir={tmp_path}/run",
+        ],
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     final = read_metrics(tmp_path / "run")[-1]
     baseline = random_return(TASK)

@@ -48,9 +48,9 @@ def test_one_step_and_lambda_targets_by_hand():
     assert torch.allclose(one_step, torch.tensor([[1 + g * 10, 2.0, 0.0], [0.5 + g * 4, 0.25 + g * 8, 0.0]]))
     lam = 0.5
     out = lambda_returns(rewards, terminated, filled, next_values, gamma=g, lam=lam)
-    g01 = 2.0                       # terminal: no bootstrap
+    g01 = 2.0  # terminal: no bootstrap
     g00 = 1 + g * ((1 - lam) * 10 + lam * g01)
-    g11 = 0.25 + g * 8              # last step of a truncated episode: its own bootstrap
+    g11 = 0.25 + g * 8  # last step of a truncated episode: its own bootstrap
     g10 = 0.5 + g * ((1 - lam) * 4 + lam * g11)
     assert torch.allclose(out, torch.tensor([[g00, g01, 0.0], [g10, g11, 0.0]]))
     full = lambda_returns(rewards, terminated, filled, next_values, gamma=g, lam=1.0)  # Monte Carlo + bootstrap
@@ -93,7 +93,7 @@ def test_agent_inputs_one_hots():
     last = torch.tensor([[-1, 1, 0], [2, 2, -1]])
     x = agent_inputs(feats, last, n_actions=3, agent_id=True)
     assert x.shape == (2, 3, 4 + 3 + 3)
-    assert torch.equal(x[0, 0, 4:7], torch.zeros(3))          # no last action at the first step
+    assert torch.equal(x[0, 0, 4:7], torch.zeros(3))  # no last action at the first step
     assert torch.equal(x[0, 1, 4:7], torch.tensor([0.0, 1, 0]))
     assert torch.equal(x[1, 2, 7:], torch.tensor([0.0, 0, 1]))  # agent id 2
     assert torch.equal(last_actions_of(torch.tensor([[[1, 2]]])), torch.tensor([[[-1, -1], [1, 2]]]))
@@ -114,8 +114,12 @@ FIELDS = episode_fields(episode_limit=4, n_agents=2, obs_dim=3, state_dim=5, n_a
 
 
 def step_obs(n: int, value: float, first: bool = False) -> MAObs:
-    return MAObs(torch.full((n, 2, 3), value), torch.full((n, 5), value), torch.ones(n, 2, 3, dtype=torch.bool),
-                 torch.full((n,), first))
+    return MAObs(
+        torch.full((n, 2, 3), value),
+        torch.full((n, 5), value),
+        torch.ones(n, 2, 3, dtype=torch.bool),
+        torch.full((n,), first),
+    )
 
 
 def test_staging_hands_out_padded_episodes_with_their_final_observation():
@@ -124,8 +128,9 @@ def test_staging_hands_out_padded_episodes_with_their_final_observation():
     actions = torch.ones(2, 2, dtype=torch.long)
     assert staging.record(step_obs(2, 1.0, True), actions, torch.tensor([1.0, 1.0]), no, no, step_obs(2, 0.0)) is None
     # env 0 is truncated at its 2nd step (final obs 7), env 1 goes on
-    ended = staging.record(step_obs(2, 2.0), actions * 2, torch.tensor([3.0, 3.0]), no,
-                           torch.tensor([True, False]), step_obs(2, 7.0))
+    ended = staging.record(
+        step_obs(2, 2.0), actions * 2, torch.tensor([3.0, 3.0]), no, torch.tensor([True, False]), step_obs(2, 7.0)
+    )
     assert ended["filled"].shape == (1, 4)
     assert ended["filled"][0].tolist() == [True, True, False, False]
     assert ended["reward"][0].tolist() == [1.0, 3.0, 0.0, 0.0]
@@ -135,8 +140,9 @@ def test_staging_hands_out_padded_episodes_with_their_final_observation():
     assert ended["avail"][0, 3:].sum() == 0  # padding: nothing available
     assert ended["actions"][0, :, 0].tolist() == [1, 2, 0, 0]
     # env 0's slot starts over; env 1 terminates at its 3rd step
-    ended = staging.record(step_obs(2, 3.0), actions, torch.tensor([5.0, 5.0]), torch.tensor([False, True]), no,
-                           step_obs(2, 9.0))
+    ended = staging.record(
+        step_obs(2, 3.0), actions, torch.tensor([5.0, 5.0]), torch.tensor([False, True]), no, step_obs(2, 9.0)
+    )
     assert ended["filled"][0].tolist() == [True, True, True, False]
     assert ended["terminated"][0].tolist() == [False, False, True, False]
     assert ended["obs"][0, :4, 0, 0].tolist() == [1.0, 2.0, 3.0, 9.0]
@@ -148,7 +154,7 @@ def test_buffer_ring_sampling_and_truncation():
     buffer = EpisodeBuffer(capacity=3, fields=FIELDS, device="cpu")
     for i in range(5):  # 5 episodes of length 1 + i % 3 (ids in reward[0])
         ep = {k: torch.zeros((1, *shape), dtype=dtype) for k, (shape, dtype) in FIELDS.items()}
-        ep["filled"][0, :1 + i % 3] = True
+        ep["filled"][0, : 1 + i % 3] = True
         ep["reward"][0, 0] = float(i)
         buffer.add(ep)
     assert buffer.size == 3 and buffer.episodes_in == 5

@@ -3,24 +3,31 @@
 from __future__ import annotations
 
 import functools
+import socket
 import subprocess
 import sys
-import socket
 import tempfile
 import time
 
+import dist_fns
 import pytest
 import torch
 from torch import nn
 
-import dist_fns
 from ddprl.config import load_config
 from ddprl.errors import UsageError
-from ddprl.runtime.placement import expand_hostlist, slurm_tasks_per_node
-from ddprl.runtime import failures
+from ddprl.runtime import (
+    RankFailed,
+    check_port_free,
+    choose_device_and_backend,
+    detect_launcher,
+    failures,
+    launch,
+    placement_from_env,
+    unwrap,
+)
 from ddprl.runtime.compat import COMPILED_PREFIX
-from ddprl.runtime import (RankFailed, check_port_free, choose_device_and_backend, detect_launcher, launch,
-                           placement_from_env, unwrap)
+from ddprl.runtime.placement import expand_hostlist, slurm_tasks_per_node
 
 
 def cfg2(**extra):
@@ -29,6 +36,7 @@ def cfg2(**extra):
 
 
 # -- placement (no processes) -------------------------------------------------------------------
+
 
 def test_detect_launcher():
     assert detect_launcher({}) == "spawn"
@@ -41,27 +49,55 @@ def test_detect_launcher():
 
 def test_placement_uses_global_rank_not_local_rank():
     cfg = load_config(["device=cpu"])
-    env = {"RANK": "9", "WORLD_SIZE": "16", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "8",
-           "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29555"}
+    env = {
+        "RANK": "9",
+        "WORLD_SIZE": "16",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "8",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29555",
+    }
     p = placement_from_env(cfg, env)
-    assert (p.launcher, p.rank, p.local_rank, p.world_size, p.master_addr, p.master_port) == \
-        ("torchrun", 9, 1, 16, "10.0.0.1", 29555)
-    slurm = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0",
-             "SLURM_NTASKS_PER_NODE": "4", "MASTER_ADDR": "node01", "SLURM_JOB_ID": "1234"}
+    assert (p.launcher, p.rank, p.local_rank, p.world_size, p.master_addr, p.master_port) == (
+        "torchrun",
+        9,
+        1,
+        16,
+        "10.0.0.1",
+        29555,
+    )
+    slurm = {
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "8",
+        "SLURM_LOCALID": "1",
+        "SLURM_STEP_ID": "0",
+        "SLURM_NTASKS_PER_NODE": "4",
+        "MASTER_ADDR": "node01",
+        "SLURM_JOB_ID": "1234",
+    }
     p = placement_from_env(cfg, slurm)
     assert (p.launcher, p.rank, p.local_rank, p.world_size, p.master_addr) == ("slurm", 5, 1, 8, "node01")
     assert p.master_port == 20000 + 1234  # every task derives the same port from the job id
-    spawn_cfg = load_config(["device=cpu", "world_size=4", "nnodes=2", "node_rank=1", "master_addr=10.0.0.1",
-                           "master_port=29600"])
+    spawn_cfg = load_config(
+        ["device=cpu", "world_size=4", "nnodes=2", "node_rank=1", "master_addr=10.0.0.1", "master_port=29600"]
+    )
     p = placement_from_env(spawn_cfg, {}, local_rank=1)
     assert (p.rank, p.local_rank, p.world_size) == (3, 1, 4)
 
 
 SRUN_2_NODES = {  # what a 2-node `srun --ntasks-per-node=2` gives task 3 (no MASTER_ADDR exported)
-    "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_PROCID": "3",
-    "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_NTASKS_PER_NODE": "2",
-    "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_ID": "777",
-    "SLURM_STEP_ID": "0"}
+    "SLURM_JOB_NODELIST": "gpu[07-08]",
+    "SLURM_STEP_NODELIST": "gpu[07-08]",
+    "SLURM_PROCID": "3",
+    "SLURM_NTASKS": "4",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "1",
+    "SLURM_NTASKS_PER_NODE": "2",
+    "SLURM_TASKS_PER_NODE": "2(x2)",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+    "SLURM_JOB_ID": "777",
+    "SLURM_STEP_ID": "0",
+}
 
 
 def test_slurm_rendezvous_follows_the_node_list_without_master_addr(monkeypatch):
@@ -72,7 +108,9 @@ def test_slurm_rendezvous_follows_the_node_list_without_master_addr(monkeypatch)
     # the user's keys win over the launcher's information
     p = placement_from_env(load_config(["device=cpu", "master_addr=head", "master_port=31000"]), SRUN_2_NODES)
     assert (p.master_addr, p.master_port) == ("head", 31000)
-    p = placement_from_env(load_config(["device=cpu"]), {**SRUN_2_NODES, "MASTER_ADDR": "ib-gpu07", "MASTER_PORT": "4000"})
+    p = placement_from_env(
+        load_config(["device=cpu"]), {**SRUN_2_NODES, "MASTER_ADDR": "ib-gpu07", "MASTER_PORT": "4000"}
+    )
     assert (p.master_addr, p.master_port) == ("ib-gpu07", 4000)
 
 
@@ -84,8 +122,16 @@ def test_expand_slurm_host_lists():
     assert expand_hostlist("n[098-101]") == ["n098", "n099", "n100", "n101"]
     assert slurm_tasks_per_node({"SLURM_NTASKS_PER_NODE": "4(x2)"}) == [4, 4]
     assert slurm_tasks_per_node({"SLURM_TASKS_PER_NODE": "2(x3),1"}) == [2, 2, 2, 1]
-    p = placement_from_env(load_config(["device=cpu"]), {**SRUN_2_NODES, "SLURM_NTASKS": "7", "SLURM_PROCID": "6",
-                                                         "SLURM_NODEID": "3", "SLURM_STEP_TASKS_PER_NODE": "2(x3),1"})
+    p = placement_from_env(
+        load_config(["device=cpu"]),
+        {
+            **SRUN_2_NODES,
+            "SLURM_NTASKS": "7",
+            "SLURM_PROCID": "6",
+            "SLURM_NODEID": "3",
+            "SLURM_STEP_TASKS_PER_NODE": "2(x3),1",
+        },
+    )
     assert p.local_world_size == 1
     with pytest.raises(UsageError, match="host list"):
         expand_hostlist("gpu[a-b]")
@@ -97,8 +143,9 @@ def test_rendezvous_conflicts_are_refused():
         placement_from_env(load_config(["device=cpu", "master_addr=10.0.0.2"]), torchrun)
     assert placement_from_env(load_config(["device=cpu", "master_port=29555"]), torchrun).master_port == 29555
     with pytest.raises(UsageError, match="needs master_addr"):
-        placement_from_env(load_config(["device=cpu", "world_size=4", "nnodes=2", "master_port=29600"]), {},
-                           local_rank=0)
+        placement_from_env(
+            load_config(["device=cpu", "world_size=4", "nnodes=2", "master_port=29600"]), {}, local_rank=0
+        )
 
 
 def test_device_and_backend_rules():
@@ -142,6 +189,7 @@ def test_unwrap_strips_compile_and_ddp_layers():
 
 
 # -- real collectives over gloo, 2 ranks ----------------------------------------------------------
+
 
 def _results(tmp_path, n=2):
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(n)]

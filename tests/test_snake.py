@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from ddprl.envs.snake import (DELTAS, DOWN, LEFT, RIGHT, UP, SnakeEnv, render_rgb,
-                              render_text)
+from ddprl.envs.snake import DELTAS, DOWN, LEFT, RIGHT, UP, SnakeEnv, render_rgb, render_text
 from ddprl.envs.snake_gym import SnakeGymEnv
 
 
@@ -56,8 +55,7 @@ def test_fresh_start_boards():
         dr, dc = DELTAS[d]
         assert st["body"] == [(hr - k * dr, hc - k * dc) for k in range(3)]
         assert 0 <= hr + dr < g and 0 <= hc + dc < g
-        assert body_plane(obs[i]) == pytest.approx(
-            {st["body"][0]: 1.0, st["body"][1]: 2 / 3, st["body"][2]: 1 / 3})
+        assert body_plane(obs[i]) == pytest.approx({st["body"][0]: 1.0, st["body"][1]: 2 / 3, st["body"][2]: 1 / 3})
         assert st["food"] not in st["body"] and obs[i, 2].sum() == 1
 
 
@@ -77,8 +75,7 @@ def test_moves_in_each_direction_and_reversal_is_ignored():
         st = env.get_state(i)
         assert st["body"] == [heads[i]] + neck_tail
         assert st["direction"] == dirs[i]
-        assert body_plane(obs[i]) == pytest.approx(
-            {heads[i]: 1.0, neck_tail[0]: 2 / 3, neck_tail[1]: 1 / 3})
+        assert body_plane(obs[i]) == pytest.approx({heads[i]: 1.0, neck_tail[0]: 2 / 3, neck_tail[1]: 1 / 3})
         assert obs[i, 0, heads[i][0], heads[i][1]] == 1 and obs[i, 0].sum() == 1
         assert obs[i, 3 + dirs[i]].min() == 1 and obs[i, 3:7].sum() == 64
     assert rew.tolist() == [0.0] * 8 and not term.any() and not trunc.any()
@@ -180,7 +177,8 @@ def test_truncation_after_steps_without_food():
     obs, rew, term, trunc, info = step(env, [RIGHT, RIGHT])
     assert trunc.tolist() == [True, False] and not term.any()
     assert body_plane(info["final_obs"][0]) == pytest.approx(
-        {(4, 5): 1.0, (4, 4): 2 / 3, (5, 4): 1 / 3})  # post-move board, for bootstrapping
+        {(4, 5): 1.0, (4, 4): 2 / 3, (5, 4): 1 / 3}
+    )  # post-move board, for bootstrapping
     assert info["episode_length"][0] == 5 and info["episode_score"][0] == 0
     assert float(info["episode_return"][0]) == pytest.approx(-0.5)
     assert len(env.get_state(0)["body"]) == 3 and env.get_state(0)["steps_since_food"] == 0
@@ -213,8 +211,7 @@ def test_episode_stats_restart_after_auto_reset():
     dr, dc = DELTAS[d]
     k = {UP: hr + 1, RIGHT: g - hc, DOWN: g - hr, LEFT: hc + 1}[d]  # moves until off-board
     path = {(hr + j * dr, hc + j * dc) for j in range(1, k)}
-    env.set_food(0, next((r, c) for r in range(g) for c in range(g)
-                         if (r, c) not in path and (r, c) not in st["body"]))
+    env.set_food(0, next((r, c) for r in range(g) for c in range(g) if (r, c) not in path and (r, c) not in st["body"]))
     for j in range(k):
         _, rew, term, _, info = step(env, [d])
         assert bool(term[0]) == (j == k - 1)
@@ -277,7 +274,7 @@ def test_determinism_per_seed():
         return out
 
     a, b, c = rollout(3), rollout(3), rollout(4)
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert not torch.equal(a[0], c[0])
     env = SnakeEnv(64, grid_size=7, seed=3)
     assert torch.equal(env.observe(), a[0])  # usable before reset(), same first board
@@ -292,14 +289,18 @@ def random_board(rng, g, max_len):
     cells = [(int(rng.integers(g)), int(rng.integers(g)))]  # grown from the tail
     for _ in range(int(rng.integers(0, max_len))):
         r, c = cells[-1]
-        nxt = [(r + dr, c + dc) for dr, dc in DELTAS
-               if 0 <= r + dr < g and 0 <= c + dc < g and (r + dr, c + dc) not in cells]
+        nxt = [
+            (r + dr, c + dc)
+            for dr, dc in DELTAS
+            if 0 <= r + dr < g and 0 <= c + dc < g and (r + dr, c + dc) not in cells
+        ]
         if not nxt:
             break
         cells.append(nxt[int(rng.integers(len(nxt)))])
     body = cells[::-1]
-    direction = (DELTAS.index((body[0][0] - body[1][0], body[0][1] - body[1][1]))
-                 if len(body) > 1 else int(rng.integers(4)))
+    direction = (
+        DELTAS.index((body[0][0] - body[1][0], body[0][1] - body[1][1])) if len(body) > 1 else int(rng.integers(4))
+    )
     free = [(r, c) for r in range(g) for c in range(g) if (r, c) not in body]
     return body, direction, free[int(rng.integers(len(free)))]
 
@@ -307,9 +308,14 @@ def random_board(rng, g, max_len):
 def reference_action(ref, rng):
     """Mostly a non-fatal move (long snakes, many meals), sometimes any of the four."""
     body, g = list(ref.body), ref.grid_size
-    safe = [a for a in range(4) if a != (ref.direction + 2) % 4
-            and 0 <= body[0][0] + DELTAS[a][0] < g and 0 <= body[0][1] + DELTAS[a][1] < g
-            and (body[0][0] + DELTAS[a][0], body[0][1] + DELTAS[a][1]) not in body[:-1]]
+    safe = [
+        a
+        for a in range(4)
+        if a != (ref.direction + 2) % 4
+        and 0 <= body[0][0] + DELTAS[a][0] < g
+        and 0 <= body[0][1] + DELTAS[a][1] < g
+        and (body[0][0] + DELTAS[a][0], body[0][1] + DELTAS[a][1]) not in body[:-1]
+    ]
     if safe and rng.random() < 0.8:
         return safe[int(rng.integers(len(safe)))]
     return int(rng.integers(4))
@@ -325,10 +331,8 @@ def test_matches_numpy_reference(obs_mode, steps):
     """
     n, g, limit, pen = 64, 7, 25, 0.01
     rng = np.random.default_rng(0)
-    env = SnakeEnv(n, grid_size=g, step_penalty=pen, max_steps_without_food=limit,
-                   obs_mode=obs_mode)
-    refs = [SnakeGymEnv(g, step_penalty=pen, max_steps_without_food=limit, obs_mode=obs_mode)
-            for _ in range(n)]
+    env = SnakeEnv(n, grid_size=g, step_penalty=pen, max_steps_without_food=limit, obs_mode=obs_mode)
+    refs = [SnakeGymEnv(g, step_penalty=pen, max_steps_without_food=limit, obs_mode=obs_mode) for _ in range(n)]
     stats = [[np.float32(0), 0, 0] for _ in range(n)]  # return, length, score
     for i, ref in enumerate(refs):
         ref.reset(seed=i)
@@ -340,7 +344,7 @@ def test_matches_numpy_reference(obs_mode, steps):
     seen = dict(eat=0, die=0, trunc=0, reversal=0)
     for _ in range(steps):
         acts = [reference_action(ref, rng) for ref in refs]
-        seen["reversal"] += sum(a == (r.direction + 2) % 4 for a, r in zip(acts, refs))
+        seen["reversal"] += sum(a == (r.direction + 2) % 4 for a, r in zip(acts, refs, strict=True))
         obs, rew, term, trunc, info = step(env, acts)
         obs, rew, term, trunc = obs.numpy(), rew.numpy(), term.numpy(), trunc.numpy()
         for i, ref in enumerate(refs):
@@ -367,6 +371,7 @@ def test_matches_numpy_reference(obs_mode, steps):
 
 def test_gym_env_checks_and_vectorises():
     from gymnasium.utils.env_checker import check_env
+
     check_env(SnakeGymEnv(grid_size=6), skip_render_check=True)
     venv = gym.vector.SyncVectorEnv([lambda: SnakeGymEnv(grid_size=6) for _ in range(3)])
     obs, _ = venv.reset(seed=0)
@@ -381,7 +386,8 @@ def test_render_text_and_rgb():
     env = SnakeEnv(1, grid_size=5)
     env.set_state(0, [(1, 1), (1, 2), (2, 2), (3, 2)], LEFT, food=(4, 0))
     assert env.render_ascii(0) == "\n".join(
-        ["+-----+", "|.....|", "|.<o..|", "|..o..|", "|..t..|", "|*....|", "+-----+"])
+        ["+-----+", "|.....|", "|.<o..|", "|..o..|", "|..t..|", "|*....|", "+-----+"]
+    )
     ref = SnakeGymEnv(grid_size=5, render_mode="ansi")
     ref.set_state([(1, 1), (1, 2), (2, 2), (3, 2)], LEFT, food=(4, 0))
     assert ref.render() == env.render_ascii(0)

@@ -5,16 +5,30 @@ from __future__ import annotations
 import re
 
 import torch
-
 from conftest import run_cli
+
 from ddprl.config import load_config
 from ddprl.envs.snake import SnakeEnv
 from ddprl.metrics import read_metrics
 from ddprl.runtime import NCCL_PRESETS, apply_nccl_preset
 from ddprl.system import autoscale_ppo
 
-TINY = ["task=snake", "world_size=2", "num_envs=16", "n_steps=16", "batch_size=64", "epochs=1", "steps=512",
-        "eval_episodes=2", "eval_freq=0", "progress=false", "dist_timeout=120", "policy=cnn", "policy_width=8", "hidden_sizes=[32]"]
+TINY = [
+    "task=snake",
+    "world_size=2",
+    "num_envs=16",
+    "n_steps=16",
+    "batch_size=64",
+    "epochs=1",
+    "steps=512",
+    "eval_episodes=2",
+    "eval_freq=0",
+    "progress=false",
+    "dist_timeout=120",
+    "policy=cnn",
+    "policy_width=8",
+    "hidden_sizes=[32]",
+]
 
 
 def test_snake_ppo_two_ranks_then_play_and_eval(tmp_path):
@@ -55,7 +69,7 @@ def test_snake_state_dict_resumes_the_same_games():
     obs = other.load_state_dict(saved)
     assert torch.equal(obs, SnakeEnv(16, seed=3).load_state_dict(saved))
     second = [other.step(a)[0] for a in actions]
-    assert all(torch.equal(a, b) for a, b in zip(first, second))  # food draws included
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))  # food draws included
 
 
 def test_nccl_preset_never_overrides_the_user():
@@ -73,11 +87,28 @@ def test_autoscale_keeps_user_values(tmp_path):
     assert cpu == {"num_envs": 256, "n_steps": 128, "batch_size": 4096}
     kept = autoscale_ppo(cfg, (7, 10, 10), world_size=2, local_world_size=2, fixed={"n_steps": 8}, device="cpu")
     assert kept["n_steps"] == 8 and kept["batch_size"] <= 128 * 8 // 4  # sized around the user's n_steps
-    res = run_cli(["train", "task=snake", "autoscale=true", "num_envs=32", "n_steps=8", "steps=256", "epochs=1",
-                   "eval_episodes=0", "progress=false", f"run_dir={tmp_path / 'a'}", "policy_width=8",
-                   "hidden_sizes=[16]"], cwd=tmp_path)
+    res = run_cli(
+        [
+            "train",
+            "task=snake",
+            "autoscale=true",
+            "num_envs=32",
+            "n_steps=8",
+            "steps=256",
+            "epochs=1",
+            "eval_episodes=0",
+            "progress=false",
+            f"run_dir={tmp_path / 'a'}",
+            "policy_width=8",
+            "hidden_sizes=[16]",
+        ],
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "autoscale set batch_size=" in res.stderr and "num_envs=" not in res.stderr.split("autoscale set")[1].splitlines()[0]
+    assert (
+        "autoscale set batch_size=" in res.stderr
+        and "num_envs=" not in res.stderr.split("autoscale set")[1].splitlines()[0]
+    )
     import yaml
 
     saved = yaml.safe_load((tmp_path / "a" / "config.yaml").read_text())

@@ -11,7 +11,7 @@ import sys
 from conftest import REPO, cli_env
 
 # A machine with one visible GPU, as torch and the environment present it: the only mock.
-FAKE_GPU_MACHINE = '''
+FAKE_GPU_MACHINE = """
 import os
 import torch
 
@@ -23,9 +23,9 @@ torch.cuda.is_available = lambda: True
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device")
 
-'''
+"""
 
-TESTS_ON_THE_FAKE_MACHINE = '''
+TESTS_ON_THE_FAKE_MACHINE = """
 import os
 
 import pytest
@@ -58,7 +58,7 @@ def test_gpu():
 
 def test_cpu_after_a_gpu_test(world_size_in_a_module_fixture):
     test_cpu(world_size_in_a_module_fixture)
-'''
+"""
 
 
 def test_tests_not_marked_gpu_run_on_the_cpu_where_a_gpu_is_visible(tmp_path):
@@ -70,9 +70,24 @@ def test_tests_not_marked_gpu_run_on_the_cpu_where_a_gpu_is_visible(tmp_path):
     for helper in ("conftest.py", "hosts.py"):  # the suite's conftest, with what it imports
         (tmp_path / helper).write_text((REPO / "tests" / helper).read_text())
     (tmp_path / "test_fake_machine.py").write_text(TESTS_ON_THE_FAKE_MACHINE)
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "fake_gpu_machine",
-                          "test_fake_machine.py"],
-                         cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "fake_gpu_machine",
+            "test_fake_machine.py",
+        ],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0 and "3 passed" in res.stdout, res.stdout[-3000:] + res.stderr[-2000:]
 
 

@@ -11,12 +11,12 @@ import sys
 import time
 
 import pytest
+import supervised_fns as fns
 import torch
+from conftest import REPO, cli_env, run_cli
 from torch import nn
 from torch.utils.data import DistributedSampler
 
-import supervised_fns as fns
-from conftest import REPO, cli_env, run_cli
 from ddprl.config import load_config
 from ddprl.errors import UsageError
 from ddprl.metrics import read_metrics
@@ -31,6 +31,7 @@ FAST = {"progress": False, "device": "cpu", "dist_timeout": 60}
 
 # -- pieces ------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("n,world", [(37, 2), (1, 2), (10, 3), (64, 4), (5, 8)])
 def test_shards_cover_every_sample_exactly_once(n, world):
     shards = [list(ShardSampler(n, r, world)) for r in range(world)]
@@ -38,7 +39,9 @@ def test_shards_cover_every_sample_exactly_once(n, world):
     assert [i for s in shards for i in s] == list(range(n))  # rank order = the set's own order
     assert max(map(len, shards)) - min(map(len, shards)) <= 1
     # What the flawed trainers use: DistributedSampler pads to a multiple of the world size.
-    padded = sum(len(list(DistributedSampler(range(n), num_replicas=world, rank=r, shuffle=False))) for r in range(world))
+    padded = sum(
+        len(list(DistributedSampler(range(n), num_replicas=world, rank=r, shuffle=False))) for r in range(world)
+    )
     assert padded == n + (-n) % world
 
 
@@ -76,9 +79,18 @@ def test_builtin_metrics_per_sample():
 
 # -- exact evaluation --------------------------------------------------------------------------
 
+
 def _evaluate(tmp_path, world_size, task, split="val", eval_batch_size=4):
-    cfg = load_config(["algo=supervised", f"world_size={world_size}", f"eval_batch_size={eval_batch_size}",
-                       "progress=false", "device=cpu", "dist_timeout=60"])
+    cfg = load_config(
+        [
+            "algo=supervised",
+            f"world_size={world_size}",
+            f"eval_batch_size={eval_batch_size}",
+            "progress=false",
+            "device=cpu",
+            "dist_timeout=60",
+        ]
+    )
     out = tmp_path / f"w{world_size}"
     out.mkdir()
     launch(functools.partial(fns.evaluate_fixed, task=task, split=split, out=str(out)), cfg)
@@ -116,6 +128,7 @@ def test_torchmetrics_objects_reduce_over_uneven_shards(tmp_path):
 
 # -- training: DDP == one process, early stopping, precision -----------------------------------
 
+
 def _weights(run_dir):
     ckpt = torch.load(run_dir / "checkpoints" / "latest.pt", map_location="cpu", weights_only=True)
     return ckpt["state"]["model"]
@@ -141,9 +154,23 @@ def test_two_ranks_equal_one_process_on_the_full_batch(tmp_path, sync_freq):
 
 def test_early_stopping_is_global_and_the_same_on_every_rank(tmp_path):
     """Rank 0's val shard gets worse every epoch while the whole set improves: the job goes on."""
-    cfg = load_config(["algo=supervised", "task=python", "world_size=2", "epochs=30", "batch_size=8", "patience=2",
-                       "checkpoint_freq=1", "keep_last=0", "progress=false", "device=cpu", "dist_timeout=60",
-                       f"run_dir={tmp_path / 'run'}", "eval_batch_size=3"])
+    cfg = load_config(
+        [
+            "algo=supervised",
+            "task=python",
+            "world_size=2",
+            "epochs=30",
+            "batch_size=8",
+            "patience=2",
+            "checkpoint_freq=1",
+            "keep_last=0",
+            "progress=false",
+            "device=cpu",
+            "dist_timeout=60",
+            f"run_dir={tmp_path / 'run'}",
+            "eval_batch_size=3",
+        ]
+    )
     launch(functools.partial(fns.fit_and_record, task=fns.disagreeing_task(), out=str(tmp_path)), cfg)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for record in ranks:  # wall-clock times are each rank's own
@@ -153,23 +180,37 @@ def test_early_stopping_is_global_and_the_same_on_every_rank(tmp_path):
     # The weight after each epoch (one checkpoint per epoch) gives rank 0's shard loss w^2:
     ckpts = sorted((tmp_path / "run" / "checkpoints").glob("step_*.pt"), key=lambda p: int(p.stem[5:]))
     w = [float(torch.load(p, weights_only=True)["state"]["model"]["weight"]) for p in ckpts]
-    assert len(w) == stop_epoch and all(a < b for a, b in zip(w, w[1:]))
+    assert len(w) == stop_epoch and all(a < b for a, b in zip(w, w[1:], strict=False))
     shard_only = EarlyStopping(patience=2)
-    shard_stop = next(e for e, wi in enumerate(w, 1) if shard_only.update(wi ** 2))
+    shard_stop = next(e for e, wi in enumerate(w, 1) if shard_only.update(wi**2))
     assert shard_stop == 3 < stop_epoch  # a decision from rank 0's shard would have stopped at epoch 3
     # The job stopped where the *global* loss stopped improving, and one process stops there too.
-    global_loss = [(wi ** 2 + 9 * (wi - 1) ** 2) / 2 for wi in w]
+    global_loss = [(wi**2 + 9 * (wi - 1) ** 2) / 2 for wi in w]
     best = global_loss.index(min(global_loss)) + 1
     assert stop_epoch == best + 2
-    one = Trainer.from_task(fns.disagreeing_task(), world_size=1, epochs=30, batch_size=16, patience=2,
-                            run_dir=str(tmp_path / "one"), **FAST).fit()
+    one = Trainer.from_task(
+        fns.disagreeing_task(),
+        world_size=1,
+        epochs=30,
+        batch_size=16,
+        patience=2,
+        run_dir=str(tmp_path / "one"),
+        **FAST,
+    ).fit()
     assert one.epochs == stop_epoch and one.stopped_early
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_trains(tmp_path, precision):
-    result = Trainer.from_task(fns.blob_task(), world_size=1, epochs=3, batch_size=16, precision=precision,
-                               run_dir=str(tmp_path / precision), **FAST).fit()
+    result = Trainer.from_task(
+        fns.blob_task(),
+        world_size=1,
+        epochs=3,
+        batch_size=16,
+        precision=precision,
+        run_dir=str(tmp_path / precision),
+        **FAST,
+    ).fit()
     rows = [r for r in read_metrics(result.run_dir) if "epoch" in r]
     assert rows[-1]["train/loss"] < rows[0]["train/loss"]
     state = torch.load(result.run_dir / "checkpoints" / "latest.pt", weights_only=True)["state"]
@@ -178,21 +219,44 @@ def test_mixed_precision_trains(tmp_path, precision):
 
 def test_trainer_python_api_with_datasets_and_names(tmp_path):
     """Datasets (not factories) and metric names, the way a notebook user writes it."""
-    result = Trainer(model=fns.small_mlp, loss=nn.CrossEntropyLoss(), train=fns.blobs(64, 1), val=fns.blobs(21, 2),
-                     test=fns.blobs(11, 3), metrics=["accuracy"], world_size=2, epochs=2, batch_size=8,
-                     monitor="val/accuracy", mode="max", run_dir=str(tmp_path / "api"), **FAST).fit()
+    result = Trainer(
+        model=fns.small_mlp,
+        loss=nn.CrossEntropyLoss(),
+        train=fns.blobs(64, 1),
+        val=fns.blobs(21, 2),
+        test=fns.blobs(11, 3),
+        metrics=["accuracy"],
+        world_size=2,
+        epochs=2,
+        batch_size=8,
+        monitor="val/accuracy",
+        mode="max",
+        run_dir=str(tmp_path / "api"),
+        **FAST,
+    ).fit()
     assert result.metrics["val/num_samples"] == 21 and result.metrics["test/num_samples"] == 11
     assert result.best_checkpoint is not None and result.best_checkpoint.exists()
-    trainer = Trainer(model=fns.small_mlp, loss=nn.CrossEntropyLoss(), train=fns.blobs(64, 1), test=fns.blobs(11, 3),
-                      metrics=["accuracy"])
+    trainer = Trainer(
+        model=fns.small_mlp,
+        loss=nn.CrossEntropyLoss(),
+        train=fns.blobs(64, 1),
+        test=fns.blobs(11, 3),
+        metrics=["accuracy"],
+    )
     tested = trainer.test(result.best_checkpoint, device="cpu")
     assert tested["test/num_samples"] == 11
     assert tested["test/accuracy"] == pytest.approx(result.metrics["test/accuracy"])
 
 
 def test_unpicklable_factories_fail_before_spawning(tmp_path):
-    trainer = Trainer(model=lambda: nn.Linear(6, 3), loss=nn.CrossEntropyLoss(), train=fns.blobs(16), world_size=2,
-                      run_dir=str(tmp_path / "never"), **FAST)
+    trainer = Trainer(
+        model=lambda: nn.Linear(6, 3),
+        loss=nn.CrossEntropyLoss(),
+        train=fns.blobs(16),
+        world_size=2,
+        run_dir=str(tmp_path / "never"),
+        **FAST,
+    )
     with pytest.raises(UsageError, match="module level"):
         trainer.fit()
     assert not (tmp_path / "never").exists()
@@ -200,20 +264,43 @@ def test_unpicklable_factories_fail_before_spawning(tmp_path):
 
 def test_monitor_must_be_measured(tmp_path):
     with pytest.raises(UsageError, match="no validation set"):
-        Trainer(model=fns.small_mlp, loss=nn.CrossEntropyLoss(), train=fns.blobs(16), world_size=1,
-                monitor="val/loss", **FAST).fit()
+        Trainer(
+            model=fns.small_mlp,
+            loss=nn.CrossEntropyLoss(),
+            train=fns.blobs(16),
+            world_size=1,
+            monitor="val/loss",
+            **FAST,
+        ).fit()
     # monitor=auto (the default) falls back to train/loss without a validation set
-    result = Trainer(model=fns.small_mlp, loss=nn.CrossEntropyLoss(), train=fns.blobs(16), world_size=1, epochs=2,
-                     run_dir=str(tmp_path / "r"), **FAST).fit()
+    result = Trainer(
+        model=fns.small_mlp,
+        loss=nn.CrossEntropyLoss(),
+        train=fns.blobs(16),
+        world_size=1,
+        epochs=2,
+        run_dir=str(tmp_path / "r"),
+        **FAST,
+    ).fit()
     assert result.best_checkpoint is not None and "val/loss" not in result.metrics
 
 
 # -- the command line: digits, kill -9 and resume, eval, user tasks ----------------------------
 
+
 def test_digits_reaches_test_accuracy_095_on_two_ranks(tmp_path):
     run_dir = tmp_path / "digits"
-    proc = run_cli(["train", "algo=supervised", "task=digits", "world_size=2", f"run_dir={run_dir}",
-                    "progress=false", "device=cpu"])
+    proc = run_cli(
+        [
+            "train",
+            "algo=supervised",
+            "task=digits",
+            "world_size=2",
+            f"run_dir={run_dir}",
+            "progress=false",
+            "device=cpu",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     last = read_metrics(run_dir)[-1]
     assert last["test/num_samples"] == 271 and last["val/num_samples"] == 269
@@ -227,8 +314,17 @@ def test_signal_mid_epoch_saves_there_and_resume_equals_an_uninterrupted_run(tmp
     """SIGTERM to rank 1 part-way through epoch 1: both ranks stop after the same optimizer step,
     save (epoch, batch, the epoch's partial sums), exit 75; the resumed run ends with the weights
     and rows of a run never stopped."""
-    keys = dict(FAST, epochs=3, batch_size=2, optimizer="sgd", lr=0.05, momentum=0.0, shuffle=True,
-                checkpoint_freq=0, world_size=2)
+    keys = dict(
+        FAST,
+        epochs=3,
+        batch_size=2,
+        optimizer="sgd",
+        lr=0.05,
+        momentum=0.0,
+        shuffle=True,
+        checkpoint_freq=0,
+        world_size=2,
+    )
     whole = Trainer.from_task(fns.long_blob_task(), run_dir=str(tmp_path / "whole"), **keys).fit()
     cut = tmp_path / "cut"
     with pytest.raises(SystemExit) as stopped:
@@ -242,18 +338,33 @@ def test_signal_mid_epoch_saves_there_and_resume_equals_an_uninterrupted_run(tmp
     rows_whole = [r for r in read_metrics(whole.run_dir) if "epoch" in r]
     rows_cut = [r for r in read_metrics(cut) if "epoch" in r]
     assert [r["epoch"] for r in rows_cut] == [1, 2, 3]
-    for x, y in zip(rows_whole, rows_cut):  # the interrupted epoch's loss includes both parts
+    for x, y in zip(rows_whole, rows_cut, strict=True):  # the interrupted epoch's loss includes both parts
         assert x["train/loss"] == pytest.approx(y["train/loss"], rel=1e-12) and x["val/loss"] == y["val/loss"]
 
 
 def test_kill_9_and_resume_continues_like_an_uninterrupted_run(tmp_path):
-    args = ["train", "algo=supervised", "task=digits", "world_size=2", "epochs=8", "batch_size=8",
-            "checkpoint_freq=1", "progress=false", "device=cpu", "dist_timeout=60"]
+    args = [
+        "train",
+        "algo=supervised",
+        "task=digits",
+        "world_size=2",
+        "epochs=8",
+        "batch_size=8",
+        "checkpoint_freq=1",
+        "progress=false",
+        "device=cpu",
+        "dist_timeout=60",
+    ]
     whole = tmp_path / "whole"
     assert run_cli(args + [f"run_dir={whole}"]).returncode == 0
     cut = tmp_path / "cut"
-    proc = subprocess.Popen([sys.executable, "-m", "ddprl", *args, f"run_dir={cut}"], env=cli_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddprl", *args, f"run_dir={cut}"],
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 120
         while not (cut / "checkpoints" / "step_316.pt").exists():  # epoch 2 of 8 (158 steps per epoch)
@@ -273,7 +384,7 @@ def test_kill_9_and_resume_continues_like_an_uninterrupted_run(tmp_path):
     rows_whole = [r for r in read_metrics(whole) if "epoch" in r]
     rows_cut = [r for r in read_metrics(cut) if "epoch" in r]
     assert [r["epoch"] for r in rows_cut] == list(range(1, 9))  # no row twice, none missing
-    for x, y in zip(rows_whole, rows_cut):
+    for x, y in zip(rows_whole, rows_cut, strict=True):
         assert x["train/loss"] == y["train/loss"] and x["val/loss"] == y["val/loss"]
     # Plain state dicts only: the file loads with weights_only=True and names no wrapper.
     ckpt = torch.load(cut / "checkpoints" / "latest.pt", weights_only=True)
@@ -298,14 +409,17 @@ def test_user_task_from_the_command_line_and_no_import_from_a_checkpoint(tmp_pat
     assert proc.returncode == 0 and "val/num_samples=37" in proc.stdout, proc.stderr[-2000:]
 
 
-@pytest.mark.parametrize("args,message", [
-    (["task=digit"], "did you mean digits"),
-    (["task=nomodule:fn"], "cannot import module 'nomodule'"),
-    (["monitor=val/acc"], "measures val/loss, val/accuracy"),
-    (["mode=up"], "mode='up' is not min or max"),
-    (["prefetch_factor=2"], "needs num_workers > 0"),
-    (["task_options={size: 3}"], "no option(s) size"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["task=digit"], "did you mean digits"),
+        (["task=nomodule:fn"], "cannot import module 'nomodule'"),
+        (["monitor=val/acc"], "measures val/loss, val/accuracy"),
+        (["mode=up"], "mode='up' is not min or max"),
+        (["prefetch_factor=2"], "needs num_workers > 0"),
+        (["task_options={size: 3}"], "no option(s) size"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     proc = run_cli(["train", "algo=supervised", "world_size=1", f"run_dir={tmp_path / 'x'}", *args])
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr

@@ -10,8 +10,8 @@ import pytest
 pytest.importorskip("torch_geometric")
 
 import torch  # noqa: E402
-
 from conftest import run_cli  # noqa: E402
+
 from ddprl.config import load_config, to_dict  # noqa: E402
 from ddprl.errors import UsageError  # noqa: E402
 from ddprl.metrics import read_metrics  # noqa: E402
@@ -89,12 +89,15 @@ def test_model_sees_relative_positions_and_the_task_travels_to_spawned_ranks():
     torch.testing.assert_close(model(batch), out, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["task_options={size: 3}"], "no option(s) size; it takes num_graphs (default 2000), min_nodes"),
-    (["task_options={num_graphs: 10}"], "num_graphs=10 must be >= 20"),
-    (["task_options={min_nodes: 9, max_nodes: 4}"], "min_nodes (9) <= max_nodes (4)"),
-    (["hidden_sizes=[]"], "at least one hidden size"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["task_options={size: 3}"], "no option(s) size; it takes num_graphs (default 2000), min_nodes"),
+        (["task_options={num_graphs: 10}"], "num_graphs=10 must be >= 20"),
+        (["task_options={min_nodes: 9, max_nodes: 4}"], "min_nodes (9) <= max_nodes (4)"),
+        (["hidden_sizes=[]"], "at least one hidden size"),
+    ],
+)
 def test_bad_options_are_usage_errors(overrides, message):
     with pytest.raises(UsageError) as err:
         graph_energy(_cfg(*overrides))
@@ -114,9 +117,22 @@ def test_task_file_sets_only_the_supervised_keys():
 def test_two_ranks_learn_the_energy_and_eval_reproduces_test(tmp_path):
     run_dir = tmp_path / "graph"
     # 400 graphs (280 to train), batch 8 per rank for enough steps: ~15 s on 2 CPU cores.
-    proc = run_cli(["train", "algo=supervised", "task=graph_energy", "world_size=2", f"run_dir={run_dir}",
-                    "task_options={num_graphs: 400}", "epochs=20", "batch_size=8", "progress=false",
-                    "device=cpu", "dist_timeout=60"], cwd=tmp_path)
+    proc = run_cli(
+        [
+            "train",
+            "algo=supervised",
+            "task=graph_energy",
+            "world_size=2",
+            f"run_dir={run_dir}",
+            "task_options={num_graphs: 400}",
+            "epochs=20",
+            "batch_size=8",
+            "progress=false",
+            "device=cpu",
+            "dist_timeout=60",
+        ],
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     last = read_metrics(run_dir)[-1]
     assert last["test/num_samples"] == 60 and last["val/num_samples"] == 60

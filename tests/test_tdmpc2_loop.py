@@ -20,29 +20,50 @@ import torch
 pytest.importorskip("dm_control")
 
 from conftest import run_cli  # noqa: E402
+
 from ddprl.algos.graphs import training_step_unsupported  # noqa: E402
-from ddprl.algos.tdmpc2.acting import (Acting, EpisodeRecorder, UnitBoxActions, episode_length_of,  # noqa: E402
-                                       make_tdmpc2_env)
+from ddprl.algos.tdmpc2.acting import Acting, EpisodeRecorder, UnitBoxActions, episode_length_of, make_tdmpc2_env  # noqa: E402
 from ddprl.algos.tdmpc2.buffer import TrajectoryBatch  # noqa: E402
 from ddprl.algos.tdmpc2.learner import UpdateNoise, build_learner, draw_noise, model_dims, update  # noqa: E402
 from ddprl.algos.tdmpc2.loop import load_actor  # noqa: E402
 from ddprl.algos.tdmpc2.loss import policy_loss, rho_weights, world_model_loss  # noqa: E402
 from ddprl.algos.tdmpc2.math import NUM_BINS, RunningScale, two_hot  # noqa: E402
 from ddprl.algos.tdmpc2.networks import WorldModel  # noqa: E402
-from ddprl.runtime.compat import COMPILED_PREFIX  # noqa: E402
 from ddprl.checkpoint import load_checkpoint  # noqa: E402
 from ddprl.config import load_config  # noqa: E402
 from ddprl.errors import UsageError  # noqa: E402
 from ddprl.metrics import read_metrics  # noqa: E402
 from ddprl.runtime import launch  # noqa: E402
+from ddprl.runtime.compat import COMPILED_PREFIX  # noqa: E402
 
-TINY = ["model_size=1", "enc_dim=32", "mlp_dim=32", "latent_dim=16", "num_q=3", "num_samples=32",
-        "num_elites=4", "num_pi_trajs=4", "iterations=2", "batch_size=16"]
+TINY = [
+    "model_size=1",
+    "enc_dim=32",
+    "mlp_dim=32",
+    "latent_dim=16",
+    "num_q=3",
+    "num_samples=32",
+    "num_elites=4",
+    "num_pi_trajs=4",
+    "iterations=2",
+    "batch_size=16",
+]
 
 
 def tiny_cfg(*overrides: str, world_size: int = 1):
-    return load_config(["algo=tdmpc2", "task=cartpole-balance", f"world_size={world_size}", f"num_envs={world_size}",
-                        "device=cpu", "dist_timeout=120", "progress=false", *TINY, *overrides])
+    return load_config(
+        [
+            "algo=tdmpc2",
+            "task=cartpole-balance",
+            f"world_size={world_size}",
+            f"num_envs={world_size}",
+            "device=cpu",
+            "dist_timeout=120",
+            "progress=false",
+            *TINY,
+            *overrides,
+        ]
+    )
 
 
 # --------------------------------------------------------------------------- losses (hand-computed)
@@ -54,10 +75,16 @@ def test_world_model_loss_terms_by_hand():
     next_z = torch.stack([torch.ones(B, d), 2 * torch.ones(B, d)])  # squared errors 1 (t=0) and 4 (t=1)
     uniform = torch.zeros(H, B, NUM_BINS)  # soft CE of uniform logits = log(101), whatever the target
     perfect = torch.log(two_hot(torch.full((H, B, 1), 3.0)) + 1e-30)  # CE = entropy of the two-hot target
-    out = {"z": z, "next_z": next_z, "reward_logits": uniform, "q_logits": torch.stack([uniform, perfect]),
-           "td_target": torch.full((H, B, 1), 3.0)}
-    terms = world_model_loss(out, reward=torch.zeros(H, B, 1), rho=0.5, consistency_coef=20,
-                             reward_coef=0.1, value_coef=0.1)
+    out = {
+        "z": z,
+        "next_z": next_z,
+        "reward_logits": uniform,
+        "q_logits": torch.stack([uniform, perfect]),
+        "td_target": torch.full((H, B, 1), 3.0),
+    }
+    terms = world_model_loss(
+        out, reward=torch.zeros(H, B, 1), rho=0.5, consistency_coef=20, reward_coef=0.1, value_coef=0.1
+    )
     assert terms["consistency"].item() == pytest.approx((1 * 1 + 0.5 * 4) / H)
     assert terms["reward"].item() == pytest.approx((1 + 0.5) * math.log(NUM_BINS) / H, rel=1e-5)
     t = two_hot(torch.tensor([[3.0]]))[0]
@@ -96,15 +123,32 @@ def test_policy_loss_gradient_reaches_policy_only():
 
 def test_config_defaults_and_checks():
     cfg = load_config(["algo=tdmpc2"])
-    assert (cfg.task, cfg.model_size, cfg.batch_size, cfg.horizon, cfg.num_samples, cfg.num_elites) == \
-        ("walker-run", 5, 256, 3, 512, 64)
-    assert (cfg.lr, cfg.enc_lr_scale, cfg.grad_clip_norm, cfg.rho, cfg.tau, cfg.entropy_coef) == \
-        (3e-4, 0.3, 20.0, 0.5, 0.01, 1e-4)
+    assert (cfg.task, cfg.model_size, cfg.batch_size, cfg.horizon, cfg.num_samples, cfg.num_elites) == (
+        "walker-run",
+        5,
+        256,
+        3,
+        512,
+        64,
+    )
+    assert (cfg.lr, cfg.enc_lr_scale, cfg.grad_clip_norm, cfg.rho, cfg.tau, cfg.entropy_coef) == (
+        3e-4,
+        0.3,
+        20.0,
+        0.5,
+        0.01,
+        1e-4,
+    )
     assert model_dims(cfg).latent_dim == 512 and model_dims(tiny_cfg()).latent_dim == 16
     ddp = load_config([], config_name="tdmpc2_ddp")
     assert ddp.algo == "tdmpc2" and ddp.world_size == ddp.num_envs == 8
-    for bad, match in [("num_envs=3", "divisible"), ("precision=fp16", "bf16"), ("latent_dim=12", "multiple of 8"),
-                       ("num_elites=600", "num_elites"), ("model_size=2", "1, 5, 19, 48, 317")]:
+    for bad, match in [
+        ("num_envs=3", "divisible"),
+        ("precision=fp16", "bf16"),
+        ("latent_dim=12", "multiple of 8"),
+        ("num_elites=600", "num_elites"),
+        ("model_size=2", "1, 5, 19, 48, 317"),
+    ]:
         with pytest.raises(UsageError, match=match):
             load_config(["algo=tdmpc2", "world_size=2", "num_envs=2", bad])  # the later num_envs wins
 
@@ -119,8 +163,9 @@ def test_env_adapter_for_gymnasium_boxes_and_refusals():
     assert env.env.envs.envs[0].unwrapped.last_u == pytest.approx(2.0)  # +1 -> the box's upper bound
     env.step(torch.zeros(1, 1))
     assert env.env.envs.envs[0].unwrapped.last_u == pytest.approx(0.0)
-    assert not isinstance(make_tdmpc2_env(tiny_cfg("task=HalfCheetah-v5"), 1, 0, torch.device("cpu")),
-                          UnitBoxActions)  # already [-1, 1]
+    assert not isinstance(
+        make_tdmpc2_env(tiny_cfg("task=HalfCheetah-v5"), 1, 0, torch.device("cpu")), UnitBoxActions
+    )  # already [-1, 1]
     with pytest.raises(UsageError, match="continuous actions"):
         make_tdmpc2_env(tiny_cfg("task=CartPole-v1"), 1, 0, torch.device("cpu"))
     assert episode_length_of(tiny_cfg("episode_length=40"), env) == 40
@@ -134,8 +179,14 @@ def test_episode_recorder_hands_over_whole_episodes():
         done = torch.tensor([t % 2 == 0, t == 5])  # env 0 ends every 2 steps, env 1 at step 5
         final = torch.tensor([[t + 0.5], [100 + t + 0.5]])
         nxt = torch.tensor([[1000.0 * t if done[0] else t], [100.0 + t]])
-        finished += rec.add(torch.tensor([[t], [-t]]).float(), torch.tensor([t, -t]).float(),
-                            torch.tensor([False, t == 5]), done, final, nxt)
+        finished += rec.add(
+            torch.tensor([[t], [-t]]).float(),
+            torch.tensor([t, -t]).float(),
+            torch.tensor([False, t == 5]),
+            done,
+            final,
+            nxt,
+        )
     assert [e.obs.shape[0] for e in finished] == [3, 3, 6]  # T + 1 observations
     first, second, long = finished
     torch.testing.assert_close(first.obs.flatten(), torch.tensor([0.0, 1.0, 2.5]))  # ends on the true final obs
@@ -169,10 +220,16 @@ def _batch_and_noise(seed: int = 0, H: int = H, B: int = B, every: int = 5) -> d
     g = torch.Generator().manual_seed(seed)
     terminated = torch.zeros(H, B, 1)
     terminated[-1, ::every] = 1.0
-    return {"obs": torch.randn(H + 1, B, OBS, generator=g), "action": torch.rand(H, B, ACT, generator=g) * 2 - 1,
-            "reward": torch.rand(H, B, 1, generator=g) * 3, "terminated": terminated,
-            "eps_td": torch.randn(H, B, ACT, generator=g), "eps_pi": torch.randn(H + 1, B, ACT, generator=g),
-            "members_td": torch.tensor([2, 0]), "members_pi": torch.tensor([1, 2])}
+    return {
+        "obs": torch.randn(H + 1, B, OBS, generator=g),
+        "action": torch.rand(H, B, ACT, generator=g) * 2 - 1,
+        "reward": torch.rand(H, B, 1, generator=g) * 3,
+        "terminated": terminated,
+        "eps_td": torch.randn(H, B, ACT, generator=g),
+        "eps_pi": torch.randn(H + 1, B, ACT, generator=g),
+        "members_td": torch.tensor([2, 0]),
+        "members_pi": torch.tensor([1, 2]),
+    }
 
 
 def _state(learner) -> dict[str, torch.Tensor]:
@@ -196,17 +253,22 @@ def update_on_shares(rt, cfg, out: str, steps: int) -> None:
         batches, noises = [], []
         for j in range(k):
             rows = slice((rt.rank * k + j) * n, (rt.rank * k + j + 1) * n)
-            batches.append(TrajectoryBatch(data["obs"][:, rows], data["action"][:, rows], data["reward"][:, rows],
-                                           data["terminated"][:, rows]))
-            noises.append(UpdateNoise(data["members_td"], data["members_pi"], data["eps_td"][:, rows],
-                                      data["eps_pi"][:, rows]))
+            batches.append(
+                TrajectoryBatch(
+                    data["obs"][:, rows], data["action"][:, rows], data["reward"][:, rows], data["terminated"][:, rows]
+                )
+            )
+            noises.append(
+                UpdateNoise(data["members_td"], data["members_pi"], data["eps_td"][:, rows], data["eps_pi"][:, rows])
+            )
         update(rt, learner, batches, noises, cfg, discount=0.99)
     torch.save({"before": before, "after": _state(learner)}, Path(out) / f"rank{rt.rank}.pt")
 
 
 def _run_shares(tmp_path: Path, world_size: int, sync_freq: int, steps: int = 2):
-    cfg = tiny_cfg("dropout=0", f"sync_freq={sync_freq}", f"batch_size={B // (world_size * sync_freq)}",
-                   world_size=world_size)
+    cfg = tiny_cfg(
+        "dropout=0", f"sync_freq={sync_freq}", f"batch_size={B // (world_size * sync_freq)}", world_size=world_size
+    )
     out = tmp_path / f"w{world_size}-k{sync_freq}"
     out.mkdir()
     launch(functools.partial(update_on_shares, out=str(out), steps=steps), cfg)
@@ -233,8 +295,14 @@ def test_two_ranks_on_half_batches_equal_one_process_on_the_full_batch(tmp_path)
     assert single[0]["after"]["scale"].item() > 1.01
     # the update really moved world model, policy and targets (two no-ops would be equal too)
     moved = {k: (single[0]["after"][k] - single[0]["before"][k]).abs().max().item() for k in single[0]["after"]}
-    for prefix, least in [("encoder.", 1e-4), ("dynamics.", 1e-4), ("reward_head.", 1e-4), ("qs.", 1e-4),
-                          ("policy.", 1e-4), ("target_qs.", 1e-6)]:  # targets move by tau = 0.01 of that
+    for prefix, least in [
+        ("encoder.", 1e-4),
+        ("dynamics.", 1e-4),
+        ("reward_head.", 1e-4),
+        ("qs.", 1e-4),
+        ("policy.", 1e-4),
+        ("target_qs.", 1e-6),
+    ]:  # targets move by tau = 0.01 of that
         assert max(v for k, v in moved.items() if k.startswith(prefix)) > least, prefix
 
 
@@ -243,8 +311,10 @@ def sync_after_updates(rt, cfg, out: str, updates: int) -> None:
     torch.manual_seed(100 + rt.rank)  # a different initialisation on each rank: DDP must broadcast rank 0's
     learner = build_learner(rt, cfg, OBS, ACT)
     model = learner.model
-    result = {"online_q_at_start": [t.clone() for t in model.qs.tensors()],
-              "target_q_at_start": [t.clone() for t in model.target_qs.tensors()]}
+    result = {
+        "online_q_at_start": [t.clone() for t in model.qs.tensors()],
+        "target_q_at_start": [t.clone() for t in model.target_qs.tensors()],
+    }
     with torch.no_grad():  # Q heads that spread Q values (identical on every rank), so the scale leaves 1
         model.qs.weight2.normal_(generator=torch.Generator().manual_seed(0))
     model.make_target()
@@ -265,7 +335,7 @@ def test_targets_and_scale_identical_on_all_ranks_after_updates(tmp_path):
     cfg = tiny_cfg(world_size=2)  # dropout 0.01 on: every rank draws its own masks
     launch(functools.partial(sync_after_updates, out=str(tmp_path), updates=4), cfg)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
-    for t0, t1, q0 in zip(r0["target_q_at_start"], r1["target_q_at_start"], r0["online_q_at_start"]):
+    for t0, t1, q0 in zip(r0["target_q_at_start"], r1["target_q_at_start"], r0["online_q_at_start"], strict=True):
         torch.testing.assert_close(t0, t1, atol=0, rtol=0)  # targets made after DDP's broadcast
         torch.testing.assert_close(t0, q0, atol=0, rtol=0)
     _assert_close_states(r0["after"], r1["after"], atol=0)  # params, target Qs and the scale
@@ -275,9 +345,22 @@ def test_targets_and_scale_identical_on_all_ranks_after_updates(tmp_path):
 
 # --------------------------------------------------------------------------- end to end (the real CLI)
 
-E2E = ["algo=tdmpc2", "task=cartpole-balance", *TINY, "world_size=2", "num_envs=2", "episode_length=50",
-       "seed_steps=200", "log_freq=100", "eval_freq=0", "eval_episodes=2", "checkpoint_freq=200",
-       "progress=false", "dist_timeout=120", "device=cpu"]
+E2E = [
+    "algo=tdmpc2",
+    "task=cartpole-balance",
+    *TINY,
+    "world_size=2",
+    "num_envs=2",
+    "episode_length=50",
+    "seed_steps=200",
+    "log_freq=100",
+    "eval_freq=0",
+    "eval_episodes=2",
+    "checkpoint_freq=200",
+    "progress=false",
+    "dist_timeout=120",
+    "device=cpu",
+]
 
 
 @pytest.fixture(scope="module")
@@ -292,7 +375,13 @@ def test_end_to_end_two_ranks_writes_the_run_directory(trained_run):
     run_dir, proc = trained_run
     assert f"run directory: {run_dir}" in proc.stdout
     assert (run_dir / "config.yaml").is_file() and any((run_dir / "tb").iterdir())
-    assert {p.name for p in (run_dir / "checkpoints").iterdir()} == {"step_200.pt", "step_300.pt", "latest.pt", "best.pt", "buffers"}
+    assert {p.name for p in (run_dir / "checkpoints").iterdir()} == {
+        "step_200.pt",
+        "step_300.pt",
+        "latest.pt",
+        "best.pt",
+        "buffers",
+    }
     assert {p.name for p in (run_dir / "checkpoints" / "buffers").iterdir()} == {"rank0.pt", "rank1.pt"}
     records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [100, 200, 300]
@@ -303,22 +392,30 @@ def test_end_to_end_two_ranks_writes_the_run_directory(trained_run):
     assert last["eval/episodes"] == 2 and last["eval/length_mean"] == 50
     assert all(math.isfinite(last[k]) for k in ("train/loss", "train/pi_loss", "train/value", "time/global_fps"))
     ckpt = load_checkpoint(run_dir / "checkpoints" / "latest.pt")
-    assert ckpt["world_size"] == 2 and ckpt["step"] == 300 and ckpt["counters"]["updates"] == 150 and len(ckpt["ranks"]) == 2
+    assert (
+        ckpt["world_size"] == 2
+        and ckpt["step"] == 300
+        and ckpt["counters"]["updates"] == 150
+        and len(ckpt["ranks"]) == 2
+    )
     assert not any(k.startswith(("module.", COMPILED_PREFIX)) for k in ckpt["state"]["model"])
     assert any(k.startswith("target_qs.") for k in ckpt["state"]["model"])
 
 
 def test_two_rank_checkpoint_evaluates_in_one_process(trained_run):
     run_dir, _ = trained_run
-    proc = run_cli(["eval", f"checkpoint={run_dir / 'checkpoints' / 'latest.pt'}", "episodes=3", "device=cpu"],
-                   timeout=300)
+    proc = run_cli(
+        ["eval", f"checkpoint={run_dir / 'checkpoints' / 'latest.pt'}", "episodes=3", "device=cpu"], timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "episodes=3" in proc.stdout and "return_mean=" in proc.stdout
     refused = run_cli(["eval", f"checkpoint={run_dir / 'checkpoints' / 'latest.pt'}", "deterministic=false"])
     assert refused.returncode == 2 and "evaluates without exploration noise" in refused.stderr
     ckpt = load_checkpoint(run_dir / "checkpoints" / "latest.pt")
-    cfg = load_config(["world_size=1", "num_envs=1"], resumed={k: v for k, v in ckpt["config"].items()
-                                                                if k not in ("run_dir", "resume", "master_port")})
+    cfg = load_config(
+        ["world_size=1", "num_envs=1"],
+        resumed={k: v for k, v in ckpt["config"].items() if k not in ("run_dir", "resume", "master_port")},
+    )
     actor = load_actor(cfg, ckpt["state"], torch.device("cpu"))
     env = actor.make_env(2, 0)
     actions = actor.act(env.reset())
@@ -381,8 +478,9 @@ def test_two_rank_run_resumes_on_one_rank(trained_run, tmp_path):
 
     resumed_dir = tmp_path / "one"
     shutil.copytree(run_dir, resumed_dir)
-    proc = run_cli(["train", *E2E, "world_size=1", "num_envs=1", "steps=400", "resume=auto",
-                    f"run_dir={resumed_dir}"], timeout=300)
+    proc = run_cli(
+        ["train", *E2E, "world_size=1", "num_envs=1", "steps=400", "resume=auto", f"run_dir={resumed_dir}"], timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     # two ranks' buffers cannot fill one: refilled (seed_steps=200 global steps, none left to update)
     assert "resumed at step 300 after 150 updates; refilling the replay buffers until step 500" in proc.stderr
@@ -396,21 +494,35 @@ def test_buffer_state_dict_round_trip():
     buf = EpisodeBuffer(capacity=30, obs_dim=2, action_dim=1)
     g = torch.Generator().manual_seed(0)
     for T in (8, 9, 7, 10):  # the fourth episode wraps to row 0 and evicts the two it overlaps
-        buf.add_episode(torch.randn(T + 1, 2, generator=g), torch.rand(T, 1, generator=g),
-                        torch.randn(T, generator=g), torch.zeros(T))
+        buf.add_episode(
+            torch.randn(T + 1, 2, generator=g),
+            torch.rand(T, 1, generator=g),
+            torch.randn(T, generator=g),
+            torch.zeros(T),
+        )
     other = EpisodeBuffer(capacity=30, obs_dim=2, action_dim=1)
     other.load_state_dict(buf.state_dict())
     assert len(other) == len(buf) == 17 and other.num_episodes == buf.num_episodes == 2
     a = buf.sample(64, 3, generator=torch.Generator().manual_seed(1))
     b = other.sample(64, 3, generator=torch.Generator().manual_seed(1))
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     with pytest.raises(ValueError, match="does not fit"):
         EpisodeBuffer(capacity=30, obs_dim=3, action_dim=1).load_state_dict(buf.state_dict())
 
 
 def test_discrete_task_is_refused_before_a_run_directory_exists(tmp_path):
-    proc = run_cli(["train", "algo=tdmpc2", "task=CartPole-v1", "world_size=1", "num_envs=1", "device=cpu",
-                    f"run_dir={tmp_path / 'never'}"], timeout=120)
+    proc = run_cli(
+        [
+            "train",
+            "algo=tdmpc2",
+            "task=CartPole-v1",
+            "world_size=1",
+            "num_envs=1",
+            "device=cpu",
+            f"run_dir={tmp_path / 'never'}",
+        ],
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "ddprl: error: tdmpc2 needs continuous actions" in proc.stderr and "algo=ppo" in proc.stderr
     assert not (tmp_path / "never").exists()
@@ -423,9 +535,26 @@ def test_run_ddp_script_launches_torchrun(tmp_path):
     from conftest import REPO, cli_env
 
     run_dir = tmp_path / "torchrun"
-    cmd = ["bash", str(REPO / "scripts" / "run_ddp.sh"), "cartpole-balance", "1", "2", "1", *TINY, "compile=false",
-           "device=cpu", "episode_length=20", "seed_steps=40", "steps=60", "eval_episodes=2", "log_freq=20",
-           "checkpoint_freq=0", "progress=false", "dist_timeout=120", f"run_dir={run_dir}"]
+    cmd = [
+        "bash",
+        str(REPO / "scripts" / "run_ddp.sh"),
+        "cartpole-balance",
+        "1",
+        "2",
+        "1",
+        *TINY,
+        "compile=false",
+        "device=cpu",
+        "episode_length=20",
+        "seed_steps=40",
+        "steps=60",
+        "eval_episodes=2",
+        "log_freq=20",
+        "checkpoint_freq=0",
+        "progress=false",
+        "dist_timeout=120",
+        f"run_dir={run_dir}",
+    ]
     env = {**cli_env(), "PYTHON": sys.executable, "MUJOCO_GL": "disable", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -433,8 +562,13 @@ def test_run_ddp_script_launches_torchrun(tmp_path):
     assert records[-1]["step"] == 60 and records[-1]["train/updates"] == 20 + 10
     cfg = load_checkpoint(run_dir / "checkpoints" / "latest.pt")["config"]
     assert cfg["world_size"] == 2 and cfg["algo"] == "tdmpc2" and cfg["batch_size"] == 16
-    bad = subprocess.run(["bash", str(REPO / "scripts" / "run_ddp.sh"), "walker-run"], env=env,
-                         capture_output=True, text=True, timeout=30)
+    bad = subprocess.run(
+        ["bash", str(REPO / "scripts" / "run_ddp.sh"), "walker-run"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert bad.returncode == 2 and "TASK MODEL_SIZE" in bad.stdout
 
 
@@ -445,10 +579,31 @@ def test_compile_and_bf16_train_end_to_end(tmp_path):
     # updates. num_q=2 as in model_size 1 (WorldModel.Q then draws no members: see there);
     # horizon 2, 1 MPPI iteration: the graphs unroll the horizon, and compile time on 2 cores grows with it.
     run_dir = tmp_path / "compiled"
-    proc = run_cli(["train", "algo=tdmpc2", "task=cartpole-balance", *TINY, "num_q=2", "horizon=2", "iterations=1",
-                    "world_size=1", "num_envs=1", "compile=true", "precision=bf16", "episode_length=20",
-                    "seed_steps=40", "steps=60", "eval_episodes=1", "log_freq=20", "checkpoint_freq=0",
-                    "progress=false", "device=cpu", f"run_dir={run_dir}"], timeout=800)
+    proc = run_cli(
+        [
+            "train",
+            "algo=tdmpc2",
+            "task=cartpole-balance",
+            *TINY,
+            "num_q=2",
+            "horizon=2",
+            "iterations=1",
+            "world_size=1",
+            "num_envs=1",
+            "compile=true",
+            "precision=bf16",
+            "episode_length=20",
+            "seed_steps=40",
+            "steps=60",
+            "eval_episodes=1",
+            "log_freq=20",
+            "checkpoint_freq=0",
+            "progress=false",
+            "device=cpu",
+            f"run_dir={run_dir}",
+        ],
+        timeout=800,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "runs eagerly" not in proc.stderr, proc.stderr[-3000:]  # every region ran compiled to the end
     last = read_metrics(run_dir)[-1]
@@ -469,11 +624,34 @@ PENDULUM_THRESHOLD = -800.0
 @pytest.mark.slow
 def test_learns_pendulum_above_random(tmp_path):
     run_dir = tmp_path / "learn"
-    proc = run_cli(["train", "algo=tdmpc2", "task=Pendulum-v1", "model_size=1", "enc_dim=64", "mlp_dim=64",
-                    "latent_dim=32", "batch_size=64", "num_samples=64", "num_elites=8", "num_pi_trajs=8",
-                    "iterations=3", "steps=4000", "eval_freq=0", "eval_episodes=10", "checkpoint_freq=0",
-                    "log_freq=500", "world_size=1", "num_envs=1", "device=cpu", "progress=false", "seed=1",
-                    f"run_dir={run_dir}"], timeout=800)
+    proc = run_cli(
+        [
+            "train",
+            "algo=tdmpc2",
+            "task=Pendulum-v1",
+            "model_size=1",
+            "enc_dim=64",
+            "mlp_dim=64",
+            "latent_dim=32",
+            "batch_size=64",
+            "num_samples=64",
+            "num_elites=8",
+            "num_pi_trajs=8",
+            "iterations=3",
+            "steps=4000",
+            "eval_freq=0",
+            "eval_episodes=10",
+            "checkpoint_freq=0",
+            "log_freq=500",
+            "world_size=1",
+            "num_envs=1",
+            "device=cpu",
+            "progress=false",
+            "seed=1",
+            f"run_dir={run_dir}",
+        ],
+        timeout=800,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     final = read_metrics(run_dir)[-1]
     assert final["step"] == 4000 and final["eval/episodes"] == 10
@@ -498,7 +676,17 @@ def update_without_host_sync(rt, cfg, out: str) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_update_makes_no_host_device_sync_on_cuda(tmp_path):
-    cfg = load_config(["algo=tdmpc2", "task=cartpole-balance", "world_size=1", "num_envs=1", "device=cuda",
-                       "dist_timeout=120", "progress=false", *TINY])
+    cfg = load_config(
+        [
+            "algo=tdmpc2",
+            "task=cartpole-balance",
+            "world_size=1",
+            "num_envs=1",
+            "device=cuda",
+            "dist_timeout=120",
+            "progress=false",
+            *TINY,
+        ]
+    )
     launch(functools.partial(update_without_host_sync, out=str(tmp_path)), cfg)
     assert torch.load(tmp_path / "rank0.pt")["ok"]

@@ -12,11 +12,26 @@ import torch.nn.functional as F
 
 from ddprl.algos.tdmpc2.buffer import EpisodeBuffer
 from ddprl.algos.tdmpc2.math import (
-    NUM_BINS, RunningScale, discount_for_episode_length, gaussian_log_prob, soft_ce,
-    squash_log_std, squashed_gaussian_sample, symexp, symlog, two_hot, two_hot_inv,
+    NUM_BINS,
+    RunningScale,
+    discount_for_episode_length,
+    gaussian_log_prob,
+    soft_ce,
+    squash_log_std,
+    squashed_gaussian_sample,
+    symexp,
+    symlog,
+    two_hot,
+    two_hot_inv,
 )
 from ddprl.algos.tdmpc2.networks import (
-    MODEL_SIZES, ModelDims, PolicyPrior, QEnsemble, SimNorm, WorldModel, dims_for_model_size,
+    MODEL_SIZES,
+    ModelDims,
+    PolicyPrior,
+    QEnsemble,
+    SimNorm,
+    WorldModel,
+    dims_for_model_size,
 )
 from ddprl.algos.tdmpc2.planner import MPPI, MPPIConfig, mppi_iterations
 
@@ -44,7 +59,9 @@ def test_two_hot_round_trip_and_clamp():
     # outside: clamped to the edge bins, decoded as +-(e^10 - 1)
     far = two_hot(torch.tensor([[1e6], [-1e6]], dtype=torch.float64))
     assert far[0, -1] == 1 and far[1, 0] == 1
-    torch.testing.assert_close(two_hot_inv(torch.log(far + 1e-30)).abs().squeeze(), torch.full((2,), math.expm1(10.0), dtype=torch.float64))
+    torch.testing.assert_close(
+        two_hot_inv(torch.log(far + 1e-30)).abs().squeeze(), torch.full((2,), math.expm1(10.0), dtype=torch.float64)
+    )
 
 
 def test_soft_ce_is_minimised_at_matching_target():
@@ -139,7 +156,7 @@ def test_every_size_builds_with_table_dims(size):
     assert sum(p.numel() for p in model.parameters()) == _hand_count(223, 38, d)
     enc = [m.linear for m in model.encoder]
     assert len(enc) == max(d.num_enc_layers - 1, 1) + 1
-    assert enc[0].in_features == 223 and all(l.out_features == d.enc_dim for l in enc[:-1])
+    assert enc[0].in_features == 223 and all(layer.out_features == d.enc_dim for layer in enc[:-1])
     assert enc[-1].out_features == d.latent_dim
     assert model.dynamics[0].linear.in_features == d.latent_dim + 38
     assert model.dynamics[1].linear.out_features == d.mlp_dim and model.dynamics[2].linear.out_features == d.latent_dim
@@ -171,7 +188,9 @@ def _per_member_q(qs: QEnsemble, x: torch.Tensor) -> torch.Tensor:
         for i in range(qs.num_layers):
             h = F.linear(h, getattr(qs, f"weight{i}")[q].T, getattr(qs, f"bias{i}")[q])
             if i < qs.num_layers - 1:
-                h = F.mish(F.layer_norm(h, h.shape[-1:], getattr(qs, f"ln_weight{i}")[q], getattr(qs, f"ln_bias{i}")[q]))
+                h = F.mish(
+                    F.layer_norm(h, h.shape[-1:], getattr(qs, f"ln_weight{i}")[q], getattr(qs, f"ln_bias{i}")[q])
+                )
         outs.append(h)
     return torch.stack(outs)
 
@@ -200,8 +219,10 @@ def test_q_return_types_and_detach():
     assert model.Q(z, a, "all").shape == (5, 6, NUM_BINS)
     assert model.Q(z, a, "min").shape == (6, 1)
     model.eval()
-    torch.manual_seed(1); q_min = model.Q(z, a, "min")
-    torch.manual_seed(1); q_avg = model.Q(z, a, "avg")  # same 2 members drawn
+    torch.manual_seed(1)
+    q_min = model.Q(z, a, "min")
+    torch.manual_seed(1)
+    q_avg = model.Q(z, a, "avg")  # same 2 members drawn
     assert (q_min <= q_avg + 1e-6).all()
     model.Q(z, a, "avg", detach=True).sum().backward()
     assert z.grad is not None and z.grad.abs().sum() > 0
@@ -218,14 +239,14 @@ def test_target_copy_make_and_soft_update():
         for p in model.qs.parameters():
             p.add_(torch.randn_like(p))
     model.make_target()
-    for t, p in zip(model.target_qs.tensors(), model.qs.tensors()):
+    for t, p in zip(model.target_qs.tensors(), model.qs.tensors(), strict=True):
         torch.testing.assert_close(t, p)
     old = [t.clone() for t in model.target_qs.tensors()]
     with torch.no_grad():
         for p in model.qs.parameters():
             p.add_(1.0)
     model.soft_update_target(0.01)
-    for t, o, p in zip(model.target_qs.tensors(), old, model.qs.tensors()):
+    for t, o, p in zip(model.target_qs.tensors(), old, model.qs.tensors(), strict=True):
         torch.testing.assert_close(t, 0.99 * o + 0.01 * p)
 
 
@@ -271,7 +292,7 @@ def test_scaled_entropy_counts_the_gaussian_part_action_dim_times():
     log_std = info["log_std"]  # squashed from 0: -4 (the middle of [-10, 2])
     assert torch.allclose(log_std, torch.full((1, A), -4.0))
     u = torch.tensor([[0.3, -0.2, 0.1]]) + eps * log_std.exp()
-    gauss = (-0.5 * eps ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum()
+    gauss = (-0.5 * eps**2 - log_std - 0.5 * math.log(2 * math.pi)).sum()
     log_det = torch.log(1 - torch.tanh(u) ** 2).sum()
     assert info["scaled_entropy"].item() == pytest.approx(-(A * gauss - log_det).item(), rel=1e-5)
     assert info["entropy"].item() == pytest.approx(-(gauss - log_det).item(), rel=1e-5)
@@ -324,11 +345,15 @@ def test_target_qs_never_use_dropout():
 
 def _toy_planner(target: torch.Tensor, **cfg) -> MPPI:
     # z' = z + a, r = -|z + a - target|^2, Q = 0: the best first action is target - z0
-    return MPPI(next_fn=lambda z, a: z + a,
-                reward_fn=lambda z, a: -(z + a - target).pow(2).sum(-1, keepdim=True),
-                value_fn=lambda z, a: torch.zeros(*z.shape[:-1], 1),
-                pi_fn=lambda z, eps: torch.zeros_like(z), action_dim=target.shape[-1], discount=0.99,
-                cfg=MPPIConfig(**cfg))
+    return MPPI(
+        next_fn=lambda z, a: z + a,
+        reward_fn=lambda z, a: -(z + a - target).pow(2).sum(-1, keepdim=True),
+        value_fn=lambda z, a: torch.zeros(*z.shape[:-1], 1),
+        pi_fn=lambda z, eps: torch.zeros_like(z),
+        action_dim=target.shape[-1],
+        discount=0.99,
+        cfg=MPPIConfig(**cfg),
+    )
 
 
 def test_mppi_finds_optimum_on_toy_problem():
@@ -408,7 +433,7 @@ def test_buffer_never_crosses_episode_boundaries():
 
 def test_buffer_uniform_over_start_positions():
     buf = EpisodeBuffer(capacity=200, obs_dim=2, action_dim=2)
-    buf.add_episode(*_episode(0, 5))   # 5 - 3 + 1 = 3 starts
+    buf.add_episode(*_episode(0, 5))  # 5 - 3 + 1 = 3 starts
     buf.add_episode(*_episode(1, 50))  # 48 starts
     assert buf.num_starts(3) == 51
     batch = buf.sample(20_000, horizon=3, generator=torch.Generator().manual_seed(1))

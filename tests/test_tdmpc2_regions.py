@@ -16,6 +16,8 @@ import torch
 
 pytest.importorskip("dm_control")
 
+from test_tdmpc2_loop import _batch_and_noise  # noqa: E402
+
 from ddprl.algos.graphs import capture_graphs, host_syncs, training_step_unsupported  # noqa: E402
 from ddprl.algos.tdmpc2.acting import Acting  # noqa: E402
 from ddprl.algos.tdmpc2.buffer import TrajectoryBatch  # noqa: E402
@@ -24,7 +26,6 @@ from ddprl.algos.tdmpc2.networks import WorldModel  # noqa: E402
 from ddprl.algos.tdmpc2.planner import MPPI, MPPIConfig  # noqa: E402
 from ddprl.config import load_config  # noqa: E402
 from ddprl.runtime import compat, launch  # noqa: E402
-from test_tdmpc2_loop import _batch_and_noise  # noqa: E402
 
 # Regions need a torch whose Dynamo traces torch.func through modules (2.13 does, 2.4 does not):
 # there compile=true falls back (PPO) or is refused (TD-MPC2), and these checks have nothing to check.
@@ -32,19 +33,42 @@ pytestmark = pytest.mark.skipif(training_step_unsupported() is not None, reason=
 
 # small widths, and a short horizon and few iterations: the graph (and its compile time on a
 # 2-core CPU) grows with the unrolled steps, not with the widths
-TINY = ["model_size=1", "enc_dim=32", "mlp_dim=32", "latent_dim=16", "num_q=3", "num_samples=32",
-        "num_elites=4", "num_pi_trajs=4", "iterations=2", "horizon=2", "batch_size=8", "dropout=0"]
+TINY = [
+    "model_size=1",
+    "enc_dim=32",
+    "mlp_dim=32",
+    "latent_dim=16",
+    "num_q=3",
+    "num_samples=32",
+    "num_elites=4",
+    "num_pi_trajs=4",
+    "iterations=2",
+    "horizon=2",
+    "batch_size=8",
+    "dropout=0",
+]
 OBS, ACT, E = 5, 2, 2
 
 
 def named(learner, values: torch.Tensor) -> dict[str, torch.Tensor]:
     """An update's metrics tensor as the loop reads it: one named 0-d tensor per term."""
-    return dict(zip(learner.names, values))
+    return dict(zip(learner.names, values, strict=True))
 
 
 def tiny_cfg(*overrides: str):
-    return load_config(["algo=tdmpc2", "task=cartpole-balance", "world_size=1", "num_envs=1", "device=cpu",
-                        "dist_timeout=120", "progress=false", *TINY, *overrides])
+    return load_config(
+        [
+            "algo=tdmpc2",
+            "task=cartpole-balance",
+            "world_size=1",
+            "num_envs=1",
+            "device=cpu",
+            "dist_timeout=120",
+            "progress=false",
+            *TINY,
+            *overrides,
+        ]
+    )
 
 
 def tiny_model(cfg) -> WorldModel:
@@ -65,8 +89,12 @@ def test_act_regions_are_one_graph_each_without_host_reads():
     obs, prev_mean = torch.randn(E, OBS), torch.zeros(cfg.horizon, E, ACT)
     start = acting.start_fn(obs, prev_mean, None)
     elites = acting.planner.iterate(*start)
-    pieces = [(acting.start_fn, (obs, prev_mean, None)), (acting.planner.iterate, tuple(start)),
-              (acting.planner.finish, (elites, False)), (acting.planner.finish, (elites, True))]
+    pieces = [
+        (acting.start_fn, (obs, prev_mean, None)),
+        (acting.planner.iterate, tuple(start)),
+        (acting.planner.finish, (elites, False)),
+        (acting.planner.finish, (elites, True)),
+    ]
     for fn, args in pieces:  # what compile=true compiles, one by one
         graphs = capture_graphs(fn, *args)
         assert len(graphs) == 1 and host_syncs(graphs) == [], fn
@@ -98,9 +126,15 @@ def test_compiled_act_chooses_the_eager_action_for_the_same_noise():
 def test_the_checks_catch_a_host_read_or_a_value_branch_in_a_region():
     # a toy planner (z' = z + a) whose reward callable does what no region may do
     def planner(reward_fn) -> MPPI:
-        return MPPI(lambda z, a: z + a, reward_fn, lambda z, a: torch.zeros(*z.shape[:-1], 1),
-                    lambda z, eps: torch.tanh(z + eps), action_dim=1, discount=0.99,
-                    cfg=MPPIConfig(horizon=2, iterations=2, num_samples=16, num_elites=4, num_pi_trajs=2))
+        return MPPI(
+            lambda z, a: z + a,
+            reward_fn,
+            lambda z, a: torch.zeros(*z.shape[:-1], 1),
+            lambda z, eps: torch.tanh(z + eps),
+            action_dim=1,
+            discount=0.99,
+            cfg=MPPIConfig(horizon=2, iterations=2, num_samples=16, num_elites=4, num_pi_trajs=2),
+        )
 
     def reward(z, a):
         return -(z + a - 0.5).pow(2).sum(-1, keepdim=True)
@@ -147,13 +181,22 @@ def updates_and_graph(rt, cfg, out: str, steps: int, fallen_back: bool = False) 
     for _ in range(steps):
         noise = UpdateNoise(*members, data["eps_td"], data["eps_pi"])
         metrics.append(named(learner, update(rt, learner, [batch], [noise], cfg, 0.99)))
-    result = {"region": (learner.step.graphs, learner.step.eager) if cfg.compile else None,
-              "state": {k: v.clone() for k, v in learner.model.state_dict().items()},
-              "scale": learner.scale.value.clone(), "metrics": metrics,
-              "adam": [s["exp_avg_sq"].clone() for s in learner.wm_optim.state.values()]}
+    result = {
+        "region": (learner.step.graphs, learner.step.eager) if cfg.compile else None,
+        "state": {k: v.clone() for k, v in learner.model.state_dict().items()},
+        "scale": learner.scale.value.clone(),
+        "metrics": metrics,
+        "adam": [s["exp_avg_sq"].clone() for s in learner.wm_optim.state.values()],
+    }
     if not cfg.compile:  # the update as Dynamo sees it (a fresh learner's region, never called here)
-        args = (*(t.unsqueeze(0) for t in batch), members[0][None], members[1][None], data["eps_td"][None],
-                data["eps_pi"][None], 0.99)
+        args = (
+            *(t.unsqueeze(0) for t in batch),
+            members[0][None],
+            members[1][None],
+            data["eps_td"][None],
+            data["eps_pi"][None],
+            0.99,
+        )
         with torch.no_grad():
             region = build_learner(rt, dataclasses.replace(cfg, compile=True), OBS, ACT).step
             captured = capture_graphs(region.fn, *args)
@@ -175,7 +218,7 @@ def test_compiled_update_is_one_graph_and_equals_eager_after_steps(tmp_path):
         for key, value in eager["state"].items():  # online, policy and target weights
             torch.testing.assert_close(other["state"][key], value, atol=1e-5, rtol=1e-4, msg=key)
         torch.testing.assert_close(other["scale"], eager["scale"], atol=1e-5, rtol=1e-5)
-        for a, b in zip(other["adam"], eager["adam"]):
+        for a, b in zip(other["adam"], eager["adam"], strict=True):
             torch.testing.assert_close(a, b, atol=1e-8, rtol=1e-3)
         for name, value in eager["metrics"][-1].items():
             torch.testing.assert_close(other["metrics"][-1][name], value, atol=1e-4, rtol=1e-4, msg=name)
@@ -196,8 +239,9 @@ def cuda_regions(rt, cfg, out: str) -> None:
     graph_learner = build_learner(rt, cfg, OBS, ACT)
     data = {k: v.to(rt.device) for k, v in _data().items()}
     batch = TrajectoryBatch(data["obs"], data["action"], data["reward"], data["terminated"])
-    fixed = UpdateNoise(torch.tensor([2, 0], device=rt.device), torch.tensor([1, 2], device=rt.device),
-                        data["eps_td"], data["eps_pi"])
+    fixed = UpdateNoise(
+        torch.tensor([2, 0], device=rt.device), torch.tensor([1, 2], device=rt.device), data["eps_td"], data["eps_pi"]
+    )
     for _ in range(4):  # the first calls record the graphs, the later ones replay them
         eager_metrics = named(eager_learner, update(rt, eager_learner, [batch], [fixed], cfg, 0.99))
         graph_metrics = named(graph_learner, update(rt, graph_learner, [batch], [fixed], cfg, 0.99))
@@ -218,20 +262,37 @@ def cuda_regions(rt, cfg, out: str) -> None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     eager_metrics = named(eager_learner, update(rt, eager_learner, [batch], [fixed], cfg, 0.99))  # 5 updates each
-    torch.save({"eager": {k: v.cpu() for k, v in eager_learner.model.state_dict().items()},
-                "graph": {k: v.cpu() for k, v in graph_learner.model.state_dict().items()},
-                "metrics": [{k: v.cpu() for k, v in m.items()} for m in (eager_metrics, graph_metrics)],
-                "actions": [(a.cpu(), b.cpu()) for a, b in actions],
-                "cudagraph_skips": compat.cudagraph_skip_count() - skips,
-                "fell_back": [r.name for r in (graph_learner.step, graph_act._start, graph_act._iterate, graph_act._finish)
-                              if r.eager]}, Path(out) / "cuda.pt")
+    torch.save(
+        {
+            "eager": {k: v.cpu() for k, v in eager_learner.model.state_dict().items()},
+            "graph": {k: v.cpu() for k, v in graph_learner.model.state_dict().items()},
+            "metrics": [{k: v.cpu() for k, v in m.items()} for m in (eager_metrics, graph_metrics)],
+            "actions": [(a.cpu(), b.cpu()) for a, b in actions],
+            "cudagraph_skips": compat.cudagraph_skip_count() - skips,
+            "fell_back": [
+                r.name for r in (graph_learner.step, graph_act._start, graph_act._iterate, graph_act._finish) if r.eager
+            ],
+        },
+        Path(out) / "cuda.pt",
+    )
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_regions_replay_as_cuda_graphs_and_equal_eager(tmp_path):
-    cfg = load_config(["algo=tdmpc2", "task=cartpole-balance", "world_size=1", "num_envs=1", "device=cuda",
-                       "dist_timeout=120", "progress=false", *TINY, "compile=true"])
+    cfg = load_config(
+        [
+            "algo=tdmpc2",
+            "task=cartpole-balance",
+            "world_size=1",
+            "num_envs=1",
+            "device=cuda",
+            "dist_timeout=120",
+            "progress=false",
+            *TINY,
+            "compile=true",
+        ]
+    )
     launch(functools.partial(cuda_regions, out=str(tmp_path)), cfg)
     r = torch.load(tmp_path / "cuda.pt")
     assert r["cudagraph_skips"] == 0 and r["fell_back"] == []  # every region became a CUDA graph

@@ -13,8 +13,19 @@ EPISODE_LENGTH = 50
 
 
 def config(*overrides: str, world_size: int = 1):
-    return load_config(["algo=tdmpc2", "task=cartpole-balance", f"world_size={world_size}", "device=cpu",
-                        "log_freq=1000", "eval_freq=0", "eval_episodes=0", "checkpoint_freq=0", *overrides])
+    return load_config(
+        [
+            "algo=tdmpc2",
+            "task=cartpole-balance",
+            f"world_size={world_size}",
+            "device=cpu",
+            "log_freq=1000",
+            "eval_freq=0",
+            "eval_episodes=0",
+            "checkpoint_freq=0",
+            *overrides,
+        ]
+    )
 
 
 def schedule(*overrides: str, world_size: int = 1, **resume) -> Schedule:
@@ -57,8 +68,16 @@ def test_default_seed_steps_give_every_rank_the_papers_random_steps():
 
 def test_fresh_run():
     s = schedule("seed_steps=4", "steps=8", "log_freq=2", "eval_freq=4", "eval_episodes=1", "checkpoint_freq=3")
-    assert (s.step, s.updates, s.pretrained, s.random_until, s.learn_from, s.local_steps, s.learning, s.micro_due) \
-        == (0, 0, False, 4, 4, 0, False, 0)
+    assert (s.step, s.updates, s.pretrained, s.random_until, s.learn_from, s.local_steps, s.learning, s.micro_due) == (
+        0,
+        0,
+        False,
+        4,
+        4,
+        0,
+        False,
+        0,
+    )
     rows = drive(s)
     assert column(rows, "step") == [1, 2, 3, 4, 5, 6, 7, 8]
     assert column(rows, "random") == [True] * 4 + [False] * 4
@@ -81,8 +100,9 @@ def test_burst_waits_for_every_rank_to_hold_an_episode():
 
 def test_several_ranks_count_global_steps_and_owe_local_updates():
     # 2 ranks x 2 envs: each agent step is 4 global steps and 2 transitions per rank
-    s = schedule("num_envs=4", "seed_steps=8", "steps=16", "updates_per_step=2", "sync_freq=3", "log_freq=6",
-                 world_size=2)
+    s = schedule(
+        "num_envs=4", "seed_steps=8", "steps=16", "updates_per_step=2", "sync_freq=3", "log_freq=6", world_size=2
+    )
     assert (s.num_envs, s.local_num_envs, s.random_until, s.learn_from) == (4, 2, 8, 8)
     rows = drive(s)
     assert column(rows, "step") == [4, 8, 12, 16]
@@ -98,8 +118,15 @@ def test_several_ranks_count_global_steps_and_owe_local_updates():
 
 def test_resumed_during_seeding_without_buffers_seeds_again():
     s = schedule("seed_steps=8", "steps=16", step=6, counters={"updates": 0, "pretrained": False})
-    assert (s.step, s.updates, s.pretrained, s.random_until, s.learn_from, s.local_steps, s.learning) \
-        == (6, 0, False, 14, 14, 0, False)
+    assert (s.step, s.updates, s.pretrained, s.random_until, s.learn_from, s.local_steps, s.learning) == (
+        6,
+        0,
+        False,
+        14,
+        14,
+        0,
+        False,
+    )
     rows = drive(s)
     assert column(rows, "random") == [True] * 8 + [False] * 2  # steps 7..14 random again
     assert column(rows, "burst") == [None] * 7 + [8, None, None]  # the 8 transitions since the resume
@@ -120,8 +147,15 @@ def test_resumed_during_seeding_with_buffers_goes_on_seeding():
 
 def test_resumed_after_the_burst_without_buffers_refills_with_the_agents_actions():
     s = schedule("seed_steps=4", "steps=16", step=10, counters={"updates": 9, "pretrained": True})
-    assert (s.step, s.updates, s.pretrained, s.random_until, s.learn_from, s.local_steps, s.learning) \
-        == (10, 9, True, 10, 14, 0, False)
+    assert (s.step, s.updates, s.pretrained, s.random_until, s.learn_from, s.local_steps, s.learning) == (
+        10,
+        9,
+        True,
+        10,
+        14,
+        0,
+        False,
+    )
     rows = drive(s)
     assert column(rows, "random") == [False] * 6
     assert column(rows, "burst") == [None, None, None, 0, None, None]  # no second burst

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 import torch
-
 from conftest import cli_env, run_cli
+
 from ddprl.checkpoint import strip_prefixes
 from ddprl.metrics import read_metrics
 from ddprl.runtime import free_port
@@ -43,8 +43,12 @@ def test_one_run_directory_one_log_each(two_rank_run):
     assert res.stdout.strip().splitlines()[-1] == f"run directory: {run_dir}"
     assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints", "config.yaml", "metrics.jsonl", "tb"]
     assert len(list((run_dir / "tb").iterdir())) == 1  # one TensorBoard log, from rank 0 only
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == \
-        ["best.pt", "latest.pt", "step_1024.pt", "step_2048.pt"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "best.pt",
+        "latest.pt",
+        "step_1024.pt",
+        "step_2048.pt",
+    ]
     records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [512, 1024, 1536, 2048]  # one line per iteration, not per rank
     assert all("time/global_fps" in r and r["train/effective_batch_size"] == 128 for r in records)
@@ -58,8 +62,19 @@ def test_best_pt_is_the_best_evaluation_whatever_checkpoint_freq(tmp_path):
     """Evaluations every iteration, checkpoints only at the end: best.pt still holds the weights
     of the best evaluation (the first of equal ones), saved at that step."""
     run_dir = tmp_path / "b"
-    res = run_cli(["train", "world_size=1", "steps=3072", "eval_freq=512", "checkpoint_freq=0", "keep_last=0",
-                   f"run_dir={run_dir}", *FAST], cwd=tmp_path)
+    res = run_cli(
+        [
+            "train",
+            "world_size=1",
+            "steps=3072",
+            "eval_freq=512",
+            "checkpoint_freq=0",
+            "keep_last=0",
+            f"run_dir={run_dir}",
+            *FAST,
+        ],
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     evals = [(r["step"], r["eval/return_mean"]) for r in read_metrics(run_dir) if "eval/return_mean" in r]
     assert [s for s, _ in evals] == [512 * i for i in range(1, 7)]
@@ -93,8 +108,7 @@ def test_strip_prefixes_never_substrings():
 def test_resume_continues_to_the_same_parameters(tmp_path):
     """Interrupted at step 1024 and resumed == never interrupted (same world_size), reward
     scaling included (its statistics and each env's running return come back)."""
-    common = ["world_size=2", "steps=2048", "checkpoint_freq=1024", "eval_episodes=0", "norm_reward=true",
-              *FAST[:-2]]
+    common = ["world_size=2", "steps=2048", "checkpoint_freq=1024", "eval_episodes=0", "norm_reward=true", *FAST[:-2]]
     a = run_cli(["train", f"run_dir={tmp_path / 'a'}", *common], cwd=tmp_path)
     assert a.returncode == 0, a.stderr[-3000:]
     mid = tmp_path / "a" / "checkpoints" / "step_1024.pt"
@@ -112,8 +126,15 @@ def test_resume_continues_to_the_same_parameters(tmp_path):
 
 
 def test_resume_auto_starts_fresh_then_continues(tmp_path):
-    args = ["train", f"run_dir={tmp_path / 'r'}", "resume=auto", "world_size=1", "num_envs=2", *FAST[:-2],
-            "eval_episodes=0"]
+    args = [
+        "train",
+        f"run_dir={tmp_path / 'r'}",
+        "resume=auto",
+        "world_size=1",
+        "num_envs=2",
+        *FAST[:-2],
+        "eval_episodes=0",
+    ]
     first = run_cli(args + ["steps=256"], cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
     second = run_cli(args + ["steps=512"], cwd=tmp_path)
@@ -141,11 +162,27 @@ def test_two_nodes_on_localhost(tmp_path):
     port = free_port()
     procs = []
     for node in (0, 1):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
-               "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
-               "-m", "ddprl", "train", "steps=1024", f"run_dir={tmp_path / 'mn'}", *FAST]
-        procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=2",
+            f"--node-rank={node}",
+            "--nproc-per-node=1",
+            "--master-addr=127.0.0.1",
+            f"--master-port={port}",
+            "-m",
+            "ddprl",
+            "train",
+            "steps=1024",
+            f"run_dir={tmp_path / 'mn'}",
+            *FAST,
+        ]
+        procs.append(
+            subprocess.Popen(
+                cmd, cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
     try:
         outs = [p.communicate(timeout=300) for p in procs]
     finally:
@@ -161,7 +198,9 @@ def test_doctor_and_keys():
     assert res.returncode == 0, res.stderr[-2000:]
     assert "all_reduce correctness: OK" in res.stdout and "backend chosen: gloo" in res.stdout
     keys = run_cli(["keys"])
-    assert keys.returncode == 0 and re.search(r"^num_envs\s+int \| null\s+8\s+environments in the whole job", keys.stdout, re.M)
+    assert keys.returncode == 0 and re.search(
+        r"^num_envs\s+int \| null\s+8\s+default\s+environments in the whole job", keys.stdout, re.M
+    )
 
 
 def _bad(tmp_path, args, message):
@@ -173,24 +212,27 @@ def _bad(tmp_path, args, message):
     assert not (tmp_path / "runs").exists()  # nothing half-written
 
 
-@pytest.mark.parametrize("args,message", [
-    (["train", "algo=ppx"], r"unknown algo 'ppx' \(did you mean ppo\?\)"),
-    (["train", "task=CartPole-v9"], r"unknown task 'CartPole-v9' \(did you mean CartPole-v1"),
-    (["train", "lerning_rate=1"], r"unknown key 'lerning_rate'"),
-    (["train", "n_step=3"], r"did you mean n_steps"),
-    (["train", "steps=lots"], r"steps='lots' .*expected an integer"),
-    (["train", "gamma=1.5"], r"gamma=1.5 must be in \[0, 1\]"),
-    (["train", "num_envs=7"], r"num_envs=7 is not divisible by world_size=2"),
-    (["train", "batch_size=5000"], r"batch_size=5000 is larger than the per-rank rollout"),
-    (["train", "task=snake", "policy=cnn", "hidden_sizes=[8]", "nccl_preset=fast"], r"nccl_preset='fast'"),
-    (["train", "device=cuda"], r"device=cuda but no CUDA device"),
-    (["train", "backend=nccl", "device=cpu"], r"backend=nccl needs CUDA"),
-    (["train", "lr=1,2"], r"sweeps"),
-    (["train", "--config-name", "nope"], r"unknown --config-name 'nope'"),
-    (["eval"], r"give checkpoint=PATH"),
-    (["eval", "checkpoint=missing.pt"], r"checkpoint missing.pt does not exist"),
-    (["doctor", "world_sise=2"], r"did you mean world_size"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["train", "algo=ppx"], r"unknown algo 'ppx' \(did you mean ppo\?\)"),
+        (["train", "task=CartPole-v9"], r"unknown task 'CartPole-v9' \(did you mean CartPole-v1"),
+        (["train", "lerning_rate=1"], r"unknown key 'lerning_rate'"),
+        (["train", "n_step=3"], r"did you mean n_steps"),
+        (["train", "steps=lots"], r"steps='lots' .*expected an integer"),
+        (["train", "gamma=1.5"], r"gamma=1.5 must be in \[0, 1\]"),
+        (["train", "num_envs=7"], r"num_envs=7 is not divisible by world_size=2"),
+        (["train", "batch_size=5000"], r"batch_size=5000 is larger than the per-rank rollout"),
+        (["train", "task=snake", "policy=cnn", "hidden_sizes=[8]", "nccl_preset=fast"], r"nccl_preset='fast'"),
+        (["train", "device=cuda"], r"device=cuda but no CUDA device"),
+        (["train", "backend=nccl", "device=cpu"], r"backend=nccl needs CUDA"),
+        (["train", "lr=1,2"], r"sweeps"),
+        (["train", "--config-name", "nope"], r"unknown --config-name 'nope'"),
+        (["eval"], r"give checkpoint=PATH"),
+        (["eval", "checkpoint=missing.pt"], r"checkpoint missing.pt does not exist"),
+        (["doctor", "world_sise=2"], r"did you mean world_size"),
+    ],
+)
 def test_bad_input_one_line_exit_2(tmp_path, args, message):
     _bad(tmp_path, args, message)
 
@@ -226,8 +268,18 @@ def test_default_job_learns_cartpole(tmp_path):
 
 def test_wandb_offline_one_run(tmp_path):
     pytest.importorskip("wandb")
-    res = run_cli(["train", "world_size=2", "steps=1024", f"run_dir={tmp_path / 'w'}", "enable_wandb=true",
-                   "wandb_mode=offline", *FAST], cwd=tmp_path)
+    res = run_cli(
+        [
+            "train",
+            "world_size=2",
+            "steps=1024",
+            f"run_dir={tmp_path / 'w'}",
+            "enable_wandb=true",
+            "wandb_mode=offline",
+            *FAST,
+        ],
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     runs = list((tmp_path / "w" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1  # one W&B run for the job, not one per rank
@@ -236,15 +288,26 @@ def test_wandb_offline_one_run(tmp_path):
 
 def test_continuous_actions_and_mixed_precision(tmp_path):
     """Box actions (Pendulum) with observation normalisation, under bf16 autocast."""
-    res = run_cli(["train", "task=Pendulum-v1", "world_size=2", "steps=1024", "norm_obs=true", "precision=bf16",
-                   f"run_dir={tmp_path / 'p'}", *FAST], cwd=tmp_path)
+    res = run_cli(
+        [
+            "train",
+            "task=Pendulum-v1",
+            "world_size=2",
+            "steps=1024",
+            "norm_obs=true",
+            "precision=bf16",
+            f"run_dir={tmp_path / 'p'}",
+            *FAST,
+        ],
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     final = read_metrics(tmp_path / "p")[-1]
     assert final["step"] == 1024 and final["eval/episodes"] == 2
     # every eval episode runs to Pendulum's 200-step time limit (truncated, never terminated), and its
     # return is a sum of raw rewards, each in [-(pi^2 + 0.1 * 8^2 + 0.001 * 2^2), 0]
     assert final["eval/length_mean"] == 200
-    assert -200 * (math.pi ** 2 + 0.1 * 64 + 0.001 * 4) <= final["eval/return_mean"] <= 0
+    assert -200 * (math.pi**2 + 0.1 * 64 + 0.001 * 4) <= final["eval/return_mean"] <= 0
     rms = torch.load(tmp_path / "p" / "checkpoints" / "latest.pt", weights_only=True)["state"]["obs_rms"]
     assert rms["count"].item() == 1024  # both ranks' observations, counted once each
 

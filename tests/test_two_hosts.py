@@ -13,19 +13,40 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from conftest import REPO, run_cli
+
 from ddprl.metrics import read_metrics
 
 # Tiny PPO on CartPole: two iterations of 64 steps per env.
-PPO = ["n_steps=64", "batch_size=64", "epochs=2", "progress=false", "eval_episodes=2", "dist_timeout=90",
-       "steps=1024"]
+PPO = ["n_steps=64", "batch_size=64", "epochs=2", "progress=false", "eval_episodes=2", "dist_timeout=90", "steps=1024"]
 # Tiny QMIX on Level-Based Foraging: 400 warm-up steps, then an update every 100 global steps.
-QMIX = ["task=Foraging-5x5-2p-1f-v3", "algo=qmix", "num_envs=4", "batch_size=4", "buffer_size=64",
-        "update_every=100", "log_freq=200", "eval_episodes=2", "progress=false", "dist_timeout=90", "steps=800"]
+QMIX = [
+    "task=Foraging-5x5-2p-1f-v3",
+    "algo=qmix",
+    "num_envs=4",
+    "batch_size=4",
+    "buffer_size=64",
+    "update_every=100",
+    "log_freq=200",
+    "eval_episodes=2",
+    "progress=false",
+    "dist_timeout=90",
+    "steps=800",
+]
 # Tiny PPO on gymnax CartPole, one JAX process (with one device) per host.
-JAX = ["engine=jax", "task=gymnax/CartPole-v1", "devices=1", "num_envs=8", "n_steps=32", "batch_size=64",
-       "epochs=2", "eval_episodes=2", "progress=false", "dist_timeout=90", "steps=512"]
+JAX = [
+    "engine=jax",
+    "task=gymnax/CartPole-v1",
+    "devices=1",
+    "num_envs=8",
+    "n_steps=32",
+    "batch_size=64",
+    "epochs=2",
+    "eval_episodes=2",
+    "progress=false",
+    "dist_timeout=90",
+    "steps=512",
+]
 PORT = 29500  # every port is free on a fresh host
 TIMEOUT = 240  # per job: a few times what it takes on two busy cores
 
@@ -53,8 +74,11 @@ def check_job(hosts, results, args: list[str], world_size: int) -> Path:
     ckpt = torch.load(run / "checkpoints" / "latest.pt", map_location="cpu", weights_only=True)
     assert ckpt["world_size"] == world_size and len(ckpt["ranks"]) == world_size
     assert ckpt["step"] == steps_of(args)
-    ev = hosts.run_one(hosts.a, ddprl("eval", f"checkpoint={run / 'checkpoints' / 'latest.pt'}", "episodes=3",
-                                      "device=cpu"), timeout=TIMEOUT)
+    ev = hosts.run_one(
+        hosts.a,
+        ddprl("eval", f"checkpoint={run / 'checkpoints' / 'latest.pt'}", "episodes=3", "device=cpu"),
+        timeout=TIMEOUT,
+    )
     assert ev.returncode == 0, ev.tail()
     assert re.search(r"^return_mean=-?[0-9.]+ ", ev.stdout, re.MULTILINE), ev.stdout
     return run
@@ -63,10 +87,27 @@ def check_job(hosts, results, args: list[str], world_size: int) -> Path:
 @pytest.mark.parametrize("args", [PPO, QMIX], ids=["ppo", "qmix"])
 def test_torchrun_two_hosts(two_hosts, args):
     """One torchrun agent per host; the workers meet at host A's name (PPO, and QMIX)."""
-    jobs = [(host, [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={i}",
-                    "--nproc-per-node=1", f"--master-addr={two_hosts.a.name}", f"--master-port={PORT}",
-                    "-m", "ddprl", "train", *args], None)
-            for i, host in enumerate(two_hosts.hosts)]
+    jobs = [
+        (
+            host,
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                f"--node-rank={i}",
+                "--nproc-per-node=1",
+                f"--master-addr={two_hosts.a.name}",
+                f"--master-port={PORT}",
+                "-m",
+                "ddprl",
+                "train",
+                *args,
+            ],
+            None,
+        )
+        for i, host in enumerate(two_hosts.hosts)
+    ]
     run = check_job(two_hosts, two_hosts.run(jobs, TIMEOUT), args, world_size=2)
     if "algo=qmix" in args:
         assert read_metrics(run)[-1]["train/updates"] > 0
@@ -74,9 +115,22 @@ def test_torchrun_two_hosts(two_hosts, args):
 
 def test_spawn_two_hosts(two_hosts):
     """``ddprl train`` on each host spawns its two ranks; rank 0 is on host A."""
-    jobs = [(host, ddprl("train", "world_size=4", "nnodes=2", f"node_rank={i}", f"master_addr={two_hosts.a.name}",
-                         f"master_port={PORT}", *PPO), None)
-            for i, host in enumerate(two_hosts.hosts)]
+    jobs = [
+        (
+            host,
+            ddprl(
+                "train",
+                "world_size=4",
+                "nnodes=2",
+                f"node_rank={i}",
+                f"master_addr={two_hosts.a.name}",
+                f"master_port={PORT}",
+                *PPO,
+            ),
+            None,
+        )
+        for i, host in enumerate(two_hosts.hosts)
+    ]
     check_job(two_hosts, two_hosts.run(jobs, TIMEOUT), PPO, world_size=4)
 
 
@@ -139,8 +193,10 @@ def test_slurm_two_hosts(two_hosts):
     """srun tasks, one per host: rank 0's host is the node list's first, the port comes from
     the job id, and nobody exports MASTER_ADDR."""
     job_id = random.randrange(100_000, 1_000_000)
-    jobs = [(host, ddprl("train", *PPO), srun_env(two_hosts, node, 0, 1, job_id))
-            for node, host in enumerate(two_hosts.hosts)]
+    jobs = [
+        (host, ddprl("train", *PPO), srun_env(two_hosts, node, 0, 1, job_id))
+        for node, host in enumerate(two_hosts.hosts)
+    ]
     for host, _, env in jobs:
         assert not {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"} & set(host.env(env))
     check_job(two_hosts, two_hosts.run(jobs, TIMEOUT), PPO, world_size=2)
@@ -148,9 +204,16 @@ def test_slurm_two_hosts(two_hosts):
 
 def test_jax_two_hosts(two_hosts):
     """The JAX engine, one process per host (``world_size=auto`` is one per node)."""
-    jobs = [(host, ddprl("train", "nnodes=2", f"node_rank={i}", f"master_addr={two_hosts.a.name}",
-                         f"master_port={PORT}", *JAX), None)
-            for i, host in enumerate(two_hosts.hosts)]
+    jobs = [
+        (
+            host,
+            ddprl(
+                "train", "nnodes=2", f"node_rank={i}", f"master_addr={two_hosts.a.name}", f"master_port={PORT}", *JAX
+            ),
+            None,
+        )
+        for i, host in enumerate(two_hosts.hosts)
+    ]
     check_job(two_hosts, two_hosts.run(jobs, TIMEOUT), JAX, world_size=2)
 
 
@@ -158,6 +221,7 @@ def test_a_two_machine_checkpoint_evaluates_in_one_process(tmp_path):
     """A spawn-mode job over two machines saves nnodes=2 in its config; ``ddprl eval`` (and the
     supervised evaluation) of its checkpoint is one process on one machine all the same. Runs
     without root: the spawner's and the JAX engine's tests above find this on real hosts."""
+
     def as_if_from_two_machines(path: Path) -> Path:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
         ckpt["config"].update(world_size=4, nnodes=2, node_rank=1, master_addr="gpu01", master_port="29500")
@@ -165,8 +229,20 @@ def test_a_two_machine_checkpoint_evaluates_in_one_process(tmp_path):
         return path
 
     tiny = ["world_size=1", "progress=false", "device=cpu", "checkpoint_freq=0"]
-    res = run_cli(["train", *tiny, f"run_dir={tmp_path / 'ppo'}", "steps=128", "num_envs=2", "n_steps=64",
-                   "batch_size=64", "epochs=1", "eval_episodes=0"], cwd=tmp_path)
+    res = run_cli(
+        [
+            "train",
+            *tiny,
+            f"run_dir={tmp_path / 'ppo'}",
+            "steps=128",
+            "num_envs=2",
+            "n_steps=64",
+            "batch_size=64",
+            "epochs=1",
+            "eval_episodes=0",
+        ],
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     ckpt = as_if_from_two_machines(tmp_path / "ppo" / "checkpoints" / "latest.pt")
     res = run_cli(["eval", f"checkpoint={ckpt}", "episodes=2"], cwd=tmp_path)
@@ -174,8 +250,9 @@ def test_a_two_machine_checkpoint_evaluates_in_one_process(tmp_path):
     assert re.search(r"^return_mean=-?[0-9.]+ .* episodes=2$", res.stdout, re.MULTILINE), res.stdout
 
     task = "task=supervised_fns:tiny_task"  # importable from tests/
-    res = run_cli(["train", "algo=supervised", task, *tiny, "epochs=1", f"run_dir={tmp_path / 'sup'}"],
-                  cwd=REPO / "tests")
+    res = run_cli(
+        ["train", "algo=supervised", task, *tiny, "epochs=1", f"run_dir={tmp_path / 'sup'}"], cwd=REPO / "tests"
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     ckpt = as_if_from_two_machines(tmp_path / "sup" / "checkpoints" / "latest.pt")
     res = run_cli(["eval", f"checkpoint={ckpt}", task, "split=val"], cwd=REPO / "tests")

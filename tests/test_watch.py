@@ -15,8 +15,8 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from conftest import cli_env, run_cli
+
 from ddprl.checkpoint import checkpoint_in
 from ddprl.envs import make_env, rendering
 from ddprl.errors import UsageError
@@ -50,16 +50,18 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     cartpole = run_cli(["train", *TINY, "eval_episodes=1", "eval_freq=128", f"run_dir={root / 'cartpole'}"], cwd=root)
     assert cartpole.returncode == 0, cartpole.stderr[-3000:]
-    pendulum = run_cli(["train", "task=Pendulum-v1", *TINY, "eval_episodes=0", f"run_dir={root / 'pendulum'}"],
-                       cwd=root)
+    pendulum = run_cli(
+        ["train", "task=Pendulum-v1", *TINY, "eval_episodes=0", f"run_dir={root / 'pendulum'}"], cwd=root
+    )
     assert pendulum.returncode == 0, pendulum.stderr[-3000:]
     assert (root / "cartpole" / "checkpoints" / "best.pt").exists()
     assert not (root / "pendulum" / "checkpoints" / "best.pt").exists()
     return root
 
 
-@pytest.mark.parametrize("task,size,picked", [("cartpole", (400, 600, 3), "best.pt"),
-                                              ("pendulum", (500, 500, 3), "latest.pt")])
+@pytest.mark.parametrize(
+    "task,size,picked", [("cartpole", (400, 600, 3), "best.pt"), ("pendulum", (500, 500, 3), "latest.pt")]
+)
 def test_play_writes_a_gif_of_a_gymnasium_task_from_its_run_directory(runs, tmp_path, task, size, picked):
     gif = tmp_path / f"{task}.gif"
     res = run_cli(["play", f"checkpoint={runs / task}", f"video={gif}"], cwd=tmp_path)
@@ -76,8 +78,9 @@ def test_play_writes_a_gif_of_a_gymnasium_task_from_its_run_directory(runs, tmp_
     assert corner.mean() < 200 < middle.mean() and corner.max() > 200
 
 
-@pytest.mark.skipif(importlib.util.find_spec("imageio_ffmpeg") is None,
-                    reason="writing .mp4 needs imageio-ffmpeg (the video extra)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("imageio_ffmpeg") is None, reason="writing .mp4 needs imageio-ffmpeg (the video extra)"
+)
 def test_play_writes_an_mp4(runs, tmp_path):
     import imageio.v2 as imageio
 
@@ -92,8 +95,11 @@ def test_play_writes_an_mp4(runs, tmp_path):
 
 
 def test_eval_takes_a_run_directory(runs, tmp_path):
-    for given, picked in [(runs / "cartpole", "best.pt"), (runs / "cartpole" / "checkpoints", "best.pt"),
-                          (runs / "pendulum", "latest.pt")]:
+    for given, picked in [
+        (runs / "cartpole", "best.pt"),
+        (runs / "cartpole" / "checkpoints", "best.pt"),
+        (runs / "pendulum", "latest.pt"),
+    ]:
         res = run_cli(["eval", f"checkpoint={given}", "episodes=1"], cwd=tmp_path)
         assert res.returncode == 0, res.stderr[-3000:]
         assert f"ddprl: checkpoint {given.parent if given.name == 'checkpoints' else given}" in res.stderr
@@ -117,13 +123,17 @@ def test_play_without_video_on_a_task_without_text_names_video(runs, tmp_path):
 
 
 def test_a_video_name_that_is_no_gif_or_mp4_is_refused_first(runs, tmp_path):
-    res = run_cli(["play", f"checkpoint={runs / 'cartpole' / 'checkpoints' / 'latest.pt'}",
-                   f"video={tmp_path / 'x.avi'}"], cwd=tmp_path)
+    res = run_cli(
+        ["play", f"checkpoint={runs / 'cartpole' / 'checkpoints' / 'latest.pt'}", f"video={tmp_path / 'x.avi'}"],
+        cwd=tmp_path,
+    )
     assert res.returncode == 2
     assert only_line(res.stderr) == f"ddprl: error: video={tmp_path / 'x.avi'}: use a .gif or .mp4 file name"
     res = run_cli(["eval", f"checkpoint={runs / 'cartpole'}", "video=x.webm"], cwd=tmp_path)
-    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == \
-        "ddprl: error: video=x.webm: use a .gif or .mp4 file name"
+    assert (
+        res.returncode == 2
+        and res.stderr.strip().splitlines()[-1] == "ddprl: error: video=x.webm: use a .gif or .mp4 file name"
+    )
 
 
 def test_eval_with_video_records_one_episode(runs, tmp_path):
@@ -135,21 +145,39 @@ def test_eval_with_video_records_one_episode(runs, tmp_path):
 
 # -- MuJoCo (Gymnasium): an OpenGL backend chosen for a machine without a display ------------------
 
+
 @pytest.fixture(scope="module")
 def mujoco_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("mujoco")
-    res = run_cli(["train", "task=InvertedPendulum-v5", *TINY[:-2], "steps=128", "eval_episodes=0",
-                   "progress=false", f"run_dir={root / 'ip'}"], cwd=root)
+    res = run_cli(
+        [
+            "train",
+            "task=InvertedPendulum-v5",
+            *TINY[:-2],
+            "steps=128",
+            "eval_episodes=0",
+            "progress=false",
+            f"run_dir={root / 'ip'}",
+        ],
+        cwd=root,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return root / "ip"
 
 
 def test_mujoco_task_renders_headless(mujoco_run, tmp_path):
     gif = tmp_path / "ip.gif"
-    env = {k: v for k, v in cli_env().items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM", "DISPLAY",
-                                                             "WAYLAND_DISPLAY")}
-    res = subprocess.run([sys.executable, "-m", "ddprl", "play", f"checkpoint={mujoco_run}", f"video={gif}"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        k: v for k, v in cli_env().items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM", "DISPLAY", "WAYLAND_DISPLAY")
+    }
+    res = subprocess.run(
+        [sys.executable, "-m", "ddprl", "play", f"checkpoint={mujoco_run}", f"video={gif}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if res.returncode == 2 and "cannot render InvertedPendulum-v5 with MUJOCO_GL=egl" in res.stderr:
         pytest.skip(f"no EGL rendering on this machine: {res.stderr.strip().splitlines()[-1]}")
     assert res.returncode == 0, res.stderr[-3000:]
@@ -159,7 +187,9 @@ def test_mujoco_task_renders_headless(mujoco_run, tmp_path):
 
 
 def test_mujoco_without_a_backend_is_one_error_line(mujoco_run, tmp_path):
-    res = run_cli(["play", f"checkpoint={mujoco_run}", f"video={tmp_path / 'ip.gif'}"], cwd=tmp_path)  # MUJOCO_GL=disable
+    res = run_cli(
+        ["play", f"checkpoint={mujoco_run}", f"video={tmp_path / 'ip.gif'}"], cwd=tmp_path
+    )  # MUJOCO_GL=disable
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 2 and lines[0].startswith("ddprl: checkpoint "), res.stderr[-3000:]
@@ -168,6 +198,7 @@ def test_mujoco_without_a_backend_is_one_error_line(mujoco_run, tmp_path):
 
 
 # -- pieces, in this process --------------------------------------------------------------------------
+
 
 def test_checkpoint_in(tmp_path):
     ckpts = tmp_path / "run" / "checkpoints"
@@ -203,8 +234,10 @@ def test_gymnasium_envs_draw_only_when_made_for_it():
 def test_terminal_view_of_a_gymnasium_text_task():
     """ddprl/SnakeGym-v0 draws "ansi" text: the terminal player shows it (random actions here)."""
     gen = torch.Generator().manual_seed(0)
-    actor = Actor(lambda n, seed: make_env("ddprl/SnakeGym-v0", n, seed=seed, grid_size=5),
-                  lambda obs: torch.randint(0, 4, (obs.shape[0],), generator=gen))
+    actor = Actor(
+        lambda n, seed: make_env("ddprl/SnakeGym-v0", n, seed=seed, grid_size=5),
+        lambda obs: torch.randint(0, 4, (obs.shape[0],), generator=gen),
+    )
     from ddprl.play import play_terminal
 
     out = io.StringIO()
@@ -218,8 +251,11 @@ def test_gymnax_tasks_without_gymnasium_pictures_draw():
     from ddprl.jax.envs import make_jax_env
     from ddprl.jax.vec import JaxVecEnv
 
-    for task, shape in [("gymnax/Breakout-MinAtar", (320, 320, 3)), ("gymnax/FourRooms-misc", (312, 312, 3)),
-                        ("gymnax/Reacher-misc", (320, 320, 3))]:
+    for task, shape in [
+        ("gymnax/Breakout-MinAtar", (320, 320, 3)),
+        ("gymnax/FourRooms-misc", (312, 312, 3)),
+        ("gymnax/Reacher-misc", (320, 320, 3)),
+    ]:
         env = make_jax_env(task)
         vec = JaxVecEnv(env, 1, seed=0)
         vec.reset(seed=0)
@@ -231,8 +267,9 @@ def test_gymnax_tasks_without_gymnasium_pictures_draw():
         bandit.render_rgb()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("imageio_ffmpeg") is None,
-                    reason="writing .mp4 needs imageio-ffmpeg (the video extra)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("imageio_ffmpeg") is None, reason="writing .mp4 needs imageio-ffmpeg (the video extra)"
+)
 def test_mp4_of_a_jax_task_warns_of_nothing(tmp_path):
     """The MP4 writer starts ffmpeg by fork and exec, which JAX's fork hook warns about."""
     pytest.importorskip("gymnax")

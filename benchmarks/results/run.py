@@ -59,28 +59,42 @@ class Row:
 ZOO = "SB3 zoo `benchmark.md` (rl-baselines3-zoo, one trained agent; ± over its evaluation episodes)"
 ROWS: dict[str, Row] = {
     "ppo-cartpole": Row(
-        "PPO, CartPole-v1", ("task=CartPole-v1", "world_size=2", "steps=100000", "eval_freq=10000"),
-        (Reference(ZOO, 500.0, 0.0, 100_000),)),
+        "PPO, CartPole-v1",
+        ("task=CartPole-v1", "world_size=2", "steps=100000", "eval_freq=10000"),
+        (Reference(ZOO, 500.0, 0.0, 100_000),),
+    ),
     "ppo-acrobot": Row(
-        "PPO, Acrobot-v1", ("task=Acrobot-v1", "world_size=2", "steps=1000000"),
-        (Reference(ZOO, -73.506, 18.201, 1_000_000),)),
+        "PPO, Acrobot-v1",
+        ("task=Acrobot-v1", "world_size=2", "steps=1000000"),
+        (Reference(ZOO, -73.506, 18.201, 1_000_000),),
+    ),
     "ppo-pendulum": Row(
-        "PPO, Pendulum-v1", ("task=Pendulum-v1", "world_size=2", "steps=200000", "eval_freq=10000"),
+        "PPO, Pendulum-v1",
+        ("task=Pendulum-v1", "world_size=2", "steps=200000", "eval_freq=10000"),
         (Reference(ZOO + ", with gSDE exploration", -172.225, 104.159, 100_000),),
         note="The zoo's agent explores with gSDE, which ddprl's PPO does not have; ddprl's preset "
-             "normalises observations and rewards instead (docs/ppo.md, task presets)."),
+        "normalises observations and rewards instead (docs/ppo.md, task presets).",
+    ),
     "ppo-lunarlander": Row(
-        "PPO, LunarLander-v3", ("task=LunarLander-v3", "world_size=2"),
-        (Reference(ZOO + " (LunarLander-v2: the same task before Gymnasium's fixes)", 242.119, 31.823, 1_000_000),)),
+        "PPO, LunarLander-v3",
+        ("task=LunarLander-v3", "world_size=2"),
+        (Reference(ZOO + " (LunarLander-v2: the same task before Gymnasium's fixes)", 242.119, 31.823, 1_000_000),),
+    ),
     "ppo-halfcheetah": Row(
-        "PPO, HalfCheetah-v5", ("task=HalfCheetah-v5", "world_size=2", "n_steps=1024"),
-        (Reference(ZOO + ", HalfCheetah-v3, tuned keys (not the paper's)", 5819.099, 663.530, 1_000_000),)),
+        "PPO, HalfCheetah-v5",
+        ("task=HalfCheetah-v5", "world_size=2", "n_steps=1024"),
+        (Reference(ZOO + ", HalfCheetah-v3, tuned keys (not the paper's)", 5819.099, 663.530, 1_000_000),),
+    ),
     "ppo-hopper": Row(
-        "PPO, Hopper-v5", ("task=Hopper-v5", "world_size=2", "n_steps=1024"),
-        (Reference(ZOO + ", Hopper-v3, tuned keys", 2410.435, 10.026, 1_000_000),)),
+        "PPO, Hopper-v5",
+        ("task=Hopper-v5", "world_size=2", "n_steps=1024"),
+        (Reference(ZOO + ", Hopper-v3, tuned keys", 2410.435, 10.026, 1_000_000),),
+    ),
     "ppo-walker2d": Row(
-        "PPO, Walker2d-v5", ("task=Walker2d-v5", "world_size=2", "n_steps=1024"),
-        (Reference(ZOO + ", Walker2d-v3, tuned keys", 3478.798, 821.708, 1_000_000),)),
+        "PPO, Walker2d-v5",
+        ("task=Walker2d-v5", "world_size=2", "n_steps=1024"),
+        (Reference(ZOO + ", Walker2d-v3, tuned keys", 3478.798, 821.708, 1_000_000),),
+    ),
 }
 COMMON = ("progress=false", "checkpoint_freq=0", "keep_last=1")
 
@@ -109,7 +123,9 @@ def run_row(name: str, seeds: int) -> dict:
             cmd = [sys.executable, "-m", "ddprl", "train", *row.keys, *COMMON, f"seed={seed}", f"run_dir={run_dir}"]
             print("$", " ".join(cmd[2:]), flush=True)
             start = time.time()
-            proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "disable")})
+            proc = subprocess.run(
+                cmd, cwd=ROOT, env={**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "disable")}
+            )
             if proc.returncode != 0:
                 raise SystemExit(f"{name} seed {seed}: ddprl train exited {proc.returncode}")
             keep = out / f"seed{seed}"
@@ -117,12 +133,24 @@ def run_row(name: str, seeds: int) -> dict:
             for file in ("metrics.jsonl", "config.yaml"):
                 shutil.copy(run_dir / file, keep / file)
         curve = eval_curve(keep / "metrics.jsonl")
-        results.append({"seed": seed, "wall_s": round(time.time() - start, 1), "final": curve[-1][1],
-                        "final_step": curve[-1][0], "best": max(r for _, r in curve),
-                        "at_reference": [at_steps(curve, ref.steps) for ref in row.references]})
+        results.append(
+            {
+                "seed": seed,
+                "wall_s": round(time.time() - start, 1),
+                "final": curve[-1][1],
+                "final_step": curve[-1][0],
+                "best": max(r for _, r in curve),
+                "at_reference": [at_steps(curve, ref.steps) for ref in row.references],
+            }
+        )
         print(f"{name} seed {seed}: {results[-1]}", flush=True)
-    summary = {"row": name, "command": row.command(), "machine": f"{cpu_model()}, {os.cpu_count()} cores",
-               "date": time.strftime("%Y-%m-%d"), "seeds": results}
+    summary = {
+        "row": name,
+        "command": row.command(),
+        "machine": f"{cpu_model()}, {os.cpu_count()} cores",
+        "date": time.strftime("%Y-%m-%d"),
+        "seeds": results,
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
 
@@ -175,8 +203,10 @@ def page() -> str:
         summary_path = RUNS / name / "summary.json"
         if not summary_path.exists():
             for ref in row.references:
-                lines.append(f"| {row.title} | {ref.value:g}{f' ± {ref.std:g}' if ref.std is not None else ''} "
-                             f"| {ref.steps:,} | not run yet | | | | |")
+                lines.append(
+                    f"| {row.title} | {ref.value:g}{f' ± {ref.std:g}' if ref.std is not None else ''} "
+                    f"| {ref.steps:,} | not run yet | | | | |"
+                )
             continue
         summary = json.loads(summary_path.read_text())
         seeds = summary["seeds"]
@@ -184,15 +214,23 @@ def page() -> str:
         wall = statistics.mean(s["wall_s"] for s in seeds)
         for i, ref in enumerate(row.references):
             ours = [s["at_reference"][i] for s in seeds if s["at_reference"][i] is not None]
-            lines.append(f"| {row.title} | {ref.value:g}{f' ± {ref.std:g}' if ref.std is not None else ''} "
-                         f"| {ref.steps:,} | {mean_std(ours)} | {mean_std([s['best'] for s in seeds])} "
-                         f"| {len(seeds)} | {wall / 60:.1f} min | [png]({image}) |")
-        details += [f"### {row.title}", "", f"- command: `{summary['command']}` (+ `seed=K`)",
-                    f"- reference: {'; '.join(r.source for r in row.references)}",
-                    f"- machine: {summary['machine']}, {summary['date']}",
-                    "- per seed (return at the reference's steps / best / final at step): " + "; ".join(
-                        f"seed {s['seed']}: {s['at_reference'][0]} / {s['best']:.1f} / {s['final']:.1f} at "
-                        f"{s['final_step']:,}" for s in seeds)]
+            lines.append(
+                f"| {row.title} | {ref.value:g}{f' ± {ref.std:g}' if ref.std is not None else ''} "
+                f"| {ref.steps:,} | {mean_std(ours)} | {mean_std([s['best'] for s in seeds])} "
+                f"| {len(seeds)} | {wall / 60:.1f} min | [png]({image}) |"
+            )
+        details += [
+            f"### {row.title}",
+            "",
+            f"- command: `{summary['command']}` (+ `seed=K`)",
+            f"- reference: {'; '.join(r.source for r in row.references)}",
+            f"- machine: {summary['machine']}, {summary['date']}",
+            "- per seed (return at the reference's steps / best / final at step): "
+            + "; ".join(
+                f"seed {s['seed']}: {s['at_reference'][0]} / {s['best']:.1f} / {s['final']:.1f} at {s['final_step']:,}"
+                for s in seeds
+            ),
+        ]
         if row.note:
             details.append(f"- {row.note}")
         details += ["", f"![{row.title}]({image})", ""]

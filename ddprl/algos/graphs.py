@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -32,7 +33,7 @@ log = logging.getLogger("ddprl")
 _SYNC_METHODS = {"item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "nonzero"}
 
 
-def region_mode(device: torch.device, world_size: int = 1) -> Optional[str]:
+def region_mode(device: torch.device, world_size: int = 1) -> str | None:
     """The ``torch.compile`` mode of a region on ``device``: CUDA graphs on one CUDA device.
 
     With several ranks the region holds collectives: NCCL inside a captured CUDA graph is
@@ -43,7 +44,7 @@ def region_mode(device: torch.device, world_size: int = 1) -> Optional[str]:
     return None
 
 
-def compile_region(fn: Callable, device: torch.device, world_size: int = 1, name: Optional[str] = None) -> "Region":
+def compile_region(fn: Callable, device: torch.device, world_size: int = 1, name: str | None = None) -> Region:
     """``fn`` compiled whole (``fullgraph=True``: a graph break is not a silent slowdown), as a
     :class:`Region` that reports what the compiler did not do and falls back to ``fn``."""
     return Region(fn, region_mode(device, world_size), name)
@@ -68,7 +69,7 @@ class Region:
     fell back.
     """
 
-    def __init__(self, fn: Callable, mode: Optional[str] = None, name: Optional[str] = None):
+    def __init__(self, fn: Callable, mode: str | None = None, name: str | None = None):
         self.fn, self.mode = fn, mode
         self.name = name or getattr(fn, "__qualname__", None) or type(fn).__qualname__
         self.compiled = torch.compile(fn, fullgraph=True, dynamic=False, mode=mode)
@@ -98,8 +99,9 @@ class Region:
         if new > 0:
             if self.graphs:  # the first graph is the compile that was asked for
                 why = compat.recompile_reasons(self._code, reasons)
-                self._report(logging.INFO, "recompiled", why[0] if why else "no reason recorded",
-                             f"; {self.graphs + new} graphs")
+                self._report(
+                    logging.INFO, "recompiled", why[0] if why else "no reason recorded", f"; {self.graphs + new} graphs"
+                )
             self.graphs += new
         if compat.cudagraph_skip_count() > skips:
             why = compat.cudagraph_skip_messages(skip_messages)
@@ -115,8 +117,8 @@ class Region:
             log.log(level, "compile=true: region %s: %s (%s)%s", self.name, what, reason, then)
 
 
-@functools.lru_cache(maxsize=None)
-def training_step_unsupported() -> Optional[str]:
+@functools.cache
+def training_step_unsupported() -> str | None:
     """Why this torch cannot compile a training step whole (None when it can).
 
     Feature detection, not a version table: Dynamo traces a tiny ``torch.func.grad`` of a
@@ -134,8 +136,10 @@ def training_step_unsupported() -> Optional[str]:
     try:
         torch.compile(step, backend=lambda gm, inputs: gm.forward, fullgraph=True)(torch.ones(3, 2))
     except Exception as e:  # noqa: BLE001 - whatever Dynamo raises, the answer is "cannot"
-        return (f"torch {torch.__version__} cannot compile a training step as one graph "
-                f"({type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''})")
+        return (
+            f"torch {torch.__version__} cannot compile a training step as one graph "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''})"
+        )
     return None
 
 
@@ -291,20 +295,34 @@ class FlatAdam:
                 old = optimizer.state.get(p)
                 if old:  # a checkpoint's state (or an eager step's): same values, new home
                     step[i] = float(old["step"])
-                    exp_avg[offset:offset + n].copy_(old["exp_avg"].reshape(-1))
-                    exp_avg_sq[offset:offset + n].copy_(old["exp_avg_sq"].reshape(-1))
-                optimizer.state[p] = {"step": step[i], "exp_avg": exp_avg[offset:offset + n].view_as(p),
-                                      "exp_avg_sq": exp_avg_sq[offset:offset + n].view_as(p)}
+                    exp_avg[offset : offset + n].copy_(old["exp_avg"].reshape(-1))
+                    exp_avg_sq[offset : offset + n].copy_(old["exp_avg_sq"].reshape(-1))
+                optimizer.state[p] = {
+                    "step": step[i],
+                    "exp_avg": exp_avg[offset : offset + n].view_as(p),
+                    "exp_avg_sq": exp_avg_sq[offset : offset + n].view_as(p),
+                }
                 offset += n
             lr = torch.tensor(float(group["lr"]), device=like.device) if lr_tensors else group["lr"]
-            self.groups.append({"params": params, "sizes": sizes, "step": step, "exp_avg": exp_avg,
-                                "exp_avg_sq": exp_avg_sq, "lr": lr, "betas": group["betas"], "eps": group["eps"]})
+            self.groups.append(
+                {
+                    "params": params,
+                    "sizes": sizes,
+                    "step": step,
+                    "exp_avg": exp_avg,
+                    "exp_avg_sq": exp_avg_sq,
+                    "lr": lr,
+                    "betas": group["betas"],
+                    "eps": group["eps"],
+                }
+            )
             self.params += params
 
     def tensors(self) -> list[torch.Tensor]:
         """What a step updates in place besides the parameters (to mark static for CUDA graphs)."""
-        return [g[k] for g in self.groups for k in ("step", "exp_avg", "exp_avg_sq", "lr")
-                if isinstance(g[k], torch.Tensor)]
+        return [
+            g[k] for g in self.groups for k in ("step", "exp_avg", "exp_avg_sq", "lr") if isinstance(g[k], torch.Tensor)
+        ]
 
     def sync_lr(self) -> None:
         """Copy each param group's (annealed) ``lr`` into the tensor a region reads."""
@@ -331,8 +349,9 @@ class FlatAdam:
                 # p -= lr * m / ((1 - beta1^t) * (sqrt(v) / sqrt(1 - beta2^t) + eps))
                 bias1, bias2_sqrt = 1 - torch.pow(beta1, t), (1 - torch.pow(beta2, t)).sqrt()
                 update = exp_avg / ((exp_avg_sq.sqrt() / bias2_sqrt + group["eps"]) * bias1) * group["lr"]
-                compat.foreach_sub_(group["params"], [u.view_as(p) for u, p in
-                                                      zip(update.split(group["sizes"]), group["params"])])
+                compat.foreach_sub_(
+                    group["params"], [u.view_as(p) for u, p in zip(update.split(group["sizes"]), group["params"])]
+                )
 
 
 def clip_grad(flat_grad: torch.Tensor, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:

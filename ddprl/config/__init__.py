@@ -6,7 +6,8 @@ Resolution order (later wins)::
 
 The schema is the algorithm's config class (``ddprl.registry``): the job keys every run has,
 the RL keys on top for RL algorithms, and the algorithm's own. ``algo=`` picks the algorithm
-and ``task=`` the task file; every other ``key=value`` sets a key of the schema. A task file may hold a section per algorithm (``ppo: {...}``) applied only to it.
+and ``task=`` the task file; every other ``key=value`` sets a key of the schema. A task file may
+hold a section per algorithm (``ppo: {...}``) applied only to it.
 Unknown keys, bad types and out-of-range values raise :class:`~ddprl.errors.UsageError` with
 the key named and near matches suggested. The result is an instance of the algorithm's config
 class (a dataclass) whose ``sources`` name the layer that gave each value: ``default`` (the
@@ -23,9 +24,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import yaml
 from omegaconf import OmegaConf
@@ -105,8 +107,10 @@ def preset_note(cfg: Any) -> str:
     if not keys:
         return ""
     values = ", ".join(f"{k}={format_value(getattr(cfg, k))}" for k in keys)
-    return (f"task={cfg.task} preset: {values} (keys you give win; `ddprl keys algo={cfg.algo} task={cfg.task}` "
-            "shows every value and where it comes from)")
+    return (
+        f"task={cfg.task} preset: {values} (keys you give win; `ddprl keys algo={cfg.algo} task={cfg.task}` "
+        "shows every value and where it comes from)"
+    )
 
 
 def named_configs() -> list[str]:
@@ -122,8 +126,10 @@ def config_path(config_name: str) -> Path:
         raise UsageError(f"--config-name {config_name}: no such file")
     path = CONFIG_DIR / f"{config_name}.yaml"
     if not path.exists():
-        raise UsageError(f"unknown --config-name {config_name!r}{_suggest(config_name, named_configs())}; "
-                         f"choose from {', '.join(named_configs()) or 'none'}, or give a path to a .yaml file")
+        raise UsageError(
+            f"unknown --config-name {config_name!r}{_suggest(config_name, named_configs())}; "
+            f"choose from {', '.join(named_configs()) or 'none'}, or give a path to a .yaml file"
+        )
     return path
 
 
@@ -132,8 +138,12 @@ def _suggest(word: str, choices: Iterable[str]) -> str:
     return f" (did you mean {', '.join(near)}?)" if near else ""
 
 
-def load_config(overrides: Iterable[str] = (), config_name: str | None = None,
-                resumed: dict[str, Any] | None = None, values: dict[str, Any] | None = None) -> JobConfig:
+def load_config(
+    overrides: Iterable[str] = (),
+    config_name: str | None = None,
+    resumed: dict[str, Any] | None = None,
+    values: dict[str, Any] | None = None,
+) -> JobConfig:
     """Resolve the configuration of a job; see the module docstring for the order.
 
     ``resumed`` is the config stored in a checkpoint being resumed: it comes after the YAML
@@ -247,8 +257,10 @@ def key_rows(cfg: Any) -> list[tuple[str, str, str, str]]:
     """(key, type, value, help) of every key of a resolved config (``load_config(...)``), values
     as the command line writes them: ``ddprl keys`` and ``ddprl train --help`` show the defaults
     of an algorithm (and task) this way."""
-    return [(f.name, type_name(f), format_value(getattr(cfg, f.name)), f.metadata.get("help", ""))
-            for f in public_fields(cfg)]
+    return [
+        (f.name, type_name(f), format_value(getattr(cfg, f.name)), f.metadata.get("help", ""))
+        for f in public_fields(cfg)
+    ]
 
 
 def type_name(f: dataclasses.Field) -> str:
@@ -258,7 +270,7 @@ def type_name(f: dataclasses.Field) -> str:
     text = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
     text = text.replace("typing.", "")
     if text.startswith("Optional[") and text.endswith("]"):
-        text = text[len("Optional["):-1] + " | null"
+        text = text[len("Optional[") : -1] + " | null"
     return "dict" if text.startswith("dict") else text
 
 

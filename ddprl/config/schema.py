@@ -43,24 +43,37 @@ class JobConfig:
     engine: str = key("torch | jax: what runs the algorithm (jax: `pip install 'ddprl[jax]'`, docs/jax.md)", "torch")
     seed: int = key("base seed; every generator derives from (seed, global rank, purpose)", 1)
     # -- distributed ------------------------------------------------------------------------
-    world_size: Any = key("processes in the job: a number, or auto (one per visible GPU with CUDA, else 2); "
-                          "torchrun/SLURM set it themselves", "auto", type_name="int | auto")
+    world_size: Any = key(
+        "processes in the job: a number, or auto (one per visible GPU with CUDA, else 2); "
+        "torchrun/SLURM set it themselves",
+        "auto",
+        type_name="int | auto",
+    )
     nnodes: int = key("machines in a spawn-mode job (world_size is split evenly over them)", 1)
     node_rank: int = key("index of this machine in a spawn-mode multi-node job", 0)
     device: str = key("auto | cpu | cuda (rank -> cuda:LOCAL_RANK)", "auto")
     backend: str = key("auto | nccl | gloo (auto: NCCL when every rank owns a GPU)", "auto")
-    master_addr: str = key("host of rank 0: auto = the launcher's (torchrun, SLURM's first node, MASTER_ADDR), "
-                           "this machine on one node; name it for a multi-node spawn", "auto")
-    master_port: str = key("port of the rendezvous: auto = the launcher's, or a free one (single node), "
-                           "or 20000 + job id mod 20000 under SLURM", "auto")
+    master_addr: str = key(
+        "host of rank 0: auto = the launcher's (torchrun, SLURM's first node, MASTER_ADDR), "
+        "this machine on one node; name it for a multi-node spawn",
+        "auto",
+    )
+    master_port: str = key(
+        "port of the rendezvous: auto = the launcher's, or a free one (single node), "
+        "or 20000 + job id mod 20000 under SLURM",
+        "auto",
+    )
     dist_timeout: float = key("seconds before a stuck collective fails the job", 300.0)
-    nccl_preset: str = key("none | nvlink | ib: NCCL variables for the interconnect (variables you exported win)",
-                           "none")
+    nccl_preset: str = key(
+        "none | nvlink | ib: NCCL variables for the interconnect (variables you exported win)", "none"
+    )
     # -- optimisation -----------------------------------------------------------------------
     batch_size: int = key("samples per update on each rank", 256)
     sync_freq: int = key("all-reduce gradients every k updates (accumulate locally in between)", 1)
     precision: str = key("fp32 | bf16 | fp16 (fp16 uses a gradient scaler)", "fp32")
-    compile: bool = key("torch.compile the hot paths (each algorithm's guide says which; CUDA graphs on one GPU)", False)
+    compile: bool = key(
+        "torch.compile the hot paths (each algorithm's guide says which; CUDA graphs on one GPU)", False
+    )
     # -- run directory, logs, checkpoints ----------------------------------------------------
     run_dir: str = key("run directory ('' -> runs/<algo>[-<task>]-<time>)", "")
     resume: str = key("'' | auto (latest.pt in run_dir) | path to a checkpoint", "")
@@ -75,23 +88,32 @@ class JobConfig:
 
     def __post_init__(self) -> None:
         ws = self.world_size
-        _check(ws == "auto" or (isinstance(ws, int) and not isinstance(ws, bool) and ws >= 1),
-               f"world_size={ws!r} must be auto or an integer >= 1")
+        _check(
+            ws == "auto" or (isinstance(ws, int) and not isinstance(ws, bool) and ws >= 1),
+            f"world_size={ws!r} must be auto or an integer >= 1",
+        )
         _check(self.nnodes >= 1, f"nnodes={self.nnodes} must be >= 1")
         _check(self.sync_freq >= 1, f"sync_freq={self.sync_freq} must be >= 1")
         _check(self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1")
         _check(self.dist_timeout > 0, f"dist_timeout={self.dist_timeout} must be > 0")
         _check(self.keep_last >= 0, f"keep_last={self.keep_last} must be >= 0 (0 keeps every checkpoint)")
-        _check(self.precision in ("fp32", "bf16", "fp16"), f"precision={self.precision!r} is not one of fp32, bf16, fp16")
+        _check(
+            self.precision in ("fp32", "bf16", "fp16"), f"precision={self.precision!r} is not one of fp32, bf16, fp16"
+        )
         _check(self.device in ("auto", "cpu", "cuda"), f"device={self.device!r} is not one of auto, cpu, cuda")
         _check(self.backend in ("auto", "nccl", "gloo"), f"backend={self.backend!r} is not one of auto, nccl, gloo")
-        _check(self.nccl_preset in ("none", "nvlink", "ib"), f"nccl_preset={self.nccl_preset!r} is not one of none, nvlink, ib")
+        _check(
+            self.nccl_preset in ("none", "nvlink", "ib"),
+            f"nccl_preset={self.nccl_preset!r} is not one of none, nvlink, ib",
+        )
         _check(self.wandb_mode in ("online", "offline"), f"wandb_mode={self.wandb_mode!r} is not online or offline")
         port = str(self.master_port)
-        _check(port == "auto" or (port.isdigit() and 0 < int(port) < 65536),
-               f"master_port={port!r} must be auto or a port number in 1..65535")
+        _check(
+            port == "auto" or (port.isdigit() and 0 < int(port) < 65536),
+            f"master_port={port!r} must be auto or a port number in 1..65535",
+        )
 
-    def resolved(self, world_size: int) -> "JobConfig":
+    def resolved(self, world_size: int) -> JobConfig:
         """This config with ``world_size`` (and any size derived from it) made concrete."""
         return dataclasses.replace(self, world_size=world_size)
 
@@ -135,7 +157,7 @@ class RLConfig(JobConfig):
                 f"num_envs is global, use a multiple of {self.world_size}"
             )
 
-    def resolved(self, world_size: int) -> "RLConfig":
+    def resolved(self, world_size: int) -> RLConfig:
         """World size made concrete; ``num_envs=null`` becomes one environment per rank."""
         num_envs = world_size if self.num_envs is None else self.num_envs
         return dataclasses.replace(self, world_size=world_size, num_envs=num_envs)
@@ -150,11 +172,15 @@ class RLConfig(JobConfig):
         """Evaluation and checkpoint frequencies that ``steps`` never reaches."""
         out = []
         if self.eval_freq > self.steps and self.eval_episodes > 0:
-            out.append(f"eval_freq={self.eval_freq} is beyond steps={self.steps}: the only evaluation is the final "
-                       "one (lower eval_freq)")
+            out.append(
+                f"eval_freq={self.eval_freq} is beyond steps={self.steps}: the only evaluation is the final "
+                "one (lower eval_freq)"
+            )
         if self.checkpoint_freq > self.steps:
-            out.append(f"checkpoint_freq={self.checkpoint_freq} is beyond steps={self.steps}: the only checkpoint "
-                       "is the final one, a stopped job resumes from the start (lower checkpoint_freq)")
+            out.append(
+                f"checkpoint_freq={self.checkpoint_freq} is beyond steps={self.steps}: the only checkpoint "
+                "is the final one, a stopped job resumes from the start (lower checkpoint_freq)"
+            )
         return out
 
     def run_name(self) -> str:

@@ -6,14 +6,15 @@ import contextlib
 import difflib
 import inspect
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import gymnasium as gym
 import torch
 
 from ddprl.envs.base import VecEnv
-from ddprl.runtime.seeding import env_seed
 from ddprl.errors import UsageError
+from ddprl.runtime.seeding import env_seed
 
 __all__ = ["make_env", "check_task", "env_spaces", "rendering", "VecEnv", "env_seed"]
 
@@ -67,13 +68,16 @@ def check_task(task: str) -> None:
     if dmc.is_dmc_domain(task):
         domain = task.partition("-")[0]
         tasks = sorted(t for d, t in dmc.DMC_TASKS if d == dmc.DOMAIN_ALIASES.get(domain, domain))
-        raise UsageError(f"unknown DeepMind Control task {task!r}; {domain} tasks: "
-                         f"{', '.join(f'{domain}-{t}' for t in tasks)}")
+        raise UsageError(
+            f"unknown DeepMind Control task {task!r}; {domain} tasks: {', '.join(f'{domain}-{t}' for t in tasks)}"
+        )
     names = list(BUILTIN_TASKS) + list(gym.registry) + dmc.dmc_task_names()
     near = difflib.get_close_matches(task, names, n=3, cutoff=0.6)
     hint = f" (did you mean {', '.join(near)}?)" if near else ""
-    raise UsageError(f"unknown task {task!r}{hint}; use a Gymnasium id such as CartPole-v1 "
-                     "or a DeepMind Control task such as walker-run")
+    raise UsageError(
+        f"unknown task {task!r}{hint}; use a Gymnasium id such as CartPole-v1 "
+        "or a DeepMind Control task such as walker-run"
+    )
 
 
 def make_env(task: str, num_envs: int, seed: int, device: str | torch.device = "cpu", **kwargs: Any) -> VecEnv:
@@ -91,9 +95,11 @@ def make_env(task: str, num_envs: int, seed: int, device: str | torch.device = "
             raise
         name, takes = unknown.group(1), env_kwarg_names(task)
         near = difflib.get_close_matches(name, takes, n=2, cutoff=0.6)
-        raise UsageError(f"env_kwargs: {task} takes no {name!r}"
-                         + (f" (did you mean {', '.join(near)}?)" if near else "")
-                         + (f"; it takes {', '.join(takes)}" if takes else "")) from None
+        raise UsageError(
+            f"env_kwargs: {task} takes no {name!r}"
+            + (f" (did you mean {', '.join(near)}?)" if near else "")
+            + (f"; it takes {', '.join(takes)}" if takes else "")
+        ) from None
 
 
 def _make_env(task: str, num_envs: int, seed: int, device: str | torch.device, **kwargs: Any) -> VecEnv:
@@ -142,5 +148,8 @@ def env_kwarg_names(task: str) -> list[str]:
         params = inspect.signature(constructor).parameters.values()
     except Exception:  # an entry point that cannot be imported or inspected: no list, still the error
         return []
-    return [p.name for p in params if p.name not in own
-            and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)] + extra
+    return [
+        p.name
+        for p in params
+        if p.name not in own and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ] + extra

@@ -41,21 +41,61 @@ DOMAIN_ALIASES = {"cup": "ball_in_cup", "pointmass": "point_mass"}
 # dm_control 1.0.50's ``suite.ALL_TASKS``, kept here so that ``check_task`` recognises a DMC
 # name without importing dm_control (and can then say "install it" instead of "unknown task").
 # tests/test_dmc.py checks this list against the installed suite.
-DMC_TASKS: frozenset[tuple[str, str]] = frozenset({
-    ("acrobot", "swingup"), ("acrobot", "swingup_sparse"), ("ball_in_cup", "catch"),
-    ("cartpole", "balance"), ("cartpole", "balance_sparse"), ("cartpole", "swingup"),
-    ("cartpole", "swingup_sparse"), ("cartpole", "three_poles"), ("cartpole", "two_poles"),
-    ("cheetah", "run"), ("dog", "fetch"), ("dog", "run"), ("dog", "stand"), ("dog", "trot"), ("dog", "walk"),
-    ("finger", "spin"), ("finger", "turn_easy"), ("finger", "turn_hard"), ("fish", "swim"), ("fish", "upright"),
-    ("hopper", "hop"), ("hopper", "stand"), ("humanoid", "run"), ("humanoid", "run_pure_state"),
-    ("humanoid", "stand"), ("humanoid", "walk"), ("humanoid_CMU", "run"), ("humanoid_CMU", "stand"),
-    ("humanoid_CMU", "walk"), ("lqr", "lqr_2_1"), ("lqr", "lqr_6_2"), ("manipulator", "bring_ball"),
-    ("manipulator", "bring_peg"), ("manipulator", "insert_ball"), ("manipulator", "insert_peg"),
-    ("pendulum", "swingup"), ("point_mass", "easy"), ("point_mass", "hard"), ("quadruped", "escape"),
-    ("quadruped", "fetch"), ("quadruped", "run"), ("quadruped", "walk"), ("reacher", "easy"),
-    ("reacher", "hard"), ("stacker", "stack_2"), ("stacker", "stack_4"), ("swimmer", "swimmer15"),
-    ("swimmer", "swimmer6"), ("walker", "run"), ("walker", "stand"), ("walker", "walk"),
-})
+DMC_TASKS: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("acrobot", "swingup"),
+        ("acrobot", "swingup_sparse"),
+        ("ball_in_cup", "catch"),
+        ("cartpole", "balance"),
+        ("cartpole", "balance_sparse"),
+        ("cartpole", "swingup"),
+        ("cartpole", "swingup_sparse"),
+        ("cartpole", "three_poles"),
+        ("cartpole", "two_poles"),
+        ("cheetah", "run"),
+        ("dog", "fetch"),
+        ("dog", "run"),
+        ("dog", "stand"),
+        ("dog", "trot"),
+        ("dog", "walk"),
+        ("finger", "spin"),
+        ("finger", "turn_easy"),
+        ("finger", "turn_hard"),
+        ("fish", "swim"),
+        ("fish", "upright"),
+        ("hopper", "hop"),
+        ("hopper", "stand"),
+        ("humanoid", "run"),
+        ("humanoid", "run_pure_state"),
+        ("humanoid", "stand"),
+        ("humanoid", "walk"),
+        ("humanoid_CMU", "run"),
+        ("humanoid_CMU", "stand"),
+        ("humanoid_CMU", "walk"),
+        ("lqr", "lqr_2_1"),
+        ("lqr", "lqr_6_2"),
+        ("manipulator", "bring_ball"),
+        ("manipulator", "bring_peg"),
+        ("manipulator", "insert_ball"),
+        ("manipulator", "insert_peg"),
+        ("pendulum", "swingup"),
+        ("point_mass", "easy"),
+        ("point_mass", "hard"),
+        ("quadruped", "escape"),
+        ("quadruped", "fetch"),
+        ("quadruped", "run"),
+        ("quadruped", "walk"),
+        ("reacher", "easy"),
+        ("reacher", "hard"),
+        ("stacker", "stack_2"),
+        ("stacker", "stack_4"),
+        ("swimmer", "swimmer15"),
+        ("swimmer", "swimmer6"),
+        ("walker", "run"),
+        ("walker", "stand"),
+        ("walker", "walk"),
+    }
+)
 DMC_DOMAINS = frozenset(d for d, _ in DMC_TASKS)
 
 
@@ -92,11 +132,13 @@ def check_dmc_installed() -> None:
     try:
         import mujoco
     except ImportError:
-        raise UsageError("DMC tasks need dm-control and mujoco: pip install 'ddprl[dmc]' "
-                         "(dm-control==1.0.50 mujoco==3.17.0)") from None
+        raise UsageError(
+            "DMC tasks need dm-control and mujoco: pip install 'ddprl[dmc]' (dm-control==1.0.50 mujoco==3.17.0)"
+        ) from None
     if int(mujoco.__version__.split(".")[0]) >= 4:
-        raise UsageError(f"mujoco {mujoco.__version__} does not work with dm-control 1.0.50: "
-                         "pip install mujoco==3.17.0")
+        raise UsageError(
+            f"mujoco {mujoco.__version__} does not work with dm-control 1.0.50: pip install mujoco==3.17.0"
+        )
     try:
         from dm_control import suite  # noqa: F401
     except ImportError as e:
@@ -112,8 +154,15 @@ class DMCVecEnv:
     experiments; the defaults are TD-MPC2's protocol.
     """
 
-    def __init__(self, task: str, num_envs: int, seed: int = 0, device: str | torch.device = "cpu",
-                 episode_length: int = EPISODE_LENGTH, action_repeat: int = ACTION_REPEAT):
+    def __init__(
+        self,
+        task: str,
+        num_envs: int,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+        episode_length: int = EPISODE_LENGTH,
+        action_repeat: int = ACTION_REPEAT,
+    ):
         parsed = parse_dmc_task(task)
         if parsed is None:
             raise UsageError(f"unknown DMC task {task!r}")
@@ -127,8 +176,9 @@ class DMCVecEnv:
         self.max_episode_steps, self.action_repeat = episode_length, action_repeat
         # time_limit=inf: the suite would end episodes after its own 1,000 simulator steps;
         # here the agent-step count decides, so a changed action repeat keeps 500 agent steps.
-        self.envs = [suite.load(*parsed, task_kwargs={"random": seed + i, "time_limit": float("inf")})
-                     for i in range(num_envs)]
+        self.envs = [
+            suite.load(*parsed, task_kwargs={"random": seed + i, "time_limit": float("inf")}) for i in range(num_envs)
+        ]
         spec = self.envs[0].action_spec()
         low, high = spec.minimum.astype(np.float64), spec.maximum.astype(np.float64)
         bounded = bool(np.all(np.abs(low) < 1e6) and np.all(np.abs(high) < 1e6))
@@ -163,8 +213,9 @@ class DMCVecEnv:
 
     def step(self, actions: torch.Tensor):
         """One agent step (``action_repeat`` simulator steps) of every env; same-step autoreset."""
-        act = np.clip(actions.detach().cpu().numpy().astype(np.float64), -1.0, 1.0).reshape(self.num_envs,
-                                                                                         *self._action_shape)
+        act = np.clip(actions.detach().cpu().numpy().astype(np.float64), -1.0, 1.0).reshape(
+            self.num_envs, *self._action_shape
+        )
         if self._scale is not None:
             act = act * self._scale[0] + self._scale[1]
         reward = np.zeros(self.num_envs, dtype=np.float32)
@@ -194,8 +245,13 @@ class DMCVecEnv:
         for i in np.flatnonzero(done):
             next_obs[i] = self._reset_one(i)  # same-step autoreset: obs is the next episode's first
         self._obs = next_obs
-        return (self._tensor(next_obs), self._tensor(reward), self._tensor(terminated, torch.bool),
-                self._tensor(truncated, torch.bool), info)
+        return (
+            self._tensor(next_obs),
+            self._tensor(reward),
+            self._tensor(terminated, torch.bool),
+            self._tensor(truncated, torch.bool),
+            info,
+        )
 
     def render_rgb(self, index: int = 0, height: int = 240, width: int = 320) -> np.ndarray:
         """(height, width, 3) uint8 frame of env ``index``; needs an OpenGL backend (MUJOCO_GL)."""
@@ -206,7 +262,8 @@ class DMCVecEnv:
             raise UsageError(
                 f"cannot render {self.task} with MUJOCO_GL={os.environ.get('MUJOCO_GL', '(unset)')} "
                 f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); set MUJOCO_GL=egl "
-                "(NVIDIA or Mesa EGL) or MUJOCO_GL=osmesa before starting ddprl") from None
+                "(NVIDIA or Mesa EGL) or MUJOCO_GL=osmesa before starting ddprl"
+            ) from None
 
     def state_dict(self) -> None:
         """No exact mid-episode resume for DMC: a resumed run starts fresh episodes."""

@@ -31,8 +31,15 @@ class GymVecEnv:
     torch.Size([4, 4])
     """
 
-    def __init__(self, task: str, num_envs: int, seed: int = 0, device: str | torch.device = "cpu",
-                 frames: str | None = None, **env_kwargs: Any):
+    def __init__(
+        self,
+        task: str,
+        num_envs: int,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+        frames: str | None = None,
+        **env_kwargs: Any,
+    ):
         self.task = task
         self.num_envs = num_envs
         self.device = torch.device(device)
@@ -112,12 +119,14 @@ class GymVecEnv:
             sim = _sim_state(env.unwrapped)
             if sim is None or self._obs is None:
                 return None
-            sims.append({
-                "sim": sim,
-                "elapsed": int(getattr(env, "_elapsed_steps", 0) or 0),
-                # PCG64 states are 128-bit integers: keep them as JSON text.
-                "rng": json.dumps(env.unwrapped.np_random.bit_generator.state),
-            })
+            sims.append(
+                {
+                    "sim": sim,
+                    "elapsed": int(getattr(env, "_elapsed_steps", 0) or 0),
+                    # PCG64 states are 128-bit integers: keep them as JSON text.
+                    "rng": json.dumps(env.unwrapped.np_random.bit_generator.state),
+                }
+            )
         return {
             "envs": sims,
             "obs": torch.as_tensor(self._obs),
@@ -127,7 +136,7 @@ class GymVecEnv:
 
     def load_state_dict(self, state: dict[str, Any]) -> torch.Tensor:
         """Restore :meth:`state_dict` (after ``reset``); returns the current observation."""
-        for env, saved in zip(self.envs.envs, state["envs"]):
+        for env, saved in zip(self.envs.envs, state["envs"], strict=True):
             _set_sim_state(env.unwrapped, saved["sim"])
             if hasattr(env, "_elapsed_steps"):
                 env._elapsed_steps = saved["elapsed"]
@@ -149,10 +158,14 @@ class GymVecEnv:
         """(H, W, 3) uint8 frame of env ``i``: made inside ``ddprl.envs.rendering("rgb_array")``."""
         if self.render_mode != "rgb_array":
             if self._frames == "rgb_array" and self.render_mode is None:  # asked for, not offered
-                raise UsageError(f"video: {self.task} cannot draw frames (its render modes: "
-                                 f"{', '.join(self.render_modes) or 'none'}); ddprl eval gives its returns")
-            raise UsageError(f"video: this {self.task} env was made with render_mode={self.render_mode}; "
-                             "make it inside ddprl.envs.rendering('rgb_array')")
+                raise UsageError(
+                    f"video: {self.task} cannot draw frames (its render modes: "
+                    f"{', '.join(self.render_modes) or 'none'}); ddprl eval gives its returns"
+                )
+            raise UsageError(
+                f"video: this {self.task} env was made with render_mode={self.render_mode}; "
+                "make it inside ddprl.envs.rendering('rgb_array')"
+            )
         env = self.envs.envs[i]
         hook, reason = sys.unraisablehook, None
         try:
@@ -166,9 +179,11 @@ class GymVecEnv:
             gc.collect()
             sys.unraisablehook = hook
             if hasattr(env.unwrapped, "mujoco_renderer"):
-                raise UsageError(f"cannot render {self.task} with MUJOCO_GL={os.environ.get('MUJOCO_GL', '(unset)')} "
-                                 f"({reason}); set MUJOCO_GL=egl (NVIDIA or Mesa EGL) or MUJOCO_GL=osmesa "
-                                 "before starting ddprl")
+                raise UsageError(
+                    f"cannot render {self.task} with MUJOCO_GL={os.environ.get('MUJOCO_GL', '(unset)')} "
+                    f"({reason}); set MUJOCO_GL=egl (NVIDIA or Mesa EGL) or MUJOCO_GL=osmesa "
+                    "before starting ddprl"
+                )
             raise UsageError(f"cannot render {self.task} ({reason})")
         return np.ascontiguousarray(np.asarray(frame, dtype=np.uint8)[..., :3])
 

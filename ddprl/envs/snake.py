@@ -36,7 +36,8 @@ the new head", eating skips the subtraction, so a step is O(N*H*W) with no per-g
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -149,9 +150,16 @@ class SnakeEnv:
     >>> obs, rew, term, trunc, info = env.step(torch.zeros(8, dtype=torch.long))
     """
 
-    def __init__(self, num_envs: int, grid_size: int = 10, device="cpu", seed: int = 0,
-                 step_penalty: float = 0.0, max_steps_without_food: int | None = None,
-                 obs_mode: str = "planes"):
+    def __init__(
+        self,
+        num_envs: int,
+        grid_size: int = 10,
+        device="cpu",
+        seed: int = 0,
+        step_penalty: float = 0.0,
+        max_steps_without_food: int | None = None,
+        obs_mode: str = "planes",
+    ):
         if grid_size < 4:
             raise ValueError("grid_size must be >= 4 (a length-3 start plus one free cell)")
         if obs_mode not in OBS_CHANNELS:
@@ -162,8 +170,7 @@ class SnakeEnv:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.step_penalty = float(step_penalty)
         # None (or 0) means the default, 4 * grid_size**2.
-        self.max_steps_without_food = int(max_steps_without_food or
-                                          default_max_steps_without_food(grid_size))
+        self.max_steps_without_food = int(max_steps_without_food or default_max_steps_without_food(grid_size))
         c, g = OBS_CHANNELS[obs_mode], self.grid_size
         self.single_observation_space = gym.spaces.Box(0.0, 1.0, (c, g, g), np.float32)
         self.single_action_space = gym.spaces.Discrete(4)
@@ -190,8 +197,7 @@ class SnakeEnv:
         """Start a fresh episode in every game; reseeds the shared generator if ``seed``."""
         if seed is not None:
             self._gen.manual_seed(int(seed))
-        self._start_new(torch.ones(self.num_envs, dtype=torch.bool, device=self.device),
-                        self._draw())
+        self._start_new(torch.ones(self.num_envs, dtype=torch.bool, device=self.device), self._draw())
         self.ep_return.zero_(), self.ep_length.zero_(), self.ep_score.zero_()
         return self.observe()
 
@@ -249,16 +255,30 @@ class SnakeEnv:
         self.ep_return.copy_(torch.where(done, 0.0, ep_return))
         self.ep_length.copy_(torch.where(done, 0, ep_length))
         self.ep_score.copy_(torch.where(done, 0, ep_score))
-        info: dict[str, Any] = {"final_obs": final_obs, "episode_return": ep_return,
-                                "episode_length": ep_length, "episode_score": ep_score}
+        info: dict[str, Any] = {
+            "final_obs": final_obs,
+            "episode_return": ep_return,
+            "episode_length": ep_length,
+            "episode_score": ep_score,
+        }
         return self.observe(), reward, terminated, truncated, info
 
     def close(self) -> None:
         pass
 
     # ------------------------------------------------------------------ exact resume
-    _STATE = ("body", "head_r", "head_c", "direction", "length", "food", "steps_since_food",
-              "ep_length", "ep_score", "ep_return")
+    _STATE = (
+        "body",
+        "head_r",
+        "head_c",
+        "direction",
+        "length",
+        "food",
+        "steps_since_food",
+        "ep_length",
+        "ep_score",
+        "ep_return",
+    )
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Every game's board and counters plus the generator: a checkpoint resumes mid-episode."""
@@ -276,14 +296,13 @@ class SnakeEnv:
     # ------------------------------------------------------------------ internals
     def observe(self) -> torch.Tensor:
         """Observation of the current state, (N, C, H, W) float32 (channels: module docs)."""
-        n, hw = self.num_envs, self.grid_size ** 2
+        n, hw = self.num_envs, self.grid_size**2
         obs = torch.zeros(n, OBS_CHANNELS[self.obs_mode], hw, device=self.device)
         obs[:, 1] = self.body / self.length[:, None].float()
         # Head and food as one scatter into the flattened (C*H*W) planes; a won board has
         # food -1, which writes a harmless 0 into channel 2 instead of a 1.
         ones = torch.stack([torch.ones_like(self.ep_return), (self.food >= 0).float()], 1)
-        spots = torch.stack([self.head_r * self.grid_size + self.head_c,
-                             2 * hw + self.food.clamp(min=0)], 1)  # (N, 2)
+        spots = torch.stack([self.head_r * self.grid_size + self.head_c, 2 * hw + self.food.clamp(min=0)], 1)  # (N, 2)
         obs.view(n, -1).scatter_(1, spots, ones)
         if self.obs_mode == "planes":
             obs[:, 3:7] = (self.direction[:, None] == self._dirs).float()[:, :, None]
@@ -293,8 +312,7 @@ class SnakeEnv:
         """(3, N) uniform int64 in [0, 2**62): start direction, start spot, food pick. Drawn
         for every game every step, used where needed (fixed shapes, no host sync); reducing
         them modulo a count n is biased by under n / 2**62, i.e. not measurably."""
-        return torch.randint(0, 2 ** 62, (3, self.num_envs), generator=self._gen,
-                             device=self.device)
+        return torch.randint(0, 2**62, (3, self.num_envs), generator=self._gen, device=self.device)
 
     @property
     def draw_shape(self) -> tuple[int, int]:
@@ -304,10 +322,9 @@ class SnakeEnv:
     def draw_into(self, out: torch.Tensor) -> torch.Tensor:
         """Fill ``out`` (K, 3, N) int64 with K steps' draws (``_draw``'s range) from this env's
         generator, in place: the random inputs of K ``advance`` calls inside a compiled graph."""
-        return out.random_(0, 2 ** 62, generator=self._gen)
+        return out.random_(0, 2**62, generator=self._gen)
 
-    def _start_new(self, mask: torch.Tensor, rnd: torch.Tensor,
-                   new_food: torch.Tensor | None = None) -> None:
+    def _start_new(self, mask: torch.Tensor, rnd: torch.Tensor, new_food: torch.Tensor | None = None) -> None:
         """Respawn games where ``mask`` (N,) bool, then redraw food where respawned or
         ``new_food``, using the random integers ``rnd`` (3, N) from ``_draw``."""
         n, g = self.num_envs, self.grid_size
@@ -321,8 +338,7 @@ class SnakeEnv:
         hr = torch.where(vertical, r + 1 + (d == DOWN).long(), r)
         hc = torch.where(vertical, c, c + 1 + (d == RIGHT).long())
         steps = torch.arange(START_LENGTH, device=self.device)  # 0 head, 1 neck, 2 tail
-        cells = ((hr[:, None] - self._dr[d][:, None] * steps) * g
-                 + hc[:, None] - self._dc[d][:, None] * steps)  # (N, 3)
+        cells = (hr[:, None] - self._dr[d][:, None] * steps) * g + hc[:, None] - self._dc[d][:, None] * steps  # (N, 3)
         lifetimes = (START_LENGTH - steps).to(torch.int32).expand(n, -1)  # 3, 2, 1
         self.body *= ~mask[:, None]
         kept = self.body.gather(1, cells)  # untouched games write their own values back
@@ -343,8 +359,9 @@ class SnakeEnv:
         self.food.copy_(torch.where(mask, pick, self.food))
 
     # ------------------------------------------------------------------ test / debug helpers
-    def set_state(self, i: int, body: Sequence[tuple[int, int]], direction: int, food,
-                  steps_since_food: int = 0) -> None:
+    def set_state(
+        self, i: int, body: Sequence[tuple[int, int]], direction: int, food, steps_since_food: int = 0
+    ) -> None:
         """Put game ``i`` on a hand-made board and start a fresh episode there.
 
         ``body`` lists (row, col) cells head first, ``direction`` is the last move (must
@@ -378,9 +395,12 @@ class SnakeEnv:
         life = self.body[i].cpu()
         order = [int(x) for x in torch.argsort(life, descending=True)[: int((life > 0).sum())]]
         food = int(self.food[i])
-        return {"body": [(x // g, x % g) for x in order], "direction": int(self.direction[i]),
-                "food": None if food < 0 else (food // g, food % g),
-                "steps_since_food": int(self.steps_since_food[i])}
+        return {
+            "body": [(x // g, x % g) for x in order],
+            "direction": int(self.direction[i]),
+            "food": None if food < 0 else (food // g, food % g),
+            "steps_since_food": int(self.steps_since_food[i]),
+        }
 
     def render_ascii(self, i: int = 0) -> str:
         """Text picture of game ``i`` (see :func:`render_text`)."""

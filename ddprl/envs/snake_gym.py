@@ -16,13 +16,20 @@ those of :mod:`ddprl.envs.snake`; only the random streams differ.
 from __future__ import annotations
 
 from collections import deque
-from typing import Sequence
+from collections.abc import Sequence
 
 import gymnasium as gym
 import numpy as np
 
-from ddprl.envs.snake import (DELTAS, OBS_CHANNELS, START_LENGTH, check_board,
-                              default_max_steps_without_food, render_rgb, render_text)
+from ddprl.envs.snake import (
+    DELTAS,
+    OBS_CHANNELS,
+    START_LENGTH,
+    check_board,
+    default_max_steps_without_food,
+    render_rgb,
+    render_text,
+)
 
 
 class SnakeGymEnv(gym.Env):
@@ -33,17 +40,21 @@ class SnakeGymEnv(gym.Env):
 
     metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 10}
 
-    def __init__(self, grid_size: int = 10, step_penalty: float = 0.0,
-                 max_steps_without_food: int | None = None, obs_mode: str = "planes",
-                 render_mode: str | None = None):
+    def __init__(
+        self,
+        grid_size: int = 10,
+        step_penalty: float = 0.0,
+        max_steps_without_food: int | None = None,
+        obs_mode: str = "planes",
+        render_mode: str | None = None,
+    ):
         if grid_size < 4:
             raise ValueError("grid_size must be >= 4")
         if obs_mode not in OBS_CHANNELS:
             raise ValueError(f"obs_mode must be one of {sorted(OBS_CHANNELS)}")
         self.grid_size, self.obs_mode, self.render_mode = grid_size, obs_mode, render_mode
         self.step_penalty = float(step_penalty)
-        self.max_steps_without_food = int(max_steps_without_food or
-                                          default_max_steps_without_food(grid_size))
+        self.max_steps_without_food = int(max_steps_without_food or default_max_steps_without_food(grid_size))
         shape = (OBS_CHANNELS[obs_mode], grid_size, grid_size)
         self.observation_space = gym.spaces.Box(0.0, 1.0, shape, np.float32)
         self.action_space = gym.spaces.Discrete(4)
@@ -57,8 +68,12 @@ class SnakeGymEnv(gym.Env):
         # placements where the 3-cell body and one free cell ahead fit on the board.
         d = int(rng.integers(4))
         dr, dc = DELTAS[d]
-        starts = [(r, c) for r in range(g) for c in range(g)
-                  if all(0 <= r + k * dr < g and 0 <= c + k * dc < g for k in (-2, -1, 0, 1))]
+        starts = [
+            (r, c)
+            for r in range(g)
+            for c in range(g)
+            if all(0 <= r + k * dr < g and 0 <= c + k * dc < g for k in (-2, -1, 0, 1))
+        ]
         r, c = starts[int(rng.integers(len(starts)))]
         self.body = deque((r - k * dr, c - k * dc) for k in range(START_LENGTH))
         self.direction, self.steps_since_food, self.score = d, 0, 0
@@ -100,8 +115,7 @@ class SnakeGymEnv(gym.Env):
         return None
 
     # ------------------------------------------------------------------ helpers
-    def set_state(self, body: Sequence[tuple[int, int]], direction: int, food,
-                  steps_since_food: int = 0) -> None:
+    def set_state(self, body: Sequence[tuple[int, int]], direction: int, food, steps_since_food: int = 0) -> None:
         """Put the game on a hand-made board (same arguments as ``SnakeEnv.set_state``)."""
         check_board(self.grid_size, body, direction, food)
         self.body = deque((int(r), int(c)) for r, c in body)

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -49,20 +50,53 @@ class JaxEnv:
 # gymnax 1.0.1's registered ids (the `jax` extra pins that version; a test compares). Written out
 # so that checking a task name never imports gymnax: its import starts JAX's backend, which
 # must wait for jax.distributed.initialize when this process is one of several (torchrun, srun).
-GYMNAX_IDS = ("CartPole-v1", "Pendulum-v1", "Acrobot-v1", "MountainCar-v0", "MountainCarContinuous-v0",
-              "Asterix-MinAtar", "Breakout-MinAtar", "Freeway-MinAtar", "Seaquest-MinAtar", "SpaceInvaders-MinAtar",
-              "Catch-bsuite", "DeepSea-bsuite", "MemoryChain-bsuite", "UmbrellaChain-bsuite",
-              "DiscountingChain-bsuite", "MNISTBandit-bsuite", "SimpleBandit-bsuite", "FourRooms-misc",
-              "MetaMaze-misc", "PointRobot-misc", "BernoulliBandit-misc", "GaussianBandit-misc", "Reacher-misc",
-              "Swimmer-misc", "Pong-misc", "FrozenLake-misc")
+GYMNAX_IDS = (
+    "CartPole-v1",
+    "Pendulum-v1",
+    "Acrobot-v1",
+    "MountainCar-v0",
+    "MountainCarContinuous-v0",
+    "Asterix-MinAtar",
+    "Breakout-MinAtar",
+    "Freeway-MinAtar",
+    "Seaquest-MinAtar",
+    "SpaceInvaders-MinAtar",
+    "Catch-bsuite",
+    "DeepSea-bsuite",
+    "MemoryChain-bsuite",
+    "UmbrellaChain-bsuite",
+    "DiscountingChain-bsuite",
+    "MNISTBandit-bsuite",
+    "SimpleBandit-bsuite",
+    "FourRooms-misc",
+    "MetaMaze-misc",
+    "PointRobot-misc",
+    "BernoulliBandit-misc",
+    "GaussianBandit-misc",
+    "Reacher-misc",
+    "Swimmer-misc",
+    "Pong-misc",
+    "FrozenLake-misc",
+)
 
 
 def gymnax_ids() -> list[str]:
     return list(GYMNAX_IDS)
 
 
-BRAX_ENVS = ("ant", "halfcheetah", "hopper", "humanoid", "humanoidstandup", "inverted_double_pendulum",
-             "inverted_pendulum", "pusher", "reacher", "swimmer", "walker2d")
+BRAX_ENVS = (
+    "ant",
+    "halfcheetah",
+    "hopper",
+    "humanoid",
+    "humanoidstandup",
+    "inverted_double_pendulum",
+    "inverted_pendulum",
+    "pusher",
+    "reacher",
+    "swimmer",
+    "walker2d",
+)
 
 
 def parse_task(task: str) -> tuple[str, str]:
@@ -86,8 +120,10 @@ def check_task(task: str) -> None:
     if name not in ids:
         near = difflib.get_close_matches(name, ids, n=3, cutoff=0.5)
         hint = f" (did you mean {', '.join('gymnax/' + n for n in near)}?)" if near else ""
-        raise UsageError(f"unknown task {task!r} for engine=jax{hint}; use gymnax/<id> (gymnax ids: "
-                         f"{', '.join(ids[:8])}, ...) or brax/<env> ({', '.join(BRAX_ENVS[:5])}, ...)")
+        raise UsageError(
+            f"unknown task {task!r} for engine=jax{hint}; use gymnax/<id> (gymnax ids: "
+            f"{', '.join(ids[:8])}, ...) or brax/<env> ({', '.join(BRAX_ENVS[:5])}, ...)"
+        )
 
 
 def make_jax_env(task: str, **kwargs: Any) -> JaxEnv:
@@ -130,21 +166,39 @@ def _gymnax(task: str, name: str, **kwargs: Any) -> JaxEnv:
         terminated = jnp.asarray(terminated, bool)
         # A terminal state at the time limit is a termination (no bootstrap), as in Gymnasium.
         truncated = jnp.asarray(truncated, bool) & ~terminated
-        return (state, jnp.asarray(obs, jnp.float32), jnp.asarray(reward, jnp.float32), terminated, truncated,
-                jnp.asarray(info["final_observation"], jnp.float32))
+        return (
+            state,
+            jnp.asarray(obs, jnp.float32),
+            jnp.asarray(reward, jnp.float32),
+            terminated,
+            truncated,
+            jnp.asarray(info["final_observation"], jnp.float32),
+        )
 
-    return JaxEnv(task, tuple(int(s) for s in obs_space.shape), discrete, action_dim, low, high,
-                  int(params.max_steps_in_episode), reset, step, _gymnax_renderer(name, env, params))
+    return JaxEnv(
+        task,
+        tuple(int(s) for s in obs_space.shape),
+        discrete,
+        action_dim,
+        low,
+        high,
+        int(params.max_steps_in_episode),
+        reset,
+        step,
+        _gymnax_renderer(name, env, params),
+    )
 
 
 def _gymnax_renderer(name: str, env: Any, params: Any) -> Callable[[Any], np.ndarray] | None:
     """Frames for gymnax classic control drawn by Gymnasium's own renderer (same physics state);
     the other tasks with a scene by ``ddprl.jax.pictures``."""
-    mapping = {"CartPole-v1": ("CartPole-v1", lambda s: [s.x, s.x_dot, s.theta, s.theta_dot]),
-               "Pendulum-v1": ("Pendulum-v1", lambda s: [s.theta, s.theta_dot]),
-               "Acrobot-v1": ("Acrobot-v1", lambda s: [s.joint_angle1, s.joint_angle2, s.velocity_1, s.velocity_2]),
-               "MountainCar-v0": ("MountainCar-v0", lambda s: [s.position, s.velocity]),
-               "MountainCarContinuous-v0": ("MountainCarContinuous-v0", lambda s: [s.position, s.velocity])}
+    mapping = {
+        "CartPole-v1": ("CartPole-v1", lambda s: [s.x, s.x_dot, s.theta, s.theta_dot]),
+        "Pendulum-v1": ("Pendulum-v1", lambda s: [s.theta, s.theta_dot]),
+        "Acrobot-v1": ("Acrobot-v1", lambda s: [s.joint_angle1, s.joint_angle2, s.velocity_1, s.velocity_2]),
+        "MountainCar-v0": ("MountainCar-v0", lambda s: [s.position, s.velocity]),
+        "MountainCarContinuous-v0": ("MountainCarContinuous-v0", lambda s: [s.position, s.velocity]),
+    }
     if name not in mapping:
         from ddprl.jax.pictures import gymnax_picture
 
@@ -167,8 +221,9 @@ def _gymnax_renderer(name: str, env: Any, params: Any) -> Callable[[Any], np.nda
     return render
 
 
-def _brax(task: str, name: str, backend: str = "mjx", episode_length: int = BRAX_EPISODE_STEPS,
-          **kwargs: Any) -> JaxEnv:
+def _brax(
+    task: str, name: str, backend: str = "mjx", episode_length: int = BRAX_EPISODE_STEPS, **kwargs: Any
+) -> JaxEnv:
     import jax
     import jax.numpy as jnp
     from brax import envs as brax_envs
@@ -204,5 +259,16 @@ def _brax(task: str, name: str, backend: str = "mjx", episode_length: int = BRAX
     def render(state: Any) -> np.ndarray:
         return np.asarray(env.render([state["env"].pipeline_state], height=240, width=320)[0])
 
-    return JaxEnv(task, (int(env.observation_size),), False, action_dim, -ones, ones, episode_length,
-                  reset, step, render, check_vma=False)
+    return JaxEnv(
+        task,
+        (int(env.observation_size),),
+        False,
+        action_dim,
+        -ones,
+        ones,
+        episode_length,
+        reset,
+        step,
+        render,
+        check_vma=False,
+    )

@@ -13,16 +13,38 @@ returns None for them and a video is refused with a message saying so.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 SIZE = 320  # pixels of a frame's longer side
-GRID_OBSERVATIONS = ("Asterix-MinAtar", "Breakout-MinAtar", "Freeway-MinAtar", "Seaquest-MinAtar",
-                     "SpaceInvaders-MinAtar", "Catch-bsuite", "DeepSea-bsuite", "Pong-misc")
+GRID_OBSERVATIONS = (
+    "Asterix-MinAtar",
+    "Breakout-MinAtar",
+    "Freeway-MinAtar",
+    "Seaquest-MinAtar",
+    "SpaceInvaders-MinAtar",
+    "Catch-bsuite",
+    "DeepSea-bsuite",
+    "Pong-misc",
+)
 # one colour per observation channel (then repeated), on a dark background
-PALETTE = np.array([(240, 240, 240), (230, 90, 60), (80, 170, 230), (250, 200, 60), (120, 200, 90),
-                    (200, 110, 220), (60, 200, 190), (245, 150, 170), (150, 150, 255), (200, 200, 120)], np.uint8)
+PALETTE = np.array(
+    [
+        (240, 240, 240),
+        (230, 90, 60),
+        (80, 170, 230),
+        (250, 200, 60),
+        (120, 200, 90),
+        (200, 110, 220),
+        (60, 200, 190),
+        (245, 150, 170),
+        (150, 150, 255),
+        (200, 200, 120),
+    ],
+    np.uint8,
+)
 BACKGROUND = np.array((25, 25, 35), np.uint8)
 
 
@@ -40,15 +62,24 @@ def gymnax_picture(name: str, env: Any, params: Any) -> Callable[[Any], np.ndarr
         return _frozen_lake(env)
     if name == "PointRobot-misc":
         radius = float(params.goal_radius)
-        return lambda state: plane_picture(1.5, goals=[(np.asarray(state.goal), radius)],
-                                           agents=[np.asarray(state.pos)], arc=float(params.circle_radius))
+        return lambda state: plane_picture(
+            1.5,
+            goals=[(np.asarray(state.goal), radius)],
+            agents=[np.asarray(state.pos)],
+            arc=float(params.circle_radius),
+        )
     if name == "Reacher-misc":
         reach = float(env.num_joints)
-        return lambda state: plane_picture(reach + 0.5, goals=[(np.asarray(state.goal_xy), 0.15)],
-                                           arm=np.asarray(state.angles))
+        return lambda state: plane_picture(
+            reach + 0.5, goals=[(np.asarray(state.goal_xy), 0.15)], arm=np.asarray(state.angles)
+        )
     if name == "Swimmer-misc":
-        return lambda state: plane_picture(2.0, goals=[(np.asarray(state.goal_xy), 0.15)],
-                                           agents=[np.asarray(state.xy)], obstacles=np.asarray(state.urchin_xys))
+        return lambda state: plane_picture(
+            2.0,
+            goals=[(np.asarray(state.goal_xy), 0.15)],
+            agents=[np.asarray(state.xy)],
+            obstacles=np.asarray(state.urchin_xys),
+        )
     return None
 
 
@@ -100,9 +131,14 @@ def _frozen_lake(env: Any) -> Callable[[Any], np.ndarray]:
     return render
 
 
-def plane_picture(extent: float, goals: list[tuple[np.ndarray, float]] = (), agents: list[np.ndarray] = (),
-                  obstacles: np.ndarray | None = None, arm: np.ndarray | None = None,
-                  arc: float | None = None) -> np.ndarray:
+def plane_picture(
+    extent: float,
+    goals: list[tuple[np.ndarray, float]] = (),
+    agents: list[np.ndarray] = (),
+    obstacles: np.ndarray | None = None,
+    arm: np.ndarray | None = None,
+    arc: float | None = None,
+) -> np.ndarray:
     """Points of the square [-extent, extent]^2 (y up): goals as green circles of their radius,
     obstacles red, agents blue; ``arm``: unit links at these absolute angles from the origin;
     ``arc``: the upper half circle of that radius (where PointRobot's goals lie)."""

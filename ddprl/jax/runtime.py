@@ -23,7 +23,8 @@ import pickle
 import sys
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,8 +47,9 @@ def require_jax() -> None:
         raise UsageError("engine=jax needs JAX: pip install 'ddprl[jax]' (CPU; see docs/jax.md for CUDA)") from None
 
 
-def process_identity(cfg: Any, environ: dict[str, str] | os._Environ = os.environ,
-                     local_index: int | None = None) -> tuple[int, int, str]:
+def process_identity(
+    cfg: Any, environ: dict[str, str] | os._Environ = os.environ, local_index: int | None = None
+) -> tuple[int, int, str]:
     """``(process_id, num_processes, coordinator "host:port")`` of this JAX process."""
     r = rendezvous_from_env(cfg, environ, local_index if local_index is not None else 0)
     # torchrun's own rendezvous store listens on MASTER_PORT: JAX's coordinator takes the next one.
@@ -67,8 +69,12 @@ def start_jax(cfg: Any, process_id: int, num_processes: int, coordinator: str) -
     if platform is not None:
         jax.config.update("jax_platforms", platform)
     if num_processes > 1:
-        jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                                   process_id=process_id, initialization_timeout=int(cfg.dist_timeout))
+        jax.distributed.initialize(
+            coordinator_address=coordinator,
+            num_processes=num_processes,
+            process_id=process_id,
+            initialization_timeout=int(cfg.dist_timeout),
+        )
 
 
 def select_devices(devices: Any) -> list[Any]:
@@ -80,8 +86,10 @@ def select_devices(devices: Any) -> list[Any]:
         return local
     n = int(devices)
     if n > len(local):
-        raise UsageError(f"devices={n} but this process sees {len(local)} {local[0].platform} device(s); "
-                         f"use devices={len(local)} or fewer ({SIMULATE_HINT})")
+        raise UsageError(
+            f"devices={n} but this process sees {len(local)} {local[0].platform} device(s); "
+            f"use devices={len(local)} or fewer ({SIMULATE_HINT})"
+        )
     return local[:n]
 
 
@@ -119,9 +127,9 @@ class JaxRuntime:
         data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
         sizes = self._mu.process_allgather(np.array([data.size], np.int64)).reshape(-1)
         padded = np.zeros(int(sizes.max()), np.uint8)
-        padded[:data.size] = data
+        padded[: data.size] = data
         gathered = np.asarray(self._mu.process_allgather(padded)).reshape(self.world_size, -1)
-        return [pickle.loads(gathered[i, :int(sizes[i])].tobytes()) for i in range(self.world_size)]
+        return [pickle.loads(gathered[i, : int(sizes[i])].tobytes()) for i in range(self.world_size)]
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         return obj if self.world_size == 1 else self.all_gather_object(obj)[src]
@@ -138,12 +146,14 @@ def verify(rt: JaxRuntime) -> bool:
     """The cheap part of ``ddprl doctor``: a psum over every device of the mesh returns N(N+1)/2."""
     import jax
     import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     n = rt.num_devices
     summed = jax.jit(jax.shard_map(lambda x: jax.lax.psum(x, AXIS), mesh=rt.mesh, in_specs=P(AXIS), out_specs=P()))
     values = jax.make_array_from_callback(
-        (n,), NamedSharding(rt.mesh, P(AXIS)), lambda idx: np.arange(n, dtype=np.float32)[idx] + 1)
+        (n,), NamedSharding(rt.mesh, P(AXIS)), lambda idx: np.arange(n, dtype=np.float32)[idx] + 1
+    )
     out = summed(values)
     return all(float(jnp.asarray(s.data).reshape(-1)[0]) == n * (n + 1) / 2 for s in out.addressable_shards)
 
@@ -151,7 +161,8 @@ def verify(rt: JaxRuntime) -> bool:
 def doctor(rt: JaxRuntime, cfg: Any, size_mb: float = 64.0) -> None:
     """``ddprl doctor engine=jax``: processes, devices, mesh, a psum check, pmean bandwidth."""
     import jax
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     ok = verify(rt)
     n = rt.num_devices
@@ -170,11 +181,15 @@ def doctor(rt: JaxRuntime, cfg: Any, size_mb: float = 64.0) -> None:
         algbw = numel * 4 / 1e9 / seconds
         busbw = algbw * 2 * (n - 1) / n if n > 1 else 0.0
         print(f"jax {jax.__version__}  platform: {rt.platform}  processes: {rt.world_size} (this one: {rt.rank})")
-        print(f"local devices: {len(rt.local_devices)}  global devices: {len(jax.devices())}  "
-              f"mesh: {dict(rt.mesh.shape)} over {', '.join(str(d) for d in rt.mesh.devices.flat)}")
+        print(
+            f"local devices: {len(rt.local_devices)}  global devices: {len(jax.devices())}  "
+            f"mesh: {dict(rt.mesh.shape)} over {', '.join(str(d) for d in rt.mesh.devices.flat)}"
+        )
         print(f"psum correctness: {'OK' if all_ok else 'FAILED'} (expected {n * (n + 1) // 2} on every device)")
-        print(f"pmean {numel * 4 / 2**20:.0f} MiB per device: {seconds * 1e3:.1f} ms, algbw {algbw:.2f} GB/s, "
-              f"busbw {busbw:.2f} GB/s")
+        print(
+            f"pmean {numel * 4 / 2**20:.0f} MiB per device: {seconds * 1e3:.1f} ms, algbw {algbw:.2f} GB/s, "
+            f"busbw {busbw:.2f} GB/s"
+        )
         print("doctor: OK" if all_ok else "doctor: FAILED", flush=True)
     if not all_ok:
         raise RuntimeError("psum over the mesh returned wrong sums: the device set-up is broken")

@@ -42,8 +42,9 @@ def from_flat(flat: dict[str, torch.Tensor], template: Any, what: str) -> Any:
             raise UsageError(f"checkpoint has no {what}{name}: it was written by another model or ddprl version")
         value = flat[name].numpy()
         if tuple(value.shape) != tuple(np.shape(leaf)):
-            raise UsageError(f"checkpoint {what}{name} has shape {tuple(value.shape)}, the model needs "
-                             f"{tuple(np.shape(leaf))}")
+            raise UsageError(
+                f"checkpoint {what}{name} has shape {tuple(value.shape)}, the model needs {tuple(np.shape(leaf))}"
+            )
         out.append(value.astype(np.asarray(leaf).dtype))
     return jax.tree_util.tree_unflatten(treedef, out)
 

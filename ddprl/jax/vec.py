@@ -55,19 +55,26 @@ class JaxVecEnv:
         self._t += 1
         keys = self._keys(self._seed + 1_000_003 * self._t)  # the envs' own randomness, step by step
         self._state, obs, reward, terminated, truncated, final_obs = jax.device_get(
-            self._step(keys, self._state, action))
+            self._step(keys, self._state, action)
+        )
         reward = np.array(reward, np.float32)
         done = np.asarray(terminated) | np.asarray(truncated)
         self._return += reward
         self._length += 1
-        info = {"final_obs": torch.from_numpy(np.array(final_obs, np.float32)),
-                "episode_return": torch.from_numpy(self._return.copy()),
-                "episode_length": torch.from_numpy(self._length.copy())}
+        info = {
+            "final_obs": torch.from_numpy(np.array(final_obs, np.float32)),
+            "episode_return": torch.from_numpy(self._return.copy()),
+            "episode_length": torch.from_numpy(self._length.copy()),
+        }
         self._return[done] = 0.0
         self._length[done] = 0
-        return (torch.from_numpy(np.array(obs, np.float32)), torch.from_numpy(reward),
-                torch.from_numpy(np.asarray(terminated, bool).copy()), torch.from_numpy(np.asarray(truncated, bool).copy()),
-                info)
+        return (
+            torch.from_numpy(np.array(obs, np.float32)),
+            torch.from_numpy(reward),
+            torch.from_numpy(np.asarray(terminated, bool).copy()),
+            torch.from_numpy(np.asarray(truncated, bool).copy()),
+            info,
+        )
 
     def render_rgb(self) -> np.ndarray:
         """A frame of env 0 (classic control through Gymnasium's renderer, brax through MuJoCo's,
@@ -75,8 +82,10 @@ class JaxVecEnv:
         import jax
 
         if self.env.render is None:
-            raise UsageError(f"video: {self.env.task} has no scene to draw (bandit and chain tasks observe a few "
-                             "numbers); ddprl eval gives its returns")
+            raise UsageError(
+                f"video: {self.env.task} has no scene to draw (bandit and chain tasks observe a few "
+                "numbers); ddprl eval gives its returns"
+            )
         return self.env.render(jax.tree.map(lambda x: np.asarray(x)[0], self._state))
 
     def close(self) -> None:

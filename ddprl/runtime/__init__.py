@@ -17,14 +17,49 @@ features detected, not assumed).
 """
 
 from ddprl.runtime.collectives import Runtime, parameter_checksum, unwrap
-from ddprl.runtime.launch import (RankFailed, exit_process, launch, prepare_spawn, runs_in_this_process, setup_logging,
-                                  spawn)
+from ddprl.runtime.launch import (
+    RankFailed,
+    exit_process,
+    launch,
+    prepare_spawn,
+    runs_in_this_process,
+    setup_logging,
+    spawn,
+)
 from ddprl.runtime.nccl import NCCL_PRESETS, apply_nccl_preset
-from ddprl.runtime.placement import (Placement, check_port_free, choose_device_and_backend, detect_launcher,
-                                     free_port, placement_from_env, resolve_world_size,
-                                     resolved_config)
+from ddprl.runtime.placement import (
+    Placement,
+    check_port_free,
+    choose_device_and_backend,
+    detect_launcher,
+    free_port,
+    placement_from_env,
+    resolve_world_size,
+    resolved_config,
+)
 from ddprl.runtime.seeding import Seeds, env_seed
 
-__all__ = ["Runtime", "launch", "exit_process", "prepare_spawn", "runs_in_this_process", "RankFailed", "spawn", "setup_logging", "unwrap", "parameter_checksum",
-           "Placement", "detect_launcher", "placement_from_env", "choose_device_and_backend", "free_port",
-           "check_port_free", "resolve_world_size", "resolved_config", "NCCL_PRESETS", "apply_nccl_preset", "Seeds", "env_seed"]
+__all__ = [
+    "Runtime",
+    "launch",
+    "exit_process",
+    "prepare_spawn",
+    "runs_in_this_process",
+    "RankFailed",
+    "spawn",
+    "setup_logging",
+    "unwrap",
+    "parameter_checksum",
+    "Placement",
+    "detect_launcher",
+    "placement_from_env",
+    "choose_device_and_backend",
+    "free_port",
+    "check_port_free",
+    "resolve_world_size",
+    "resolved_config",
+    "NCCL_PRESETS",
+    "apply_nccl_preset",
+    "Seeds",
+    "env_seed",
+]

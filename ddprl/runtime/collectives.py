@@ -47,14 +47,23 @@ class Runtime:
             torch.cuda.set_device(self.device)
         store = elastic_attempt_store(dist_timeout) if placement.launcher == "torchrun" else None
         if store is not None:
-            dist.init_process_group(backend=self.backend, store=store, rank=self.rank, world_size=self.world_size,
-                                    timeout=self.timeout)
+            dist.init_process_group(
+                backend=self.backend, store=store, rank=self.rank, world_size=self.world_size, timeout=self.timeout
+            )
         else:
             # Under torchrun, env:// reuses the store its agent already serves on MASTER_PORT.
-            init_method = ("env://" if placement.launcher == "torchrun"
-                           else f"tcp://{_url_host(placement.master_addr)}:{placement.master_port}")
-            dist.init_process_group(backend=self.backend, init_method=init_method, rank=self.rank,
-                                    world_size=self.world_size, timeout=self.timeout)
+            init_method = (
+                "env://"
+                if placement.launcher == "torchrun"
+                else f"tcp://{_url_host(placement.master_addr)}:{placement.master_port}"
+            )
+            dist.init_process_group(
+                backend=self.backend,
+                init_method=init_method,
+                rank=self.rank,
+                world_size=self.world_size,
+                timeout=self.timeout,
+            )
 
     # -- modules ---------------------------------------------------------------------------
 
@@ -146,7 +155,7 @@ class Runtime:
             # One collective for the whole dict: pack scalars into one float64 vector.
             flat = torch.stack([torch.as_tensor(value[k], dtype=torch.float64).reshape(()).cpu() for k in keys])
             reduced = self._reduce(flat, mean)
-            return {k: float(v) for k, v in zip(keys, reduced.tolist())}
+            return {k: float(v) for k, v in zip(keys, reduced.tolist(), strict=True)}
         if isinstance(value, torch.Tensor):
             out = value.detach().clone()
             comm = out.to(self._comm_device()) if out.device != self._comm_device() else out
@@ -285,14 +294,15 @@ def elastic_attempt_store(dist_timeout: float) -> Any:
     if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or int(env.get("TORCHELASTIC_MAX_RESTARTS", "0")) == 0:
         return None
     if env.get("RANK") == "0" and env.get("WORLD_SIZE") != env.get("LOCAL_WORLD_SIZE"):
-        log.warning("torchrun restarts on several nodes: export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 to torchrun "
-                    "on every node, or a restart of one node's workers may hang in the rendezvous")
-    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
-                          timeout=datetime.timedelta(seconds=dist_timeout))
+        log.warning(
+            "torchrun restarts on several nodes: export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 to torchrun "
+            "on every node, or a restart of one node's workers may hang in the rendezvous"
+        )
+    store = dist.TCPStore(
+        env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=datetime.timedelta(seconds=dist_timeout)
+    )
     return dist.PrefixStore(f"ddprl/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def _url_host(addr: str) -> str:
     return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
-
-

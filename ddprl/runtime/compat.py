@@ -17,7 +17,8 @@ import functools
 import inspect
 import logging
 import re
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 # --------------------------------------------------------------------------- DDP
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ddp_accepts(keyword: str) -> bool:
     """Whether ``DistributedDataParallel(...)`` takes ``keyword`` in this torch."""
     return keyword in inspect.signature(DistributedDataParallel.__init__).parameters
@@ -52,7 +53,7 @@ _COMPILED_ATTR = "_orig_mod"
 COMPILED_PREFIX = _COMPILED_ATTR + "."
 
 
-def compiled_inner(module: Any) -> Optional[nn.Module]:
+def compiled_inner(module: Any) -> nn.Module | None:
     """The module that ``torch.compile`` wrapped into ``module``; None when ``module`` is not such a wrapper."""
     inner = getattr(module, _COMPILED_ATTR, None)
     return inner if isinstance(inner, nn.Module) else None
@@ -91,7 +92,7 @@ def foreach_sub_(tensors: list[torch.Tensor], others: list[torch.Tensor]) -> Non
     if _foreach_sub is not None:
         _foreach_sub(tensors, others)
     else:
-        for t, o in zip(tensors, others):
+        for t, o in zip(tensors, others, strict=True):
             t.sub_(o)
 
 
@@ -119,7 +120,7 @@ def mark_static_address(tensor: torch.Tensor) -> None:
         mark(tensor)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _counters() -> Any:
     from torch._dynamo.utils import counters
 
@@ -136,9 +137,9 @@ def cudagraph_skip_count() -> int:
     return _counters()["inductor"]["cudagraph_skips"]
 
 
-def code_of(fn: Callable) -> Optional[Any]:
+def code_of(fn: Callable) -> Any | None:
     """The code object Dynamo compiles for ``fn`` (a function, a bound method, a callable object)."""
-    for candidate in (fn, getattr(fn, "__func__", None), getattr(type(fn), "__call__", None)):
+    for candidate in (fn, getattr(fn, "__func__", None), getattr(type(fn), "__call__", None)):  # noqa: B004 (the method, not a test)
         code = getattr(candidate, "__code__", None)
         if code is not None:
             return code
@@ -148,8 +149,8 @@ def code_of(fn: Callable) -> Optional[Any]:
 _COMPILE_ID = re.compile(r"^\s*\[?\d+/\d+\]?:\s*")
 
 
-@functools.lru_cache(maxsize=None)
-def _guard_failures() -> Optional[dict]:
+@functools.cache
+def _guard_failures() -> dict | None:
     try:
         from torch._dynamo.utils import guard_failures
     except ImportError:
@@ -197,7 +198,7 @@ def _limit_config() -> tuple[Any, str]:
     raise AttributeError("this torch has no Dynamo recompile limit")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compile_errors() -> tuple[type[BaseException], ...]:
     """What a compiled call raises when compiling fails (not when the compiled code runs):
     Dynamo's errors, a graph break under ``fullgraph=True`` and the recompile limit among them."""
@@ -252,8 +253,8 @@ class _Recorder(logging.Handler):
         self.total += 1
 
 
-@functools.lru_cache(maxsize=None)
-def _cudagraph_skip_recorder() -> Optional[_Recorder]:
+@functools.cache
+def _cudagraph_skip_recorder() -> _Recorder | None:
     """A handler on the logger inductor writes "skipping cudagraphs due to …" to (found by the
     function that writes it), installed once; None where this torch has no such logger."""
     try:
@@ -288,4 +289,3 @@ def cudagraph_skip_messages(since: int) -> list[str]:
         return []
     new = recorder.total - since
     return list(recorder.messages)[-new:] if new > 0 else []
-

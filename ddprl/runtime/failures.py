@@ -30,8 +30,14 @@ _report_path: str | None = None
 
 # How a collective says a peer is gone (gloo, NCCL, the store): errors that follow another
 # rank's failure rather than cause one.
-PEER_FAILURE_TEXT = ("Connection closed by peer", "Connection reset by peer", "NCCL communicator was aborted",
-                     "Broken pipe", "timed out", "Timed out")
+PEER_FAILURE_TEXT = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "NCCL communicator was aborted",
+    "Broken pipe",
+    "timed out",
+    "Timed out",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,9 +95,14 @@ def record_failure(rank: int | None, e: BaseException) -> None:
     path = _report_path
     if path is None or os.path.exists(path):
         return
-    report = {"rank": rank, "time": caught, "summary": summary(e), "consequence": is_consequence(e),
-              "usage": isinstance(e, UsageError),
-              "traceback": "".join(traceback.format_exception(type(e), e, e.__traceback__))}
+    report = {
+        "rank": rank,
+        "time": caught,
+        "summary": summary(e),
+        "consequence": is_consequence(e),
+        "usage": isinstance(e, UsageError),
+        "traceback": "".join(traceback.format_exception(type(e), e, e.__traceback__)),
+    }
     try:
         with open(path + ".tmp", "w") as f:
             json.dump(report, f)
@@ -107,8 +118,15 @@ def read_report(path: str, index: int) -> Failure | None:
             r = json.load(f)
     except (OSError, ValueError):
         return None
-    return Failure(index=index, rank=r["rank"], time=r["time"], summary=r["summary"],
-                   consequence=r["consequence"], usage=r["usage"], traceback=r["traceback"])
+    return Failure(
+        index=index,
+        rank=r["rank"],
+        time=r["time"],
+        summary=r["summary"],
+        consequence=r["consequence"],
+        usage=r["usage"],
+        traceback=r["traceback"],
+    )
 
 
 def root_cause(failures: list[Failure]) -> Failure | None:

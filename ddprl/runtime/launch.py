@@ -20,7 +20,8 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
@@ -29,8 +30,16 @@ from ddprl.errors import UsageError
 from ddprl.runtime import collectives, failures, preemption
 from ddprl.runtime.collectives import Runtime
 from ddprl.runtime.nccl import apply_nccl_preset
-from ddprl.runtime.placement import (Placement, check_port_free, choose_device_and_backend, detect_launcher,
-                                     free_port, placement_from_env, resolved_config, spawn_master_addr)
+from ddprl.runtime.placement import (
+    Placement,
+    check_port_free,
+    choose_device_and_backend,
+    detect_launcher,
+    free_port,
+    placement_from_env,
+    resolved_config,
+    spawn_master_addr,
+)
 
 log = logging.getLogger("ddprl")
 
@@ -219,8 +228,9 @@ def spawn(child: Callable[..., None], args: tuple, nprocs: int, stop_grace_s: fl
     reports = tempfile.mkdtemp(prefix="ddprl-failures-")
     previous: dict[int, Any] = {}
     try:
-        context = mp.start_processes(_reporting_child, args=(child, reports, args), nprocs=nprocs, join=False,
-                                     start_method="spawn")
+        context = mp.start_processes(
+            _reporting_child, args=(child, reports, args), nprocs=nprocs, join=False, start_method="spawn"
+        )
         processes = context.processes
 
         def forward(signum: int, frame: Any) -> None:
@@ -252,8 +262,11 @@ def spawn(child: Callable[..., None], args: tuple, nprocs: int, stop_grace_s: fl
         _stop(processes, stop_grace_s)
         failed = [_failure(reports, i, code, ended_at[i]) for i, code in unasked.items() if _failed(code)]
         # Processes stopped here may still have reported an error of their own (or an echo).
-        failed += [f for i in range(nprocs) if i not in unasked
-                   and (f := failures.read_report(_report_file(reports, i), i)) is not None]
+        failed += [
+            f
+            for i in range(nprocs)
+            if i not in unasked and (f := failures.read_report(_report_file(reports, i), i)) is not None
+        ]
         cause = failures.root_cause(failed)
         if cause is None:
             if preemption.PREEMPTED_EXIT_CODE in unasked.values():

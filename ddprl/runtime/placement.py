@@ -10,8 +10,9 @@ import re
 import shutil
 import socket
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -92,12 +93,16 @@ def _expand_ranges(group: str, hostlist: str) -> list[str]:
 def slurm_hosts(environ: Mapping[str, str]) -> list[str]:
     """The hosts of this SLURM step (else job), in SLURM's order: ``scontrol`` when present (it
     knows site-specific syntax), the pure-Python expansion otherwise."""
-    hostlist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", "")
+    hostlist = (
+        environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", "")
+    )
     if not hostlist:
         return []
     if shutil.which("scontrol"):
         try:
-            out = subprocess.run(["scontrol", "show", "hostnames", hostlist], capture_output=True, text=True, timeout=30)
+            out = subprocess.run(
+                ["scontrol", "show", "hostnames", hostlist], capture_output=True, text=True, timeout=30
+            )
             if out.returncode == 0 and out.stdout.split():
                 return out.stdout.split()
         except (OSError, subprocess.SubprocessError):
@@ -111,8 +116,11 @@ def slurm_tasks_per_node(environ: Mapping[str, str]) -> list[int]:
     >>> slurm_tasks_per_node({"SLURM_NTASKS_PER_NODE": "2(x3),1"})
     [2, 2, 2, 1]
     """
-    text = (environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
-            or environ.get("SLURM_NTASKS_PER_NODE", ""))
+    text = (
+        environ.get("SLURM_STEP_TASKS_PER_NODE")
+        or environ.get("SLURM_TASKS_PER_NODE")
+        or environ.get("SLURM_NTASKS_PER_NODE", "")
+    )
     counts: list[int] = []
     for item in filter(None, text.split(",")):
         m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
@@ -137,8 +145,10 @@ def _slurm_rendezvous(cfg: Any, environ: Mapping[str, str]) -> tuple[int, str, i
     if not addr:
         hosts = slurm_hosts(environ)
         if not hosts:
-            raise UsageError("under SLURM, neither master_addr=, MASTER_ADDR nor SLURM_JOB_NODELIST names rank 0's "
-                             "host; pass master_addr=<host>")
+            raise UsageError(
+                "under SLURM, neither master_addr=, MASTER_ADDR nor SLURM_JOB_NODELIST names rank 0's "
+                "host; pass master_addr=<host>"
+            )
         addr = hosts[0]
     if str(cfg.master_port) != "auto":
         port = int(cfg.master_port)
@@ -219,8 +229,7 @@ class Rendezvous:
     master_port: int
 
 
-def rendezvous_from_env(cfg: Any, environ: Mapping[str, str] = os.environ,
-                        local_rank: int | None = None) -> Rendezvous:
+def rendezvous_from_env(cfg: Any, environ: Mapping[str, str] = os.environ, local_rank: int | None = None) -> Rendezvous:
     """This process's place from the launcher's variables (or the spawner's arguments)."""
     launcher = detect_launcher(environ)
     if launcher == "torchrun":
@@ -228,8 +237,10 @@ def rendezvous_from_env(cfg: Any, environ: Mapping[str, str] = os.environ,
         # must meet there, so another address given to ddprl cannot be honoured.
         for name, value in (("master_addr", cfg.master_addr), ("master_port", cfg.master_port)):
             if str(value) != "auto" and str(value) != environ.get(name.upper()):
-                raise UsageError(f"{name}={value} under torchrun: torchrun sets the rendezvous; give it "
-                                 f"--{name.replace('_', '-')} instead and leave {name} out")
+                raise UsageError(
+                    f"{name}={value} under torchrun: torchrun sets the rendezvous; give it "
+                    f"--{name.replace('_', '-')} instead and leave {name} out"
+                )
         rank, world_size = int(environ["RANK"]), int(environ["WORLD_SIZE"])
         local_rank = int(environ.get("LOCAL_RANK", "0"))
         local_world_size = int(environ.get("LOCAL_WORLD_SIZE", str(world_size)))
@@ -253,8 +264,10 @@ def spawn_master_addr(cfg: Any) -> str:
     if cfg.master_addr != "auto":
         return cfg.master_addr
     if cfg.nnodes > 1:
-        raise UsageError(f"nnodes={cfg.nnodes} needs master_addr=<rank 0's host> on every node "
-                         "(the same name or address each node can reach)")
+        raise UsageError(
+            f"nnodes={cfg.nnodes} needs master_addr=<rank 0's host> on every node "
+            "(the same name or address each node can reach)"
+        )
     return "127.0.0.1"
 
 
@@ -262,8 +275,17 @@ def placement_from_env(cfg: Any, environ: Mapping[str, str] = os.environ, local_
     """Work out this process's place from the launcher's variables (or the spawner's arguments)."""
     r = rendezvous_from_env(cfg, environ, local_rank)
     device, backend = choose_device_and_backend(cfg.device, cfg.backend, r.local_rank, r.local_world_size)
-    return Placement(r.launcher, r.rank, r.local_rank, r.world_size, r.local_world_size, r.master_addr,
-                     r.master_port, device, backend)
+    return Placement(
+        r.launcher,
+        r.rank,
+        r.local_rank,
+        r.world_size,
+        r.local_world_size,
+        r.master_addr,
+        r.master_port,
+        device,
+        backend,
+    )
 
 
 def resolved_config(cfg: Any) -> Any:

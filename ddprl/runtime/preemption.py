@@ -111,8 +111,14 @@ class StopCheck:
         name = received()
         if hasattr(self.rt, "all_reduce_sum"):
             mine = signal.Signals[name].value if name else 0
-            total = self.rt.all_reduce_sum({"ranks": float(mine > 0), "signum": float(mine),
-                                            "rank": float(self.rt.rank if mine else 0), "elapsed": elapsed})
+            total = self.rt.all_reduce_sum(
+                {
+                    "ranks": float(mine > 0),
+                    "signum": float(mine),
+                    "rank": float(self.rt.rank if mine else 0),
+                    "elapsed": elapsed,
+                }
+            )
             mean_elapsed = total["elapsed"] / self.rt.world_size
             if total["ranks"] == 0:
                 return None, mean_elapsed

@@ -25,8 +25,15 @@ ALGORITHM = Algorithm(
     description="any torch model and dataset: exact distributed metrics, early stopping (Trainer API)",
 )
 
-_LAZY = {"Trainer": "trainer", "FitResult": "trainer", "Task": "task", "EarlyStopping": "early_stopping",
-         "accuracy": "metrics", "mse": "metrics", "mae": "metrics"}
+_LAZY = {
+    "Trainer": "trainer",
+    "FitResult": "trainer",
+    "Task": "task",
+    "EarlyStopping": "early_stopping",
+    "accuracy": "metrics",
+    "mse": "metrics",
+    "mae": "metrics",
+}
 
 
 def __getattr__(name: str):

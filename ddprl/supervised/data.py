@@ -14,7 +14,8 @@ in rank order they are the set in its own order.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
@@ -61,14 +62,17 @@ def _loader_kwargs(cfg: Any, collate_fn: Any) -> dict[str, Any]:
 
 def train_loader(dataset: Any, cfg: Any, rank: int, world_size: int, collate_fn: Any = None) -> DataLoader:
     """This rank's training batches of ``batch_size``; call ``loader.sampler.start_at(e)`` every epoch."""
-    sampler = EpochSampler(dataset, num_replicas=world_size, rank=rank, shuffle=cfg.shuffle,
-                                 seed=cfg.seed, drop_last=cfg.drop_last)
-    return DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler, drop_last=cfg.drop_last,
-                      **_loader_kwargs(cfg, collate_fn))
+    sampler = EpochSampler(
+        dataset, num_replicas=world_size, rank=rank, shuffle=cfg.shuffle, seed=cfg.seed, drop_last=cfg.drop_last
+    )
+    return DataLoader(
+        dataset, batch_size=cfg.batch_size, sampler=sampler, drop_last=cfg.drop_last, **_loader_kwargs(cfg, collate_fn)
+    )
 
 
 def eval_loader(dataset: Any, cfg: Any, rank: int, world_size: int, collate_fn: Any = None) -> DataLoader:
     """This rank's shard of an evaluation set: every sample counted once over the ranks."""
     sampler = ShardSampler(len(dataset), rank, world_size)
-    return DataLoader(dataset, batch_size=cfg.eval_batch_size or cfg.batch_size, sampler=sampler,
-                      **_loader_kwargs(cfg, collate_fn))
+    return DataLoader(
+        dataset, batch_size=cfg.eval_batch_size or cfg.batch_size, sampler=sampler, **_loader_kwargs(cfg, collate_fn)
+    )

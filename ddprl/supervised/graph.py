@@ -66,8 +66,7 @@ def particle_graph(pos: torch.Tensor, radius: float) -> tuple[Data, float]:
 
 
 @functools.lru_cache(maxsize=4)
-def graph_splits(num_graphs: int, min_nodes: int, max_nodes: int, radius: float,
-                 split_seed: int) -> dict[str, Any]:
+def graph_splits(num_graphs: int, min_nodes: int, max_nodes: int, radius: float, split_seed: int) -> dict[str, Any]:
     """``{"train"|"val"|"test": [Data], "mean": float, "std": float}``, the same in every process.
 
     Cached: the three split factories of a process share one generation.
@@ -86,7 +85,7 @@ def graph_splits(num_graphs: int, min_nodes: int, max_nodes: int, radius: float,
     train_energies = torch.tensor(energies[:n_train], dtype=torch.float64)
     mean, std = train_energies.mean().item(), train_energies.std().item()  # training statistics only
     std = std if std > 0 else 1.0  # e.g. a radius so small that no graph has an edge: every energy 0
-    for graph, energy in zip(graphs, energies):
+    for graph, energy in zip(graphs, energies, strict=True):
         graph.y = torch.tensor([[(energy - mean) / std]], dtype=torch.float32)  # [1, 1]: batches give [G, 1]
     return {**{split: graphs[a:b] for split, (a, b) in bounds.items()}, "mean": mean, "std": std}
 
@@ -109,8 +108,9 @@ class PairConv(MessagePassing):
     def __init__(self, in_channels: int, out_channels: int, edge_channels: int):
         super().__init__(aggr="add")  # sum: pair terms add up
         # SiLU, not ReLU: the potential is smooth, so is the fit.
-        self.message_net = nn.Sequential(nn.Linear(2 * in_channels + edge_channels, out_channels), nn.SiLU(),
-                                         nn.Linear(out_channels, out_channels))
+        self.message_net = nn.Sequential(
+            nn.Linear(2 * in_channels + edge_channels, out_channels), nn.SiLU(), nn.Linear(out_channels, out_channels)
+        )
         self.update_net = nn.Sequential(nn.Linear(in_channels + out_channels, out_channels), nn.SiLU())
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor, edge_attr: torch.Tensor) -> torch.Tensor:
@@ -137,7 +137,7 @@ class EnergyGNN(nn.Module):
         self.radius, self.num_rbf = radius, num_rbf
         self.gamma = ((num_rbf - 1) / radius) ** 2  # Gaussians one centre spacing wide
         widths = [in_channels, *hidden_sizes]
-        self.convs = nn.ModuleList(PairConv(a, b, 2 + num_rbf) for a, b in zip(widths, widths[1:]))
+        self.convs = nn.ModuleList(PairConv(a, b, 2 + num_rbf) for a, b in zip(widths, widths[1:], strict=False))
         self.head = nn.Linear(widths[-1], 1)
 
     def edge_features(self, pos: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
@@ -160,8 +160,10 @@ def _options(cfg: Any) -> tuple[int, int, int, float, int]:
     given = dict(cfg.task_options)
     unknown = sorted(set(given) - set(OPTIONS))
     if unknown:
-        raise UsageError(f"task=graph_energy has no option(s) {', '.join(unknown)}; "
-                         f"it takes {', '.join(f'{k} (default {v})' for k, v in OPTIONS.items())}")
+        raise UsageError(
+            f"task=graph_energy has no option(s) {', '.join(unknown)}; "
+            f"it takes {', '.join(f'{k} (default {v})' for k, v in OPTIONS.items())}"
+        )
     o = {**OPTIONS, **given}
     try:  # plain numbers: the lru_cache key, the same whether 0.3 came from YAML or the command line
         num_graphs, min_nodes, max_nodes = int(o["num_graphs"]), int(o["min_nodes"]), int(o["max_nodes"])
@@ -192,7 +194,7 @@ def graph_energy(cfg: Any) -> Task:
         collate_fn=collate,
         split_batch=split_batch,
         description="total Morse pair energy of random particle graphs (num_graphs, min_nodes, max_nodes, "
-                    "radius, split_seed = {}), standardised".format(", ".join(map(str, options))),
+        "radius, split_seed = {}), standardised".format(", ".join(map(str, options))),
     )
 
 

@@ -48,15 +48,20 @@ class FitResult:
     best_checkpoint: Path | None
 
     @classmethod
-    def from_run_dir(cls, run_dir: str | Path) -> "FitResult":
+    def from_run_dir(cls, run_dir: str | Path) -> FitResult:
         from ddprl.metrics import read_metrics
 
         run_dir = Path(run_dir).resolve()
         rows = [r for r in read_metrics(run_dir) if "epoch" in r]
         last = rows[-1] if rows else {}
         best = run_dir / "checkpoints" / "best.pt"
-        return cls(run_dir=run_dir, metrics=last, epochs=int(last.get("epoch", 0)),
-                   stopped_early=bool(last.get("stopped_early", 0)), best_checkpoint=best if best.exists() else None)
+        return cls(
+            run_dir=run_dir,
+            metrics=last,
+            epochs=int(last.get("epoch", 0)),
+            stopped_early=bool(last.get("stopped_early", 0)),
+            best_checkpoint=best if best.exists() else None,
+        )
 
 
 def make_optimizer(task: Task, cfg: Any, params: Any) -> torch.optim.Optimizer:
@@ -88,8 +93,10 @@ def build_datasets(task: Task) -> dict[str, Any]:
         try:
             size = len(dataset)
         except TypeError:
-            raise UsageError(f"the {split} dataset has no len(): the Trainer shards map-style datasets "
-                             f"(an IterableDataset cannot be split exactly over ranks)") from None
+            raise UsageError(
+                f"the {split} dataset has no len(): the Trainer shards map-style datasets "
+                f"(an IterableDataset cannot be split exactly over ranks)"
+            ) from None
         if size == 0:
             raise UsageError(f"the {split} dataset is empty")
         datasets[split] = dataset
@@ -129,8 +136,9 @@ def train(rt: Any, cfg: Any) -> FitResult:
 def fit(rt: Any, cfg: Any, task: Task) -> FitResult:
     """Train ``task`` on this rank (every rank calls it); the result is the same on every rank."""
     monitor = monitored(cfg, task)
-    run = Run(rt, cfg, score_mode=cfg.mode, rate_key="time/samples_per_s", score_name=monitor,
-              step_unit="optimizer steps")
+    run = Run(
+        rt, cfg, score_mode=cfg.mode, rate_key="time/samples_per_s", score_name=monitor, step_unit="optimizer steps"
+    )
     datasets = build_datasets(task)
     model = task.model()
     if run.resumed:
@@ -139,7 +147,9 @@ def fit(rt: Any, cfg: Any, task: Task) -> FitResult:
     plain = rt.unwrap(net)
 
     loader = train_loader(datasets["train"], cfg, rt.rank, rt.world_size, task.collate_fn)
-    val_loader = eval_loader(datasets["val"], cfg, rt.rank, rt.world_size, task.collate_fn) if "val" in datasets else None
+    val_loader = (
+        eval_loader(datasets["val"], cfg, rt.rank, rt.world_size, task.collate_fn) if "val" in datasets else None
+    )
     # DistributedSampler gives every rank the same number of batches; a mismatch here would
     # leave one rank waiting in an all-reduce, so it is refused up front.
     lengths = rt.all_gather_object(len(loader))
@@ -166,28 +176,57 @@ def fit(rt: Any, cfg: Any, task: Task) -> FitResult:
             if run.same_world:
                 done_batches, carried = int(run.counters["batches"]), run.counters["partial"]
             else:  # the shards of another world size do not line up with what was done
-                log.warning("epoch %d was interrupted on %d rank(s): it starts over on %d", epoch + 1,
-                            run.checkpoint["world_size"], rt.world_size)
+                log.warning(
+                    "epoch %d was interrupted on %d rank(s): it starts over on %d",
+                    epoch + 1,
+                    run.checkpoint["world_size"],
+                    rt.world_size,
+                )
     run.restore_rank_state()
     run.open(total_steps)
     autocast = autocast_context(rt.device, cfg.precision)
     effective_batch = cfg.effective_batch_size(rt.world_size)
     if rt.is_main:
-        log.info("%d samples to train on, %d rank(s) x batch_size %d x sync_freq %d = %d samples per "
-                 "optimizer step, %d steps per epoch", len(datasets["train"]), rt.world_size, cfg.batch_size,
-                 cfg.sync_freq, effective_batch, steps_per_epoch)
+        log.info(
+            "%d samples to train on, %d rank(s) x batch_size %d x sync_freq %d = %d samples per "
+            "optimizer step, %d steps per epoch",
+            len(datasets["train"]),
+            rt.world_size,
+            cfg.batch_size,
+            cfg.sync_freq,
+            effective_batch,
+            steps_per_epoch,
+        )
 
     def state() -> dict[str, Any]:
-        return {"model": strip_prefixes(plain.state_dict()), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                "scaler": scaler.state_dict(), "early_stopping": stopper.state_dict()}
+        return {
+            "model": strip_prefixes(plain.state_dict()),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "scaler": scaler.state_dict(),
+            "early_stopping": stopper.state_dict(),
+        }
 
     step, row = run.step, {}
     while epoch < cfg.epochs and not stopper.stopped:
         start = time.perf_counter()
         loader.sampler.start_at(epoch, done_batches * cfg.batch_size)
-        train_sums, step, done_batches = train_one_epoch(rt, cfg, task, net, plain, loader, optimizer, scheduler,
-                                                         scaler, autocast, run, step, micro_batches, done_batches)
+        train_sums, step, done_batches = train_one_epoch(
+            rt,
+            cfg,
+            task,
+            net,
+            plain,
+            loader,
+            optimizer,
+            scheduler,
+            scaler,
+            autocast,
+            run,
+            step,
+            micro_batches,
+            done_batches,
+        )
         train_sums = {k: float(train_sums[k]) + carried[k] for k in carried}
         if done_batches < micro_batches:  # a signal: save where the epoch is, leave together (exit 75)
             run.save(step, state=state(), counters={"epoch": epoch, "batches": done_batches, "partial": train_sums})
@@ -195,10 +234,15 @@ def fit(rt: Any, cfg: Any, task: Task) -> FitResult:
         done_batches, carried = 0, {"loss": 0.0, "samples": 0.0}
         epoch += 1
         seconds = time.perf_counter() - start
-        row = {"epoch": epoch, "train/loss": train_sums["loss"] / train_sums["samples"],
-               "train/lr": optimizer.param_groups[0]["lr"], "train/samples": train_sums["samples"],
-               "train/effective_batch_size": effective_batch,
-               "time/samples_per_s": train_sums["samples"] / seconds, "time/epoch_s": seconds}
+        row = {
+            "epoch": epoch,
+            "train/loss": train_sums["loss"] / train_sums["samples"],
+            "train/lr": optimizer.param_groups[0]["lr"],
+            "train/samples": train_sums["samples"],
+            "train/effective_batch_size": effective_batch,
+            "time/samples_per_s": train_sums["samples"] / seconds,
+            "time/epoch_s": seconds,
+        }
         average_buffers(rt, plain)
         validated = val_loader is not None and (epoch % cfg.eval_freq == 0 or epoch == cfg.epochs)
         if validated:
@@ -215,8 +259,13 @@ def fit(rt: Any, cfg: Any, task: Task) -> FitResult:
         if stop:
             row["stopped_early"] = 1.0
             if rt.is_main:
-                log.info("early stop after epoch %d: %s did not improve for %d validation(s) (best %.6g)",
-                         epoch, monitor, cfg.patience, stopper.best)
+                log.info(
+                    "early stop after epoch %d: %s did not improve for %d validation(s) (best %.6g)",
+                    epoch,
+                    monitor,
+                    cfg.patience,
+                    stopper.best,
+                )
         if not last:
             # The row before its checkpoint: a job killed between the two resumes from the
             # previous checkpoint and writes the row again, never skips it.
@@ -236,10 +285,22 @@ def fit(rt: Any, cfg: Any, task: Task) -> FitResult:
     return FitResult(run_dir=run.dir, metrics=row, epochs=epoch, stopped_early=stopper.stopped, best_checkpoint=best)
 
 
-def train_one_epoch(rt: Any, cfg: Any, task: Task, net: torch.nn.Module, plain: torch.nn.Module, loader: Any,
-                    optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler,
-                    autocast: contextlib.AbstractContextManager, run: Run, step: int, micro_batches: int,
-                    first: int = 0) -> tuple[dict[str, Any], int, int]:
+def train_one_epoch(
+    rt: Any,
+    cfg: Any,
+    task: Task,
+    net: torch.nn.Module,
+    plain: torch.nn.Module,
+    loader: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    scaler: torch.amp.GradScaler,
+    autocast: contextlib.AbstractContextManager,
+    run: Run,
+    step: int,
+    micro_batches: int,
+    first: int = 0,
+) -> tuple[dict[str, Any], int, int]:
     """One pass over this rank's shard from micro-batch ``first`` (of ``micro_batches``); returns the
     global loss sum and sample count of what it trained, the step, and the micro-batches done
     (fewer than ``micro_batches`` when a stop signal ended the pass after an optimizer step)."""
@@ -281,13 +342,23 @@ def train_one_epoch(rt: Any, cfg: Any, task: Task, net: torch.nn.Module, plain: 
     return totals, step, done
 
 
-def test_best(rt: Any, cfg: Any, run: Run, task: Task, plain: torch.nn.Module, dataset: Any,
-              autocast: contextlib.AbstractContextManager, monitor: str) -> dict[str, float]:
+def test_best(
+    rt: Any,
+    cfg: Any,
+    run: Run,
+    task: Task,
+    plain: torch.nn.Module,
+    dataset: Any,
+    autocast: contextlib.AbstractContextManager,
+    monitor: str,
+) -> dict[str, float]:
     """Test metrics of the best checkpoint (the last weights when nothing was validated)."""
     if run.best is not None:
         state = None
         if rt.is_main:  # rank 0 wrote it; the others may not share its file system
-            state = torch.load(run.dir / "checkpoints" / "best.pt", map_location="cpu", weights_only=True)["state"]["model"]
+            state = torch.load(run.dir / "checkpoints" / "best.pt", map_location="cpu", weights_only=True)["state"][
+                "model"
+            ]
         plain.load_state_dict(rt.broadcast_object(state))
         if rt.is_main:
             log.info("testing best.pt (step %d, %s=%.6g)", run.best["step"], monitor, run.best["score"])

@@ -10,7 +10,8 @@ included). The loss is always measured, as the sample-weighted mean of the batch
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -37,7 +38,10 @@ def mae(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 BUILTIN_METRICS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "accuracy": accuracy, "mse": mse, "mae": mae}
+    "accuracy": accuracy,
+    "mse": mse,
+    "mae": mae,
+}
 
 
 def is_torchmetric(metric: Any) -> bool:
@@ -46,8 +50,14 @@ def is_torchmetric(metric: Any) -> bool:
 
 
 @torch.no_grad()
-def evaluate(rt: Any, model: torch.nn.Module, loader: Any, task: Task, prefix: str,
-             autocast: contextlib.AbstractContextManager | None = None) -> dict[str, float]:
+def evaluate(
+    rt: Any,
+    model: torch.nn.Module,
+    loader: Any,
+    task: Task,
+    prefix: str,
+    autocast: contextlib.AbstractContextManager | None = None,
+) -> dict[str, float]:
     """``{prefix}/loss``, ``{prefix}/<metric>`` and ``{prefix}/num_samples`` over the whole set (collective)."""
     was_training = model.training
     model.eval()

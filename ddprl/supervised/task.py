@@ -7,7 +7,8 @@ Factories, not objects: every rank builds its own model and datasets (DDP then b
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -36,16 +37,16 @@ class Task:
 
     model: Callable[[], torch.nn.Module]
     loss: Callable[[Any, torch.Tensor], torch.Tensor]
-    train: Optional[Callable[[], Any]] = None
-    val: Optional[Callable[[], Any]] = None
-    test: Optional[Callable[[], Any]] = None
+    train: Callable[[], Any] | None = None
+    val: Callable[[], Any] | None = None
+    test: Callable[[], Any] | None = None
     metrics: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    collate_fn: Optional[Callable[[list], Any]] = None
+    collate_fn: Callable[[list], Any] | None = None
     split_batch: Callable[[Any], tuple[Any, torch.Tensor]] = default_split
     # Factories replacing the config's optimizer / scheduler keys (Trainer(optimizer=..., scheduler=...)):
     # optimizer(params) -> Optimizer; scheduler(optimizer, total_steps) -> LRScheduler stepped per optimizer step.
-    optimizer: Optional[Callable[..., torch.optim.Optimizer]] = None
-    scheduler: Optional[Callable[..., Any]] = None
+    optimizer: Callable[..., torch.optim.Optimizer] | None = None
+    scheduler: Callable[..., Any] | None = None
     description: str = ""
 
 

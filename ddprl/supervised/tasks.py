@@ -17,7 +17,8 @@ import difflib
 import functools
 import importlib
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -45,12 +46,16 @@ def check_task_name(name: str) -> None:
     if name in SHIPPED or is_user_task(name):
         return
     if name == PYTHON_TASK:
-        raise UsageError("task=python is the label of a job started from Python (ddprl.supervised.Trainer); "
-                         "from the command line name a shipped task or module:function")
+        raise UsageError(
+            "task=python is the label of a job started from Python (ddprl.supervised.Trainer); "
+            "from the command line name a shipped task or module:function"
+        )
     near = difflib.get_close_matches(name, list(SHIPPED), n=3, cutoff=0.6)
     hint = f" (did you mean {', '.join(near)}?)" if near else ""
-    raise UsageError(f"unknown supervised task {name!r}{hint}; shipped: {', '.join(SHIPPED)}, "
-                     f"or module:function returning a ddprl.supervised.Task")
+    raise UsageError(
+        f"unknown supervised task {name!r}{hint}; shipped: {', '.join(SHIPPED)}, "
+        f"or module:function returning a ddprl.supervised.Task"
+    )
 
 
 def task_function(name: str) -> Callable[[Any], Task]:
@@ -61,8 +66,10 @@ def task_function(name: str) -> Callable[[Any], Task]:
         module = importlib.import_module(module_name)
     except ImportError as e:
         if name in SHIPPED:
-            raise UsageError(f"task={name} needs a package that is not installed ({e.name}): "
-                             f"pip install 'ddprl[{'graph' if name == 'graph_energy' else 'supervised'}]'") from None
+            raise UsageError(
+                f"task={name} needs a package that is not installed ({e.name}): "
+                f"pip install 'ddprl[{'graph' if name == 'graph_energy' else 'supervised'}]'"
+            ) from None
         raise UsageError(f"task={name}: cannot import module {module_name!r} ({e})") from None
     fn = getattr(module, function, None)
     if not callable(fn):
@@ -79,6 +86,7 @@ def load_task(cfg: Any) -> Task:
 
 
 # -- networks ----------------------------------------------------------------------------------
+
 
 def mlp(in_features: int, hidden_sizes: list[int], out_features: int) -> nn.Sequential:
     """Linear layers with ReLU between them."""
@@ -109,7 +117,7 @@ def _tabular_splits(name: str, split_seed: int) -> dict[str, tuple[torch.Tensor,
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(split_seed))
     n_train = int(SPLIT_FRACTIONS[0] * len(x))
     n_val = int(SPLIT_FRACTIONS[1] * len(x))
-    parts = {"train": order[:n_train], "val": order[n_train:n_train + n_val], "test": order[n_train + n_val:]}
+    parts = {"train": order[:n_train], "val": order[n_train : n_train + n_val], "test": order[n_train + n_val :]}
     mean, std = x[parts["train"]].mean(0), x[parts["train"]].std(0).clamp_min(1e-6)  # training statistics only
     return {split: ((x[idx] - mean) / std, y[idx]) for split, idx in parts.items()}
 
@@ -127,7 +135,9 @@ def _tabular_task(name: str, cfg: Any, in_features: int, classes: int) -> Task:
     return Task(
         model=functools.partial(mlp, in_features, list(cfg.hidden_sizes), classes),
         loss=nn.CrossEntropyLoss(),
-        train=functools.partial(data, "train"), val=functools.partial(data, "val"), test=functools.partial(data, "test"),
+        train=functools.partial(data, "train"),
+        val=functools.partial(data, "val"),
+        test=functools.partial(data, "test"),
         metrics={"accuracy": accuracy},
         description=f"scikit-learn {name}, {SPLIT_FRACTIONS} split by split_seed={split_seed}",
     )
@@ -143,5 +153,16 @@ def breast_cancer(cfg: Any) -> Task:
     return _tabular_task("breast_cancer", cfg, 30, 2)
 
 
-__all__ = ["SHIPPED", "load_task", "check_task_name", "task_function", "is_user_task", "digits", "breast_cancer",
-           "mlp", "accuracy", "mse", "mae"]
+__all__ = [
+    "SHIPPED",
+    "load_task",
+    "check_task_name",
+    "task_function",
+    "is_user_task",
+    "digits",
+    "breast_cancer",
+    "mlp",
+    "accuracy",
+    "mse",
+    "mae",
+]

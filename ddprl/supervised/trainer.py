@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import pickle
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -52,20 +53,38 @@ class Trainer:
     ``if __name__ == "__main__":``.
     """
 
-    def __init__(self, model: Callable[[], torch.nn.Module], loss: Callable[..., torch.Tensor], train: Any,
-                 val: Any = None, test: Any = None, metrics: Mapping[str, Any] | list[str] = (),
-                 optimizer: Callable[..., torch.optim.Optimizer] | None = None,
-                 scheduler: Callable[..., Any] | None = None, collate_fn: Callable[[list], Any] | None = None,
-                 split_batch: Callable[[Any], tuple[Any, torch.Tensor]] | None = None, **keys: Any):
+    def __init__(
+        self,
+        model: Callable[[], torch.nn.Module],
+        loss: Callable[..., torch.Tensor],
+        train: Any,
+        val: Any = None,
+        test: Any = None,
+        metrics: Mapping[str, Any] | list[str] = (),
+        optimizer: Callable[..., torch.optim.Optimizer] | None = None,
+        scheduler: Callable[..., Any] | None = None,
+        collate_fn: Callable[[list], Any] | None = None,
+        split_batch: Callable[[Any], tuple[Any, torch.Tensor]] | None = None,
+        **keys: Any,
+    ):
         from ddprl.supervised.metrics import resolve_metrics
 
-        self.task = Task(model=model, loss=loss, train=_factory(train), val=_factory(val), test=_factory(test),
-                         metrics=resolve_metrics(metrics), collate_fn=collate_fn,
-                         split_batch=split_batch or default_split, optimizer=optimizer, scheduler=scheduler)
+        self.task = Task(
+            model=model,
+            loss=loss,
+            train=_factory(train),
+            val=_factory(val),
+            test=_factory(test),
+            metrics=resolve_metrics(metrics),
+            collate_fn=collate_fn,
+            split_batch=split_batch or default_split,
+            optimizer=optimizer,
+            scheduler=scheduler,
+        )
         self.keys = {"task": PYTHON_TASK, **keys, "algo": "supervised"}
 
     @classmethod
-    def from_task(cls, task: Task, **keys: Any) -> "Trainer":
+    def from_task(cls, task: Task, **keys: Any) -> Trainer:
         """A Trainer for a :class:`Task` built elsewhere (e.g. a shipped task function's)."""
         trainer = cls.__new__(cls)
         trainer.task, trainer.keys = task, {"task": PYTHON_TASK, **keys, "algo": "supervised"}
@@ -102,13 +121,16 @@ def _check_picklable(task: Task) -> None:
     try:
         pickle.dumps(task)
     except Exception as e:  # lambdas, local functions, open handles...
-        raise UsageError(f"the Trainer's factories cannot be sent to spawned ranks ({type(e).__name__}: {e}); "
-                         f"define them at module level (functions or functools.partial), or run the script "
-                         f"under torchrun") from None
+        raise UsageError(
+            f"the Trainer's factories cannot be sent to spawned ranks ({type(e).__name__}: {e}); "
+            f"define them at module level (functions or functools.partial), or run the script "
+            f"under torchrun"
+        ) from None
 
 
-def evaluate_checkpoint(checkpoint: str | Path, task: Task, split: str = "test", device: str = "auto",
-                        batch_size: int | None = None) -> dict[str, float]:
+def evaluate_checkpoint(
+    checkpoint: str | Path, task: Task, split: str = "test", device: str = "auto", batch_size: int | None = None
+) -> dict[str, float]:
     """``{split}/loss``, ``{split}/<metric>``, ``{split}/num_samples`` of a checkpoint, in this process."""
     from ddprl.checkpoint import load_checkpoint
     from ddprl.config import load_config
@@ -130,8 +152,8 @@ def evaluate_checkpoint(checkpoint: str | Path, task: Task, split: str = "test",
 
 
 def _evaluate_rank(rt: Any, cfg: Any, task: Task, state: dict[str, Any], split: str) -> dict[str, float]:
-    from ddprl.supervised.data import eval_loader
     from ddprl.algos.common import autocast_context
+    from ddprl.supervised.data import eval_loader
     from ddprl.supervised.metrics import evaluate
 
     model = task.model()
@@ -143,6 +165,7 @@ def _evaluate_rank(rt: Any, cfg: Any, task: Task, state: dict[str, Any], split: 
 
 # -- the command line ------------------------------------------------------------------------
 
+
 def prepare_cli(cfg: Any, overrides: list[str], config_name: str | None, resumed: bool) -> Any:
     """``ddprl train algo=supervised``: the task must be importable now, and user code named now.
 
@@ -150,8 +173,10 @@ def prepare_cli(cfg: Any, overrides: list[str], config_name: str | None, resumed
     ``task=module:function`` needs ``task=`` on the command line again.
     """
     if resumed and is_user_task(cfg.task) and not any(o.startswith("task=") for o in overrides):
-        raise UsageError(f"resume: the checkpoint was trained with task={cfg.task} (your code); ddprl does not "
-                         f"import code named in a checkpoint: add task={cfg.task} to the command")
+        raise UsageError(
+            f"resume: the checkpoint was trained with task={cfg.task} (your code); ddprl does not "
+            f"import code named in a checkpoint: add task={cfg.task} to the command"
+        )
     from ddprl.supervised.loop import monitored
 
     monitored(cfg, load_task(cfg))  # imports it: a missing module or extra fails here, before any rank starts
@@ -160,23 +185,32 @@ def prepare_cli(cfg: Any, overrides: list[str], config_name: str | None, resumed
 
 def eval_cli(ckpt: dict[str, Any], args: list[str]) -> int:
     """``ddprl eval checkpoint=PATH [split=test] [device=auto] [batch_size=N] [task=module:function]``."""
-    from ddprl.prepare import key_values
     from ddprl.config import load_config
+    from ddprl.prepare import key_values
 
     kv = key_values(args, {"checkpoint": str, "split": str, "device": str, "batch_size": int, "task": str}, "eval")
     stored = ckpt["config"]["task"]
     if stored == PYTHON_TASK and "task" not in kv:
-        raise UsageError("this checkpoint was trained from Python (Trainer): evaluate it with Trainer.test(checkpoint), "
-                         "or name its task here: task=module:function")
+        raise UsageError(
+            "this checkpoint was trained from Python (Trainer): evaluate it with Trainer.test(checkpoint), "
+            "or name its task here: task=module:function"
+        )
     if is_user_task(stored) and "task" not in kv:
-        raise UsageError(f"the checkpoint was trained with task={stored} (your code); ddprl does not import code "
-                         f"named in a checkpoint: add task={stored} to confirm")
-    cfg = load_config(["world_size=1"], resumed={**{k: v for k, v in ckpt["config"].items() if k != "task"},
-                                                  "task": kv.get("task", stored)})
+        raise UsageError(
+            f"the checkpoint was trained with task={stored} (your code); ddprl does not import code "
+            f"named in a checkpoint: add task={stored} to confirm"
+        )
+    cfg = load_config(
+        ["world_size=1"],
+        resumed={**{k: v for k, v in ckpt["config"].items() if k != "task"}, "task": kv.get("task", stored)},
+    )
     task = load_task(cfg)
     split = kv.get("split", "test")
-    result = evaluate_checkpoint(kv["checkpoint"], task, split=split, device=kv.get("device", "auto"),
-                                 batch_size=kv.get("batch_size"))
-    print(" ".join(f"{k}={v:.6g}" if k != f"{split}/num_samples" else f"{k}={int(v)}"
-                   for k, v in result.items()), flush=True)
+    result = evaluate_checkpoint(
+        kv["checkpoint"], task, split=split, device=kv.get("device", "auto"), batch_size=kv.get("batch_size")
+    )
+    print(
+        " ".join(f"{k}={v:.6g}" if k != f"{split}/num_samples" else f"{k}={int(v)}" for k, v in result.items()),
+        flush=True,
+    )
     return 0

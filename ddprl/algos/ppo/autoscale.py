@@ -25,12 +25,15 @@ def prepare(cfg: Any, overrides: list[str], config_name: str | None, resuming: b
     if detect_launcher() == "spawn":
         local_world_size = cfg.world_size // cfg.nnodes
     else:
-        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
+        local_world_size = int(
+            os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0]
+        )
     user_keys = {o.split("=", 1)[0].lstrip("+") for o in overrides}
     fixed = {k: getattr(cfg, k) for k in ("num_envs", "n_steps", "batch_size") if k in user_keys}
     chosen = autoscale_ppo(cfg, obs_shape, cfg.world_size, local_world_size, fixed=fixed)
     auto = {k: v for k, v in chosen.items() if k not in user_keys}  # what the user set wins
     if os.environ.get("RANK", "0") == "0":
         print("ddprl: autoscale set " + " ".join(f"{k}={v}" for k, v in auto.items()), file=sys.stderr, flush=True)
-    return load_config([f"{k}={v}" for k, v in auto.items()] + overrides + [f"world_size={cfg.world_size}"],
-                       config_name).resolved(cfg.world_size)
+    return load_config(
+        [f"{k}={v}" for k, v in auto.items()] + overrides + [f"world_size={cfg.world_size}"], config_name
+    ).resolved(cfg.world_size)

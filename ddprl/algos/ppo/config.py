@@ -32,8 +32,10 @@ class PPOConfig(RLConfig):
     env_kwargs: dict[str, Any] = key("extra keyword arguments for the environment constructor")
     eval_deterministic: bool = key("evaluate (and play) with the most likely action; false: sample from the policy")
     autoscale: bool = key("choose num_envs, n_steps and batch_size from the device's memory (keys you set win)")
-    compile_unroll: int = key("compile=true, on-device envs (snake): at most this many env steps per compiled rollout graph "
-                              "(a divisor of n_steps; more steps per graph: fewer launches, longer compile)")
+    compile_unroll: int = key(
+        "compile=true, on-device envs (snake): at most this many env steps per compiled rollout graph "
+        "(a divisor of n_steps; more steps per graph: fewer launches, longer compile)"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -46,8 +48,10 @@ class PPOConfig(RLConfig):
         _check(self.max_grad_norm >= 0, f"max_grad_norm={self.max_grad_norm} must be >= 0")
         _check(self.target_kl is None or self.target_kl > 0, f"target_kl={self.target_kl} must be > 0 or null")
         _check(self.policy in ("mlp", "cnn"), f"policy={self.policy!r} is not mlp or cnn")
-        _check(all(isinstance(h, int) and h >= 1 for h in self.hidden_sizes),
-               f"hidden_sizes={self.hidden_sizes} must be widths >= 1, e.g. [64, 64]")
+        _check(
+            all(isinstance(h, int) and h >= 1 for h in self.hidden_sizes),
+            f"hidden_sizes={self.hidden_sizes} must be widths >= 1, e.g. [64, 64]",
+        )
         _check(self.policy_width >= 1, f"policy_width={self.policy_width} must be >= 1")
         _check(self.policy_depth >= 1, f"policy_depth={self.policy_depth} must be >= 1")
         _check(self.compile_unroll >= 1, f"compile_unroll={self.compile_unroll} must be >= 1")
@@ -56,18 +60,22 @@ class PPOConfig(RLConfig):
         """Checks across keys that training needs (after autoscale; eval and play skip them)."""
         warnings = super().check()
         rollout = self.local_num_envs(self.world_size) * self.n_steps
-        _check(self.batch_size <= rollout,
-               f"batch_size={self.batch_size} is larger than the per-rank rollout "
-               f"(num_envs/world_size x n_steps = {rollout})")
+        _check(
+            self.batch_size <= rollout,
+            f"batch_size={self.batch_size} is larger than the per-rank rollout "
+            f"(num_envs/world_size x n_steps = {rollout})",
+        )
         import gymnasium as gym
 
         from ddprl.envs import env_spaces
 
         obs_space, action_space = env_spaces(self.task, **self.env_kwargs)
-        _check(isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)),
-               f"ppo acts in Discrete or Box action spaces; {self.task} has {action_space}")
-        _check(self.policy != "cnn" or len(obs_space.shape or ()) == 3,
-               f"policy=cnn needs C x H x W observations; {self.task} observes shape {obs_space.shape}: use policy=mlp")
+        _check(
+            isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)),
+            f"ppo acts in Discrete or Box action spaces; {self.task} has {action_space}",
+        )
+        _check(
+            self.policy != "cnn" or len(obs_space.shape or ()) == 3,
+            f"policy=cnn needs C x H x W observations; {self.task} observes shape {obs_space.shape}: use policy=mlp",
+        )
         return warnings
-
-

@@ -33,9 +33,14 @@ log = logging.getLogger("ddprl")
 
 
 def build_agent(cfg: Any, env: Any) -> ActorCritic:
-    return ActorCritic(env.single_observation_space, env.single_action_space, policy=cfg.policy,
-                       hidden_sizes=list(cfg.hidden_sizes), policy_width=cfg.policy_width,
-                       policy_depth=cfg.policy_depth)
+    return ActorCritic(
+        env.single_observation_space,
+        env.single_action_space,
+        policy=cfg.policy,
+        hidden_sizes=list(cfg.hidden_sizes),
+        policy_width=cfg.policy_width,
+        policy_depth=cfg.policy_depth,
+    )
 
 
 class Plan(NamedTuple):
@@ -68,13 +73,15 @@ def plan(cfg: Any, env: Any) -> Plan:
         why = unsupported or "precision=fp16: GradScaler skips steps on the host"
         left_out.insert(0, f"the update runs eagerly on the compiled model ({why})")
     compiled = ([f"rollout as graphs of {unroll} env steps"] if unroll else []) + (
-        ["update as one graph per optimizer step"] if update else [])
+        ["update as one graph per optimizer step"] if update else []
+    )
     log.info("compile=true: %s", "; ".join([", ".join(compiled) or "torch.compile of the model", *left_out]))
     return Plan(update=update, unroll=unroll)
 
 
-def advantages_and_returns(rt: Any, cfg: Any, rollout: Rollout, next_values: torch.Tensor,
-                           return_scaler: ReturnScaler) -> tuple[torch.Tensor, torch.Tensor]:
+def advantages_and_returns(
+    rt: Any, cfg: Any, rollout: Rollout, next_values: torch.Tensor, return_scaler: ReturnScaler
+) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE on this rank's rollout, (T, N) each, with the reward scaling and advantage
     normalisation of ``cfg``; their statistics come from all ranks."""
     if cfg.norm_reward:
@@ -86,10 +93,11 @@ def advantages_and_returns(rt: Any, cfg: Any, rollout: Rollout, next_values: tor
     if cfg.norm_adv:
         # Normalised with the global mean/std (over all ranks' rollouts), so N ranks on N half
         # rollouts compute the same update as one process on the whole rollout.
-        moments = rt.all_reduce_sum(torch.stack([advantages.new_tensor(advantages.numel()),
-                                                 advantages.sum(), (advantages ** 2).sum()]))
+        moments = rt.all_reduce_sum(
+            torch.stack([advantages.new_tensor(advantages.numel()), advantages.sum(), (advantages**2).sum()])
+        )
         mean = moments[1] / moments[0]
-        std = (moments[2] / moments[0] - mean ** 2).clamp_min(0).sqrt()
+        std = (moments[2] / moments[0] - mean**2).clamp_min(0).sqrt()
         advantages = (advantages - mean) / (std + 1e-8)
     return advantages, returns
 
@@ -133,25 +141,56 @@ def train(rt: Any, cfg: Any) -> None:
 
     def save(step: int, iteration: int, score: float | None) -> None:
         rt.check_in_sync(policy, "parameters at checkpoint")
-        state = {"model": strip_prefixes(policy.state_dict()), "optimizer": optimizer.state_dict(),
-                 "scaler": scaler.state_dict(), "obs_rms": obs_rms.state_dict(),
-                 "reward_stats": return_scaler.stats.state_dict()}
-        run.save(step, state, counters={"iteration": iteration}, score=score,
-                 own={"env": env.state_dict(), "reward_carry": return_scaler.carry.cpu()})
+        state = {
+            "model": strip_prefixes(policy.state_dict()),
+            "optimizer": optimizer.state_dict(),
+            "scaler": scaler.state_dict(),
+            "obs_rms": obs_rms.state_dict(),
+            "reward_stats": return_scaler.stats.state_dict(),
+        }
+        run.save(
+            step,
+            state,
+            counters={"iteration": iteration},
+            score=score,
+            own={"env": env.state_dict(), "reward_carry": return_scaler.carry.cpu()},
+        )
 
     effective_batch = cfg.effective_batch_size(rt.world_size)
     run_dir = run.open(total_steps=num_iterations * steps_per_iteration)
-    log.info("run directory %s | %d ranks x %d envs | effective batch %d | %d iterations of %d steps",
-             run_dir, rt.world_size, local_num_envs, effective_batch, num_iterations, steps_per_iteration)
-    buffer = RolloutBuffer(cfg.n_steps, local_num_envs, tuple(env.single_observation_space.shape),
-                           tuple(env.single_action_space.shape), torch.long if policy.discrete else torch.float32,
-                           rt.device)
+    log.info(
+        "run directory %s | %d ranks x %d envs | effective batch %d | %d iterations of %d steps",
+        run_dir,
+        rt.world_size,
+        local_num_envs,
+        effective_batch,
+        num_iterations,
+        steps_per_iteration,
+    )
+    buffer = RolloutBuffer(
+        cfg.n_steps,
+        local_num_envs,
+        tuple(env.single_observation_space.shape),
+        tuple(env.single_action_space.shape),
+        torch.long if policy.discrete else torch.float32,
+        rt.device,
+    )
     autocast = autocast_context(rt.device, cfg.precision)
     regions = plan(cfg, env)  # what compile=true runs as compiled graphs here (logged)
     rollout = RolloutStep(env, policy, buffer, normalize, autocast, steps_per_call(cfg, env), cfg.compile, obs)
     # After a resume's optimizer state is loaded: the update holds that state's tensors.
-    update = UpdateStep(rt, policy, optimizer, update_batch(buffer), cfg, normalize, autocast, compile=regions.update,
-                        scaler=scaler, model=torch.compile(policy) if cfg.compile and not regions.update else None)
+    update = UpdateStep(
+        rt,
+        policy,
+        optimizer,
+        update_batch(buffer),
+        cfg,
+        normalize,
+        autocast,
+        compile=regions.update,
+        scaler=scaler,
+        model=torch.compile(policy) if cfg.compile and not regions.update else None,
+    )
 
     for iteration in range(start_iteration, num_iterations):
         if cfg.anneal_lr:
@@ -173,8 +212,18 @@ def train(rt: Any, cfg: Any) -> None:
         t_update = time.perf_counter() - t_update_start
         # -- bookkeeping: every number is global (docs/distributed.md) ---------------------------
         global_step += steps_per_iteration
-        metrics.update(iteration_metrics(rt, cfg.n_steps * local_num_envs, t_rollout, t_update, ep_return_sum,
-                                         ep_count, effective_batch, optimizer.param_groups[0]["lr"]))
+        metrics.update(
+            iteration_metrics(
+                rt,
+                cfg.n_steps * local_num_envs,
+                t_rollout,
+                t_update,
+                ep_return_sum,
+                ep_count,
+                effective_batch,
+                optimizer.param_groups[0]["lr"],
+            )
+        )
         last = iteration == num_iterations - 1
         if crossed(global_step, steps_per_iteration, cfg.eval_freq) or (last and cfg.eval_episodes > 0):
             metrics.update(run_eval(rt, cfg, run, env, policy, normalize, global_step))
@@ -190,14 +239,32 @@ def train(rt: Any, cfg: Any) -> None:
     run.finish()  # rank 0 prints the summary block
 
 
-def iteration_metrics(rt: Any, local_steps: int, t_rollout: float, t_update: float, ep_return_sum: torch.Tensor,
-                      ep_count: torch.Tensor, effective_batch: int, lr: float) -> dict[str, float]:
+def iteration_metrics(
+    rt: Any,
+    local_steps: int,
+    t_rollout: float,
+    t_update: float,
+    ep_return_sum: torch.Tensor,
+    ep_count: torch.Tensor,
+    effective_batch: int,
+    lr: float,
+) -> dict[str, float]:
     """An iteration's times, throughput and training episodes over all ranks (one collective)."""
     local_fps = local_steps / (t_rollout + t_update)
-    sums = rt.all_reduce_sum({"fps": local_fps, "rollout_s": t_rollout, "update_s": t_update,
-                              "ep_return": ep_return_sum, "ep_count": ep_count})
-    metrics = {"time/rollout_s": sums["rollout_s"] / rt.world_size, "time/update_s": sums["update_s"] / rt.world_size,
-               "time/global_fps": sums["fps"]}
+    sums = rt.all_reduce_sum(
+        {
+            "fps": local_fps,
+            "rollout_s": t_rollout,
+            "update_s": t_update,
+            "ep_return": ep_return_sum,
+            "ep_count": ep_count,
+        }
+    )
+    metrics = {
+        "time/rollout_s": sums["rollout_s"] / rt.world_size,
+        "time/update_s": sums["update_s"] / rt.world_size,
+        "time/global_fps": sums["fps"],
+    }
     metrics.update(system_metrics(rt))  # GPU utilisation and memory per rank (CUDA only)
     metrics["train/effective_batch_size"] = float(effective_batch)
     metrics["train/lr"] = lr
@@ -215,14 +282,21 @@ def run_eval(rt: Any, cfg: Any, run: Run, env: Any, policy: ActorCritic, normali
     def eval_act(x: torch.Tensor) -> torch.Tensor:
         return policy.eval_action(normalize(x), cfg.eval_deterministic, generator)
 
-    result = evaluate(rt, lambda n, s: make_env(cfg.task, n, seed=s, device=rt.device, **cfg.env_kwargs),
-                      eval_act, cfg.eval_episodes, cfg.seed, extra_keys=getattr(env, "extra_info_keys", ()),
-                      progress=run.eval_progress)
+    result = evaluate(
+        rt,
+        lambda n, s: make_env(cfg.task, n, seed=s, device=rt.device, **cfg.env_kwargs),
+        eval_act,
+        cfg.eval_episodes,
+        cfg.seed,
+        extra_keys=getattr(env, "extra_info_keys", ()),
+        progress=run.eval_progress,
+    )
     return {f"eval/{k}": v for k, v in result.items()}
 
 
 def load_actor(cfg: Any, state: dict[str, Any], device: torch.device) -> Actor:
     """The PPO policy of a checkpoint's ``state``, for eval and play (``cfg.eval_deterministic``)."""
+
     def make(num_envs: int, seed: int):
         return make_env(cfg.task, num_envs, seed=seed, device=device, **cfg.env_kwargs)
 

@@ -148,8 +148,9 @@ class ActorCritic(nn.Module):
         :meth:`act_with_noise` expects."""
         return noise.exponential_() if self.discrete else noise.normal_()
 
-    def eval_action(self, obs: torch.Tensor, deterministic: bool = True,
-                    generator: torch.Generator | None = None) -> torch.Tensor:
+    def eval_action(
+        self, obs: torch.Tensor, deterministic: bool = True, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
         """Action for evaluation: the most likely one, or one sampled with ``generator``.
 
         Sampling takes its own generator so that evaluating during training never draws from

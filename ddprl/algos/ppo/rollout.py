@@ -8,7 +8,8 @@ V(final_obs), a terminated one does not; both end the GAE chain (docs/ppo.md).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 
@@ -32,14 +33,27 @@ class Rollout(NamedTuple):
 class RolloutBuffer:
     """Preallocated storage for one rollout of ``n_steps`` x ``num_envs`` on ``device``."""
 
-    def __init__(self, n_steps: int, num_envs: int, obs_shape: tuple, action_shape: tuple,
-                 action_dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        n_steps: int,
+        num_envs: int,
+        obs_shape: tuple,
+        action_shape: tuple,
+        action_dtype: torch.dtype,
+        device: torch.device,
+    ):
         def z(*shape, dtype=torch.float32):
             return torch.zeros((n_steps, num_envs, *shape), dtype=dtype, device=device)
 
         self.data = Rollout(
-            obs=z(*obs_shape), actions=z(*action_shape, dtype=action_dtype), log_probs=z(), values=z(),
-            rewards=z(), terminated=z(dtype=torch.bool), truncated=z(dtype=torch.bool), final_values=z(),
+            obs=z(*obs_shape),
+            actions=z(*action_shape, dtype=action_dtype),
+            log_probs=z(),
+            values=z(),
+            rewards=z(),
+            terminated=z(dtype=torch.bool),
+            truncated=z(dtype=torch.bool),
+            final_values=z(),
         )
         self.n_steps = n_steps
 
@@ -66,9 +80,17 @@ class RolloutStep:
     >>> ep_return_sum, ep_count = rollout.collect()      # buffer.n_steps env steps, 0-d tensors
     """
 
-    def __init__(self, env: Any, policy: ActorCritic, buffer: RolloutBuffer, normalize: Callable,
-                 autocast: contextlib.AbstractContextManager, unroll: int = 1, compile: bool = False,
-                 obs: torch.Tensor | None = None):
+    def __init__(
+        self,
+        env: Any,
+        policy: ActorCritic,
+        buffer: RolloutBuffer,
+        normalize: Callable,
+        autocast: contextlib.AbstractContextManager,
+        unroll: int = 1,
+        compile: bool = False,
+        obs: torch.Tensor | None = None,
+    ):
         if buffer.n_steps % unroll:
             raise ValueError(f"unroll={unroll} must divide n_steps={buffer.n_steps}")
         device = env.device
@@ -78,14 +100,20 @@ class RolloutStep:
         self.obs = obs  # a host env's current observation; a traceable env observes its state
         self.cursor = torch.zeros(1, dtype=torch.long, device=device)  # buffer row of the next step
         self.action_noise = torch.empty(unroll, env.num_envs, *policy.noise_shape, device=device)
-        self.env_noise = (torch.empty(unroll, *env.draw_shape, dtype=torch.long, device=device)
-                          if self.in_graph else None)
+        self.env_noise = (
+            torch.empty(unroll, *env.draw_shape, dtype=torch.long, device=device) if self.in_graph else None
+        )
         self.act = policy.act_with_noise
         self.region: Callable = self.steps
         if self.in_graph:
             # fixed addresses: a CUDA graph reads and writes these in place (mark_static)
-            mark_static(self.cursor, self.action_noise, self.env_noise, *buffer.data,
-                        *(t for t in vars(env).values() if isinstance(t, torch.Tensor)))
+            mark_static(
+                self.cursor,
+                self.action_noise,
+                self.env_noise,
+                *buffer.data,
+                *(t for t in vars(env).values() if isinstance(t, torch.Tensor)),
+            )
             if compile:
                 self.region = compile_region(self.steps, device, name="ppo rollout")
         elif compile:
@@ -118,8 +146,17 @@ class RolloutStep:
                     final_values = self.policy.value(self.normalize(info["final_obs"])).float()
             else:
                 final_values = torch.zeros_like(value)
-            self.buffer.store(self.cursor + j, obs=obs, actions=action, log_probs=log_prob, values=value,
-                              rewards=reward, terminated=terminated, truncated=truncated, final_values=final_values)
+            self.buffer.store(
+                self.cursor + j,
+                obs=obs,
+                actions=action,
+                log_probs=log_prob,
+                values=value,
+                rewards=reward,
+                terminated=terminated,
+                truncated=truncated,
+                final_values=final_values,
+            )
             done = terminated | truncated
             finished = finished + torch.stack([(info["episode_return"] * done).sum(), done.sum().float()])
             obs = next_obs

@@ -15,7 +15,8 @@ one process computes on the whole batch (tests/test_ddp_equivalence.py).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.func import functional_call
@@ -33,9 +34,14 @@ def update_batch(buffer: RolloutBuffer) -> dict[str, torch.Tensor]:
     tensors of its own for ``advantages`` and ``returns`` (filled by :meth:`UpdateStep.load`)."""
     data = buffer.data
     n = data.rewards.numel()
-    return {"obs": data.obs.flatten(0, 1), "actions": data.actions.flatten(0, 1), "log_probs": data.log_probs.flatten(),
-            "values": data.values.flatten(), "advantages": torch.zeros(n, device=data.rewards.device),
-            "returns": torch.zeros(n, device=data.rewards.device)}
+    return {
+        "obs": data.obs.flatten(0, 1),
+        "actions": data.actions.flatten(0, 1),
+        "log_probs": data.log_probs.flatten(),
+        "values": data.values.flatten(),
+        "advantages": torch.zeros(n, device=data.rewards.device),
+        "returns": torch.zeros(n, device=data.rewards.device),
+    }
 
 
 class UpdateStep:
@@ -54,15 +60,26 @@ class UpdateStep:
     whose gradient is not finite is skipped; that decision is a host read, so a step with an
     enabled scaler runs eagerly.
 
-    >>> update = UpdateStep(rt, policy, optimizer, update_batch(buffer), cfg, lambda x: x, nullcontext())  # doctest: +SKIP
+    >>> batch = update_batch(buffer)
+    >>> update = UpdateStep(rt, policy, optimizer, batch, cfg, lambda x: x, nullcontext())  # doctest: +SKIP
     >>> update.load(advantages.flatten(), returns.flatten()); update.sync_lr()
     >>> terms = update.step(torch.randperm(n)[:2 * 64].view(2, 64))
     """
 
-    def __init__(self, rt: Any, policy: ActorCritic, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
-                 cfg: Any, normalize: Callable, autocast: contextlib.AbstractContextManager, compile: bool = False,
-                 functional: bool | None = None, scaler: torch.amp.GradScaler | None = None,
-                 model: Callable | None = None):
+    def __init__(
+        self,
+        rt: Any,
+        policy: ActorCritic,
+        optimizer: torch.optim.Optimizer,
+        batch: dict[str, torch.Tensor],
+        cfg: Any,
+        normalize: Callable,
+        autocast: contextlib.AbstractContextManager,
+        compile: bool = False,
+        functional: bool | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+        model: Callable | None = None,
+    ):
         self.rt, self.policy, self.optimizer, self.batch = rt, policy, optimizer, batch
         self.normalize, self.autocast, self.cfg = normalize, autocast, cfg
         self.functional = compile if functional is None else functional
@@ -78,8 +95,9 @@ class UpdateStep:
         self.params = {names[id(p)]: p for p in self.adam.params}  # the optimizer's order
         mark_static(*self.adam.tensors(), *batch.values())
         self.grad_and_terms = grad_with_aux(self.loss, self.functional)
-        self.region = (compile_region(self.step_eager, device, rt.world_size, name="ppo update") if compile
-                       else self.step_eager)
+        self.region = (
+            compile_region(self.step_eager, device, rt.world_size, name="ppo update") if compile else self.step_eager
+        )
 
     def loss(self, params: dict[str, torch.Tensor], idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """PPO's loss on the minibatch ``idx`` (B,) as a function of ``params``; aux: the terms (len(TERMS),)."""
@@ -87,10 +105,22 @@ class UpdateStep:
         obs = self.normalize(b["obs"])
         with self.autocast:
             # eagerly ``params`` are the module's own: the plain call is the same, and cheaper
-            out = (functional_call(self.policy, params, (obs, b["actions"])) if self.functional
-                   else self.model(obs, b["actions"]))
-        terms = ppo_loss(out, b["log_probs"], b["values"], b["advantages"], b["returns"],
-                         cfg.clip_coef, cfg.clip_vloss, cfg.vf_coef, cfg.ent_coef)
+            out = (
+                functional_call(self.policy, params, (obs, b["actions"]))
+                if self.functional
+                else self.model(obs, b["actions"])
+            )
+        terms = ppo_loss(
+            out,
+            b["log_probs"],
+            b["values"],
+            b["advantages"],
+            b["returns"],
+            cfg.clip_coef,
+            cfg.clip_vloss,
+            cfg.vf_coef,
+            cfg.ent_coef,
+        )
         loss = terms["loss"] if self.scaler is None else self.scaler.scale(terms["loss"])
         return loss, torch.stack([terms[k].detach().float() for k in TERMS])
 
@@ -157,10 +187,10 @@ def learn(rt: Any, update: UpdateStep, cfg: Any) -> dict[str, float]:
     epochs_done = 0
     for _ in range(cfg.epochs):
         perm = torch.randperm(n, device=device)
-        minibatches = perm[:num_minibatches * cfg.batch_size].view(num_minibatches, cfg.batch_size)
+        minibatches = perm[: num_minibatches * cfg.batch_size].view(num_minibatches, cfg.batch_size)
         epoch_sums = torch.zeros(len(TERMS), device=device)
         for group_start in range(0, num_minibatches, k):
-            epoch_sums += update.step(minibatches[group_start:group_start + k]).sum(0)
+            epoch_sums += update.step(minibatches[group_start : group_start + k]).sum(0)
         sums += epoch_sums
         epochs_done += 1
         if cfg.target_kl is not None:

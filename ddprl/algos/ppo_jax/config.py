@@ -12,19 +12,22 @@ from ddprl.config.schema import _check, key
 
 @dataclass(kw_only=True)
 class JaxPPOConfig(PPOConfig):
-    devices: Any = key("JAX devices per process: auto (all local devices) or a number (the first N)", "auto",
-                       type_name="int | auto")
+    devices: Any = key(
+        "JAX devices per process: auto (all local devices) or a number (the first N)", "auto", type_name="int | auto"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         d = self.devices
-        _check(d == "auto" or (isinstance(d, int) and not isinstance(d, bool) and d >= 1),
-               f"devices={d!r} must be auto or an integer >= 1")
+        _check(
+            d == "auto" or (isinstance(d, int) and not isinstance(d, bool) and d >= 1),
+            f"devices={d!r} must be auto or an integer >= 1",
+        )
         _check(self.policy == "mlp", f"policy={self.policy!r}: engine=jax has the mlp policy only")
         _check(self.precision == "fp32", f"precision={self.precision}: engine=jax trains in fp32 only")
         _check(not self.autoscale, "autoscale=true is a torch-engine option; give num_envs and n_steps")
 
-    def resolved(self, world_size: int) -> "JaxPPOConfig":
+    def resolved(self, world_size: int) -> JaxPPOConfig:
         # num_envs=null (one env per device) is made concrete inside the job, where devices are known.
         return dataclasses.replace(self, world_size=world_size)
 

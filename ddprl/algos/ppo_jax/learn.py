@@ -22,13 +22,15 @@ sum over devices, and the ``pmean`` after it would then give N times the gradien
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 from jax import lax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from ddprl.algos.ppo_jax import networks as nets
 from ddprl.jax.envs import JaxEnv
@@ -58,8 +60,11 @@ def _same(tree: Any) -> Any:
 
 # -- running statistics (the torch engine's RunningMeanStd, centred moments merged over devices)
 def rms_init(shape: tuple[int, ...]) -> dict[str, jax.Array]:
-    return {"mean": jnp.zeros(shape, jnp.float32), "var": jnp.ones(shape, jnp.float32),
-            "count": jnp.zeros((), jnp.float32)}
+    return {
+        "mean": jnp.zeros(shape, jnp.float32),
+        "var": jnp.ones(shape, jnp.float32),
+        "count": jnp.zeros((), jnp.float32),
+    }
 
 
 def global_moments(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -90,7 +95,7 @@ def rms_update(rms: dict[str, jax.Array], x: jax.Array) -> dict[str, jax.Array]:
     n, batch_mean, batch_m2 = global_moments(x.reshape((-1, *rms["mean"].shape)))
     delta = batch_mean - rms["mean"]
     total = rms["count"] + n
-    m2 = rms["var"] * rms["count"] + batch_m2 + delta ** 2 * (rms["count"] * n / total)
+    m2 = rms["var"] * rms["count"] + batch_m2 + delta**2 * (rms["count"] * n / total)
     return {"mean": rms["mean"] + delta * (n / total), "var": m2 / total, "count": total}
 
 
@@ -147,15 +152,20 @@ def ppo_loss(params: nets.Params, mb: dict[str, jax.Array], cfg: Any, discrete: 
         v_loss = 0.5 * ((value - mb["return"]) ** 2).mean()
     ent = entropy.mean()
     ratio_ng, log_ratio_ng = lax.stop_gradient(ratio), lax.stop_gradient(log_ratio)
-    terms = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": ent,
-             "approx_kl": ((ratio_ng - 1) - log_ratio_ng).mean(),
-             "clip_frac": (jnp.abs(ratio_ng - 1) > cfg.clip_coef).astype(jnp.float32).mean()}
+    terms = {
+        "policy_loss": pg_loss,
+        "value_loss": v_loss,
+        "entropy": ent,
+        "approx_kl": ((ratio_ng - 1) - log_ratio_ng).mean(),
+        "clip_frac": (jnp.abs(ratio_ng - 1) > cfg.clip_coef).astype(jnp.float32).mean(),
+    }
     loss = pg_loss - cfg.ent_coef * ent + cfg.vf_coef * v_loss
     return loss, {"loss": lax.stop_gradient(loss), **terms}
 
 
-def make_iteration(env: JaxEnv, cfg: Any, mesh: Any, local_num_envs: int, carry_template: dict[str, Any]
-                   ) -> Callable[..., tuple[dict[str, Any], dict[str, jax.Array]]]:
+def make_iteration(
+    env: JaxEnv, cfg: Any, mesh: Any, local_num_envs: int, carry_template: dict[str, Any]
+) -> Callable[..., tuple[dict[str, Any], dict[str, jax.Array]]]:
     """The compiled PPO iteration for ``mesh`` (see the module docstring)."""
     tx = make_optimizer(cfg)
     discrete = env.discrete
@@ -186,21 +196,31 @@ def make_iteration(env: JaxEnv, cfg: Any, mesh: Any, local_num_envs: int, carry_
             log_prob, _ = nets.log_prob_entropy(params, head, action, discrete)
             env_action = action if discrete else jnp.clip(action, low, high)
             env_state, next_obs, reward, terminated, truncated, final_obs = jax.vmap(env.step)(
-                keys[:, 1], env_state, env_action)
+                keys[:, 1], env_state, env_action
+            )
             final_value = nets.value(params, normalize(obs_rms, final_obs, cfg.norm_obs))
             ep_return, ep_length = ep_return + reward, ep_length + 1
             done = terminated | truncated
             ret_sum = ret_sum + jnp.where(done, ep_return, 0.0).sum()
             ret_count = ret_count + done.sum()
             ep_return, ep_length = jnp.where(done, 0.0, ep_return), jnp.where(done, 0, ep_length)
-            step = {"obs": obs, "action": action, "log_prob": log_prob, "value": value, "reward": reward,
-                    "terminated": terminated, "truncated": truncated, "final_value": final_value}
+            step = {
+                "obs": obs,
+                "action": action,
+                "log_prob": log_prob,
+                "value": value,
+                "reward": reward,
+                "terminated": terminated,
+                "truncated": truncated,
+                "final_value": final_value,
+            }
             return (env_state, next_obs, ep_return, ep_length, ret_sum, ret_count), step
 
         zero = varying(jnp.zeros((), jnp.float32))
         init = (c["env"], c["obs"], c["ep_return"], c["ep_length"], zero, zero)
         (env_state, obs, ep_return, ep_length, ret_sum, ret_count), data = lax.scan(
-            one_step, init, jnp.arange(cfg.n_steps))
+            one_step, init, jnp.arange(cfg.n_steps)
+        )
         c = {**c, "env": env_state, "obs": obs, "ep_return": ep_return, "ep_length": ep_length}
         return c, data, ret_sum, ret_count
 
@@ -214,8 +234,10 @@ def make_iteration(env: JaxEnv, cfg: Any, mesh: Any, local_num_envs: int, carry_
                 mb = jax.tree.map(lambda x: x[i], batch)
                 (_, terms), grads = jax.value_and_grad(ppo_loss, has_aux=True)(mine, mb, cfg, discrete)
                 grads_sum, term_sums = acc
-                return (jax.tree.map(lambda a, b: a + b / g, grads_sum, grads),
-                        jax.tree.map(jnp.add, term_sums, terms)), None
+                return (
+                    jax.tree.map(lambda a, b: a + b / g, grads_sum, grads),
+                    jax.tree.map(jnp.add, term_sums, terms),
+                ), None
 
             term_zeros = {name: jnp.zeros((), jnp.float32) for name in TERMS}
             zeros = (jax.tree.map(jnp.zeros_like, mine), varying(term_zeros))
@@ -230,14 +252,14 @@ def make_iteration(env: JaxEnv, cfg: Any, mesh: Any, local_num_envs: int, carry_
         def epoch(state):
             params, opt_state, sums, e, _ = state
             perm_key = jax.random.fold_in(jax.random.fold_in(key, e), lax.axis_index(AXIS))
-            idx = jax.random.permutation(perm_key, n_local)[:num_minibatches * cfg.batch_size]
+            idx = jax.random.permutation(perm_key, n_local)[: num_minibatches * cfg.batch_size]
             idx = idx.reshape(num_minibatches, cfg.batch_size)
             kl_before = sums["approx_kl"]
             inner = (params, opt_state, sums)
             if full_groups:
-                inner, _ = lax.scan(group, inner, idx[:full_groups * k].reshape(full_groups, k, cfg.batch_size))
+                inner, _ = lax.scan(group, inner, idx[: full_groups * k].reshape(full_groups, k, cfg.batch_size))
             if rest:  # a shorter last group, as the torch engine
-                inner, _ = group(inner, idx[full_groups * k:])
+                inner, _ = group(inner, idx[full_groups * k :])
             params, opt_state, sums = inner
             epoch_kl = (sums["approx_kl"] - kl_before) / num_minibatches  # already averaged over devices
             stop = (epoch_kl > cfg.target_kl) if cfg.target_kl is not None else jnp.bool_(False)
@@ -248,7 +270,8 @@ def make_iteration(env: JaxEnv, cfg: Any, mesh: Any, local_num_envs: int, carry_
 
         sums = {name: jnp.zeros((), jnp.float32) for name in (*TERMS, "grad_norm")}
         params, opt_state, sums, epochs, _ = lax.while_loop(
-            more, epoch, (params, opt_state, sums, jnp.int32(0), jnp.bool_(False)))
+            more, epoch, (params, opt_state, sums, jnp.int32(0), jnp.bool_(False))
+        )
         grad_norm = sums.pop("grad_norm")
         metrics = {f"train/{name}": v / (epochs * num_minibatches) for name, v in sums.items()}
         metrics["train/grad_norm"] = grad_norm / (epochs * optimizer_steps_per_epoch)
@@ -275,13 +298,18 @@ def make_iteration(env: JaxEnv, cfg: Any, mesh: Any, local_num_envs: int, carry_
             c = {**c, "ret_carry": ret_carry, "ret_rms": ret_rms}
         advantages, returns = gae({**data, "reward": rewards}, next_values, cfg.gamma, cfg.gae_lambda)
         if cfg.norm_adv:  # with the mean/std of every device's rollout (the global batch)
-            n, s, ss = lax.psum((jnp.float32(advantages.size), advantages.sum(), (advantages ** 2).sum()), AXIS)
+            n, s, ss = lax.psum((jnp.float32(advantages.size), advantages.sum(), (advantages**2).sum()), AXIS)
             mean = s / n
-            advantages = (advantages - mean) / (jnp.sqrt(jnp.maximum(ss / n - mean ** 2, 0.0)) + EPS)
+            advantages = (advantages - mean) / (jnp.sqrt(jnp.maximum(ss / n - mean**2, 0.0)) + EPS)
         flat = lambda x: x.reshape((n_local, *x.shape[2:]))  # noqa: E731
-        batch = {"obs": flat(normalize(c["obs_rms"], data["obs"], cfg.norm_obs)), "action": flat(data["action"]),
-                 "log_prob": flat(data["log_prob"]), "value": flat(data["value"]),
-                 "advantage": flat(advantages), "return": flat(returns)}
+        batch = {
+            "obs": flat(normalize(c["obs_rms"], data["obs"], cfg.norm_obs)),
+            "action": flat(data["action"]),
+            "log_prob": flat(data["log_prob"]),
+            "value": flat(data["value"]),
+            "advantage": flat(advantages),
+            "return": flat(returns),
+        }
         params, opt, metrics = learn(c["params"], c["opt"], batch, k_learn)
         c = {**c, "params": params, "opt": opt}
         if cfg.norm_obs:  # after the update: rollout and update used the same statistics
@@ -292,13 +320,18 @@ def make_iteration(env: JaxEnv, cfg: Any, mesh: Any, local_num_envs: int, carry_
         return c, metrics
 
     specs = carry_specs(carry_template)
-    sharded = jax.shard_map(iteration, mesh=mesh, in_specs=(specs, P(AXIS), P()), out_specs=(specs, P()),
-                            check_vma=check_vma)
+    sharded = jax.shard_map(
+        iteration, mesh=mesh, in_specs=(specs, P(AXIS), P()), out_specs=(specs, P()), check_vma=check_vma
+    )
     # Shardings pinned on the way out too: XLA otherwise reports zero-size leaves (MJX's empty
     # mocap arrays) as replicated, and the next call's arguments would not match the program.
     shardings = {name: NamedSharding(mesh, spec) for name, spec in specs.items()}
-    return jax.jit(sharded, in_shardings=(shardings, NamedSharding(mesh, P(AXIS)), NamedSharding(mesh, P())),
-                   out_shardings=(shardings, NamedSharding(mesh, P())), donate_argnums=(0,))
+    return jax.jit(
+        sharded,
+        in_shardings=(shardings, NamedSharding(mesh, P(AXIS)), NamedSharding(mesh, P())),
+        out_shardings=(shardings, NamedSharding(mesh, P())),
+        donate_argnums=(0,),
+    )
 
 
 def make_evaluator(env: JaxEnv, cfg: Any, episodes: int, deterministic: bool) -> Callable[..., Any]:

@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from ddprl.algos.common import crossed
 from ddprl.algos.ppo_jax import networks as nets
@@ -39,20 +40,31 @@ def local_copy(tree: Any) -> Any:
     return jax.tree.map(lambda x: x.addressable_data(0), tree)
 
 
-def initial_carry(env: JaxEnv, cfg: Any, mesh: Any, num_envs: int, key: jax.Array, env_key: jax.Array) -> dict[str, Any]:
+def initial_carry(
+    env: JaxEnv, cfg: Any, mesh: Any, num_envs: int, key: jax.Array, env_key: jax.Array
+) -> dict[str, Any]:
     """Fresh parameters, optimizer, statistics (replicated) and reset envs (sharded over ``dev``)."""
     k_init, k_train = jax.random.split(key)
-    params = nets.init_params(k_init, int(np.prod(env.obs_shape)), env.action_dim, list(cfg.hidden_sizes),
-                              env.discrete)
-    replicated = {"params": params, "opt": make_optimizer(cfg).init(params), "obs_rms": rms_init(env.obs_shape),
-                  "ret_rms": rms_init(()), "key": k_train}
+    params = nets.init_params(k_init, int(np.prod(env.obs_shape)), env.action_dim, list(cfg.hidden_sizes), env.discrete)
+    replicated = {
+        "params": params,
+        "opt": make_optimizer(cfg).init(params),
+        "obs_rms": rms_init(env.obs_shape),
+        "ret_rms": rms_init(()),
+        "key": k_train,
+    }
     sharded = NamedSharding(mesh, P(AXIS))
 
     @jax.jit
     def reset(ids):
         state, obs = jax.vmap(lambda i: env.reset(jax.random.fold_in(env_key, i)))(ids)
-        return {"env": state, "obs": obs, "ep_return": jnp.zeros(ids.shape, jnp.float32),
-                "ep_length": jnp.zeros(ids.shape, jnp.int32), "ret_carry": jnp.zeros(ids.shape, jnp.float32)}
+        return {
+            "env": state,
+            "obs": obs,
+            "ep_return": jnp.zeros(ids.shape, jnp.float32),
+            "ep_length": jnp.zeros(ids.shape, jnp.int32),
+            "ret_carry": jnp.zeros(ids.shape, jnp.float32),
+        }
 
     per_env = jax.jit(reset, out_shardings=sharded)(global_env_ids(mesh, num_envs))
     return {**jax.device_put(replicated, NamedSharding(mesh, P())), **per_env}
@@ -60,8 +72,9 @@ def initial_carry(env: JaxEnv, cfg: Any, mesh: Any, num_envs: int, key: jax.Arra
 
 def global_env_ids(mesh: Any, num_envs: int) -> jax.Array:
     """``arange(num_envs)`` sharded over ``dev``: device d holds its envs' global indices."""
-    return jax.make_array_from_callback((num_envs,), NamedSharding(mesh, P(AXIS)),
-                                        lambda idx: np.arange(num_envs, dtype=np.int32)[idx])
+    return jax.make_array_from_callback(
+        (num_envs,), NamedSharding(mesh, P(AXIS)), lambda idx: np.arange(num_envs, dtype=np.int32)[idx]
+    )
 
 
 def train(rt: Any, cfg: Any) -> None:
@@ -71,12 +84,16 @@ def train(rt: Any, cfg: Any) -> None:
     num_devices = rt.num_devices
     num_envs = cfg.num_envs if cfg.num_envs is not None else num_devices
     if num_envs % num_devices:
-        raise UsageError(f"num_envs={num_envs} is not divisible by the {num_devices} devices of the mesh; "
-                         f"num_envs is global, use a multiple of {num_devices} (or set devices=)")
+        raise UsageError(
+            f"num_envs={num_envs} is not divisible by the {num_devices} devices of the mesh; "
+            f"num_envs is global, use a multiple of {num_devices} (or set devices=)"
+        )
     local_num_envs = num_envs // num_devices
     if cfg.batch_size > cfg.n_steps * local_num_envs:
-        raise UsageError(f"batch_size={cfg.batch_size} is larger than the per-device rollout (num_envs/devices x "
-                         f"n_steps = {cfg.n_steps * local_num_envs})")
+        raise UsageError(
+            f"batch_size={cfg.batch_size} is larger than the per-device rollout (num_envs/devices x "
+            f"n_steps = {cfg.n_steps * local_num_envs})"
+        )
     steps_per_iteration = cfg.n_steps * num_envs  # global
     num_iterations = math.ceil(cfg.steps / steps_per_iteration)
 
@@ -84,13 +101,20 @@ def train(rt: Any, cfg: Any) -> None:
     # Keys shared by every process (the replicated state must be identical everywhere); per-env
     # randomness comes from the global env index folded in, never from the process or device.
     shared = Seeds(cfg.seed, rank=0)
-    carry = initial_carry(env, cfg, rt.mesh, num_envs, jax.random.PRNGKey(shared.shared(run.step)),
-                          jax.random.PRNGKey(shared.env(run.step)))
+    carry = initial_carry(
+        env,
+        cfg,
+        rt.mesh,
+        num_envs,
+        jax.random.PRNGKey(shared.shared(run.step)),
+        jax.random.PRNGKey(shared.env(run.step)),
+    )
     global_step, start_iteration = run.step, 0
     replicated_sharding, env_sharding = NamedSharding(rt.mesh, P()), NamedSharding(rt.mesh, P(AXIS))
     if run.resumed:
-        restored = {name: from_flat(run.state[name], local_copy(carry[name]), name)
-                    for name in carry if name not in SHARDED}
+        restored = {
+            name: from_flat(run.state[name], local_copy(carry[name]), name) for name in carry if name not in SHARDED
+        }
         carry.update(jax.device_put(restored, replicated_sharding))
         start_iteration = run.counters["iteration"]
     own = run.restore_rank_state()
@@ -98,8 +122,12 @@ def train(rt: Any, cfg: Any) -> None:
         template = process_local({k: carry[k] for k in SHARDED})
         carry.update(from_process_local(from_flat(own["envs"], template, "envs"), env_sharding))
     elif run.resumed:
-        log.warning("resuming on %d device(s) (checkpoint: %s): envs restart from seeds of step %d",
-                    num_devices, run.counters.get("num_devices"), run.step)
+        log.warning(
+            "resuming on %d device(s) (checkpoint: %s): envs restart from seeds of step %d",
+            num_devices,
+            run.counters.get("num_devices"),
+            run.step,
+        )
 
     iterate = make_iteration(env, cfg, rt.mesh, local_num_envs, carry)
     env_ids = global_env_ids(rt.mesh, num_envs)
@@ -114,14 +142,17 @@ def train(rt: Any, cfg: Any) -> None:
         run.eval_progress(0, cfg.eval_episodes)  # one compiled call: the bar just says it evaluates
         returns, lengths = jax.device_get(evaluate(local_copy(carry["params"]), local_copy(carry["obs_rms"]), key))
         run.eval_progress(cfg.eval_episodes, cfg.eval_episodes)
-        return {"eval/return_mean": float(returns.mean()), "eval/return_std": float(returns.std()),
-                "eval/length_mean": float(lengths.mean()), "eval/episodes": float(len(returns))}
+        return {
+            "eval/return_mean": float(returns.mean()),
+            "eval/return_std": float(returns.std()),
+            "eval/length_mean": float(lengths.mean()),
+            "eval/episodes": float(len(returns)),
+        }
 
     def save(step: int, iteration: int, score: float | None) -> None:
         state = {name: to_flat(local_copy(carry[name])) for name in carry if name not in SHARDED}
         own_state = {"envs": to_flat(process_local({k: carry[k] for k in SHARDED}))}
-        run.save(step, state, counters={"iteration": iteration, "num_devices": num_devices}, own=own_state,
-                 score=score)
+        run.save(step, state, counters={"iteration": iteration, "num_devices": num_devices}, own=own_state, score=score)
 
     # -- compile once, timed apart from training ---------------------------------------------------
     t0 = time.perf_counter()
@@ -129,9 +160,19 @@ def train(rt: Any, cfg: Any) -> None:
     compile_s = time.perf_counter() - t0
     effective_batch = cfg.batch_size * num_devices * cfg.sync_freq
     run_dir = run.open(total_steps=num_iterations * steps_per_iteration)
-    log.info("run directory %s | %d process(es), %d %s device(s) x %d envs | effective batch %d | "
-             "%d iterations of %d steps | compiled in %.1f s", run_dir, rt.world_size, num_devices, rt.platform,
-             local_num_envs, effective_batch, num_iterations, steps_per_iteration, compile_s)
+    log.info(
+        "run directory %s | %d process(es), %d %s device(s) x %d envs | effective batch %d | "
+        "%d iterations of %d steps | compiled in %.1f s",
+        run_dir,
+        rt.world_size,
+        num_devices,
+        rt.platform,
+        local_num_envs,
+        effective_batch,
+        num_iterations,
+        steps_per_iteration,
+        compile_s,
+    )
 
     for iteration in range(start_iteration, num_iterations):
         lr = cfg.lr * (1.0 - iteration / num_iterations) if cfg.anneal_lr else cfg.lr
@@ -168,8 +209,9 @@ def load_actor(cfg: Any, state: dict[str, Any], device: torch.device) -> Actor:
     from ddprl.jax.vec import JaxVecEnv
 
     env = make_jax_env(cfg.task, **cfg.env_kwargs)
-    template = nets.init_params(jax.random.PRNGKey(0), int(np.prod(env.obs_shape)), env.action_dim,
-                                list(cfg.hidden_sizes), env.discrete)
+    template = nets.init_params(
+        jax.random.PRNGKey(0), int(np.prod(env.obs_shape)), env.action_dim, list(cfg.hidden_sizes), env.discrete
+    )
     params = from_flat(state["params"], template, "params")
     obs_rms = from_flat(state["obs_rms"], rms_init(env.obs_shape), "obs_rms")
     key = jax.random.PRNGKey(Seeds(cfg.seed, rank=0).eval_actions())

@@ -20,7 +20,7 @@ LOG_2PI = math.log(2 * math.pi)
 def _mlp_init(key: jax.Array, sizes: list[int], out_gain: float) -> list[dict[str, jax.Array]]:
     layers = []
     keys = jax.random.split(key, len(sizes) - 1)
-    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
         gain = out_gain if i == len(sizes) - 2 else math.sqrt(2)
         w = jax.nn.initializers.orthogonal(gain)(keys[i], (n_in, n_out), jnp.float32)
         layers.append({"w": w, "b": jnp.zeros((n_out,), jnp.float32)})
@@ -35,8 +35,10 @@ def _mlp(layers: list[dict[str, jax.Array]], x: jax.Array) -> jax.Array:
 
 def init_params(key: jax.Array, obs_dim: int, action_dim: int, hidden: list[int], discrete: bool) -> Params:
     k_actor, k_critic = jax.random.split(key)
-    params: Params = {"actor": _mlp_init(k_actor, [obs_dim, *hidden, action_dim], 0.01),
-                      "critic": _mlp_init(k_critic, [obs_dim, *hidden, 1], 1.0)}
+    params: Params = {
+        "actor": _mlp_init(k_actor, [obs_dim, *hidden, action_dim], 0.01),
+        "critic": _mlp_init(k_critic, [obs_dim, *hidden, 1], 1.0),
+    }
     if not discrete:
         params["log_std"] = jnp.zeros((action_dim,), jnp.float32)
     return params
@@ -67,7 +69,7 @@ def log_prob_entropy(params: Params, head: jax.Array, action: jax.Array, discret
         return logp, entropy
     log_std = params["log_std"]
     z = (action - head) / jnp.exp(log_std)
-    logp = (-0.5 * z ** 2 - log_std - 0.5 * LOG_2PI).sum(-1)
+    logp = (-0.5 * z**2 - log_std - 0.5 * LOG_2PI).sum(-1)
     entropy = jnp.broadcast_to(0.5 + 0.5 * LOG_2PI + log_std, head.shape).sum(-1)
     return logp, entropy
 

@@ -18,8 +18,9 @@ import torch
 from ddprl.envs.marl.base import MAObs
 
 
-def episode_fields(episode_limit: int, n_agents: int, obs_dim: int, state_dim: int,
-                   n_actions: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+def episode_fields(
+    episode_limit: int, n_agents: int, obs_dim: int, state_dim: int, n_actions: int
+) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Shape (without the leading episode dim) and dtype of each stored field."""
     t, a = episode_limit, n_agents
     return {
@@ -49,8 +50,15 @@ class EpisodeStaging:
         self.t = torch.zeros(num_envs, dtype=torch.long, device=device)  # next step to write
         self.rows = torch.arange(num_envs, device=device)
 
-    def record(self, obs: MAObs, actions: torch.Tensor, reward: torch.Tensor, terminated: torch.Tensor,
-               truncated: torch.Tensor, final_obs: MAObs) -> dict[str, torch.Tensor] | None:
+    def record(
+        self,
+        obs: MAObs,
+        actions: torch.Tensor,
+        reward: torch.Tensor,
+        terminated: torch.Tensor,
+        truncated: torch.Tensor,
+        final_obs: MAObs,
+    ) -> dict[str, torch.Tensor] | None:
         """Write one step of every env; return the episodes that ended with it (or None).
 
         ``obs`` is what the agents saw before acting; ``final_obs`` the step after the last for
@@ -88,13 +96,13 @@ class EpisodeBuffer:
         self.device = torch.device(device)
         self.data = _zeros(capacity, fields, self.device)
         self.size = 0  # episodes stored
-        self.pos = 0   # next slot to overwrite
+        self.pos = 0  # next slot to overwrite
         self.episodes_in = 0  # episodes ever added
 
     def add(self, episodes: dict[str, torch.Tensor]) -> None:
         n = episodes["filled"].shape[0]
         if n > self.capacity:  # more at once than fit: the newest win
-            episodes = {k: v[-self.capacity:] for k, v in episodes.items()}
+            episodes = {k: v[-self.capacity :] for k, v in episodes.items()}
             n = self.capacity
         slots = (self.pos + torch.arange(n, device=self.device)) % self.capacity
         for name, value in episodes.items():
@@ -111,8 +119,11 @@ class EpisodeBuffer:
         return truncate(take(self.data, idx))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"data": {k: v[:self.size].cpu() for k, v in self.data.items()}, "pos": self.pos,
-                "episodes_in": self.episodes_in}
+        return {
+            "data": {k: v[: self.size].cpu() for k, v in self.data.items()},
+            "pos": self.pos,
+            "episodes_in": self.episodes_in,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         n = state["data"]["filled"].shape[0]
@@ -128,5 +139,7 @@ def take(data: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, torch.Te
 def truncate(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The batch cut to its longest episode: T steps (T+1 observations)."""
     t = int(batch["filled"].any(0).nonzero().max()) + 1 if bool(batch["filled"].any()) else 1
-    return {name: value[:, :t + 1] if value.shape[1] == batch["filled"].shape[1] + 1 else value[:, :t]
-            for name, value in batch.items()}
+    return {
+        name: value[:, : t + 1] if value.shape[1] == batch["filled"].shape[1] + 1 else value[:, :t]
+        for name, value in batch.items()
+    }

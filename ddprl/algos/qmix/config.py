@@ -16,25 +16,32 @@ STAGES = ("qmix", "pretrain")
 class QMIXConfig(RLConfig):
     # -- learning schedule ------------------------------------------------------------------
     buffer_size: int = key("episodes kept in replay, in the whole job (each rank keeps buffer_size/world_size)")
-    update_every: Optional[int] = key("global env steps between learner updates (null: the task's episode "
-                                      "limit, i.e. one update per full-length episode like EPyMARL)")
+    update_every: Optional[int] = key(
+        "global env steps between learner updates (null: the task's episode "
+        "limit, i.e. one update per full-length episode like EPyMARL)"
+    )
     lr: float = key("Adam learning rate")
     gamma: float = key("discount")
     td_lambda: float = key("TD(lambda) targets; 0: one-step targets (EPyMARL's QMIX)")
-    bootstrap_truncated: bool = key("bootstrap time-limit ends from the next observation's value (false: treat "
-                                    "them as terminal, as EPyMARL does for gym envs such as LBF and RWARE)")
+    bootstrap_truncated: bool = key(
+        "bootstrap time-limit ends from the next observation's value (false: treat "
+        "them as terminal, as EPyMARL does for gym envs such as LBF and RWARE)"
+    )
     double_q: bool = key("pick the next action with the live network, value it with the target network")
     target_update_interval: int = key("learner updates between hard target-network copies")
     standardise_rewards: bool = key("standardise rewards with running mean/std over all ranks' sampled batches")
-    standardise_state: bool = key("feed the mixer states standardised with running mean/std over all ranks' "
-                                  "sampled states (EPyMARL: raw states)")
+    standardise_state: bool = key(
+        "feed the mixer states standardised with running mean/std over all ranks' sampled states (EPyMARL: raw states)"
+    )
     max_grad_norm: float = key("gradient-norm clip (0: off)")
     epsilon_start: float = key("exploration epsilon at step 0")
     epsilon_finish: float = key("epsilon after the anneal (greedy, epsilon 0, at evaluation)")
     epsilon_anneal_steps: int = key("global env steps of the linear epsilon anneal")
     log_freq: int = key("global env steps between metric rows")
-    checkpoint_buffer: bool = key("save each rank's episode replay with every checkpoint (checkpoints/buffers/"
-                                  "rank<r>.pt); a resume on as many ranks then needs no warm-up")
+    checkpoint_buffer: bool = key(
+        "save each rank's episode replay with every checkpoint (checkpoints/buffers/"
+        "rank<r>.pt); a resume on as many ranks then needs no warm-up"
+    )
     # -- networks -----------------------------------------------------------------------------
     use_rnn: bool = key("GRU agent network (false: feed-forward, EPyMARL's QMIX default)")
     hidden_dim: int = key("agent network width")
@@ -54,7 +61,10 @@ class QMIXConfig(RLConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.buffer_size >= 1, f"buffer_size={self.buffer_size} must be >= 1")
-        _check(self.update_every is None or self.update_every >= 1, f"update_every={self.update_every} must be >= 1 or null")
+        _check(
+            self.update_every is None or self.update_every >= 1,
+            f"update_every={self.update_every} must be >= 1 or null",
+        )
         _check(self.lr > 0, f"lr={self.lr} must be > 0")
         _check(0 <= self.gamma <= 1, f"gamma={self.gamma} must be in [0, 1]")
         _check(0 <= self.td_lambda <= 1, f"td_lambda={self.td_lambda} must be in [0, 1]")
@@ -70,21 +80,32 @@ class QMIXConfig(RLConfig):
         _check(self.hypernet_layers in (1, 2), f"hypernet_layers={self.hypernet_layers} must be 1 or 2")
         _check(self.stage in STAGES, f"stage={self.stage!r} is not one of {', '.join(STAGES)}")
         _check(self.encoder_dim >= 0, f"encoder_dim={self.encoder_dim} must be >= 0")
-        _check(self.stage != "pretrain" or self.encoder_dim > 0,
-               "stage=pretrain trains the observation encoder: give encoder_dim > 0")
+        _check(
+            self.stage != "pretrain" or self.encoder_dim > 0,
+            "stage=pretrain trains the observation encoder: give encoder_dim > 0",
+        )
 
     def check(self) -> list[str]:
         from ddprl.envs.marl import check_marl_task, make_marl_env
 
         check_marl_task(self.task)
         warnings = self.schedule_warnings()
-        _check(self.buffer_size % self.world_size == 0 and self.buffer_size // self.world_size >= self.batch_size,
-               f"buffer_size={self.buffer_size} must be a multiple of world_size={self.world_size} and hold "
-               f"batch_size={self.batch_size} episodes on every rank")
-        _check(not (self.stage == "qmix" and self.encoder_dim > 0 and self.freeze_encoder and not self.init_from
-                    and not self.resume),
-               "freeze_encoder=true keeps the encoder as init_from gives it: give init_from=<a stage=pretrain "
-               "checkpoint>, or freeze_encoder=false to train it with QMIX")
+        _check(
+            self.buffer_size % self.world_size == 0 and self.buffer_size // self.world_size >= self.batch_size,
+            f"buffer_size={self.buffer_size} must be a multiple of world_size={self.world_size} and hold "
+            f"batch_size={self.batch_size} episodes on every rank",
+        )
+        _check(
+            not (
+                self.stage == "qmix"
+                and self.encoder_dim > 0
+                and self.freeze_encoder
+                and not self.init_from
+                and not self.resume
+            ),
+            "freeze_encoder=true keeps the encoder as init_from gives it: give init_from=<a stage=pretrain "
+            "checkpoint>, or freeze_encoder=false to train it with QMIX",
+        )
         if self.init_from:
             from pathlib import Path
 
@@ -101,10 +122,12 @@ class QMIXConfig(RLConfig):
             env.close()
         warmup = self.warmup_iterations(limit, self.world_size) * self.num_envs  # global steps
         if self.stage == "qmix" and warmup >= self.steps:
-            warnings.append(f"steps={self.steps} ends before the first update: every rank first collects "
-                            f"batch_size={self.batch_size} episodes, {warmup} global steps with episodes of up to "
-                            f"{limit} steps and {self.local_num_envs(self.world_size)} env(s) per rank (raise steps "
-                            "or num_envs, or lower batch_size)")
+            warnings.append(
+                f"steps={self.steps} ends before the first update: every rank first collects "
+                f"batch_size={self.batch_size} episodes, {warmup} global steps with episodes of up to "
+                f"{limit} steps and {self.local_num_envs(self.world_size)} env(s) per rank (raise steps "
+                "or num_envs, or lower batch_size)"
+            )
         return warnings
 
     def warmup_iterations(self, episode_limit: int, world_size: int) -> int:
@@ -120,10 +143,12 @@ class QMIXConfig(RLConfig):
 
         networks = load_checkpoint(self.init_from, expect_algo="qmix")["state"]["networks"]
         keeps_encoder = self.stage == "qmix" and self.encoder_dim > 0 and self.freeze_encoder
-        _check(not keeps_encoder or "encoder" in networks,
-               f"freeze_encoder=true keeps init_from's encoder, but {self.init_from} has none (it holds "
-               f"{', '.join(networks) or 'no networks'}): give init_from=<a stage=pretrain checkpoint>, "
-               "or freeze_encoder=false to train a new encoder")
+        _check(
+            not keeps_encoder or "encoder" in networks,
+            f"freeze_encoder=true keeps init_from's encoder, but {self.init_from} has none (it holds "
+            f"{', '.join(networks) or 'no networks'}): give init_from=<a stage=pretrain checkpoint>, "
+            "or freeze_encoder=false to train a new encoder",
+        )
         init_from_checkpoint(build_networks(self, env), self.init_from)
 
     def local_buffer_size(self, world_size: int) -> int:

@@ -27,8 +27,9 @@ def epsilon_at(step: int, start: float, finish: float, anneal_steps: int) -> flo
     return start + (finish - start) * min(1.0, step / anneal_steps)
 
 
-def select_actions(qs: torch.Tensor, avail: torch.Tensor, epsilon: float,
-                   generator: torch.Generator | None = None) -> torch.Tensor:
+def select_actions(
+    qs: torch.Tensor, avail: torch.Tensor, epsilon: float, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Epsilon-greedy over the available actions: qs (N, A, U), avail (N, A, U) bool -> (N, A).
 
     With probability ``epsilon`` (per agent) an available action uniformly at random, else the
@@ -43,8 +44,14 @@ def select_actions(qs: torch.Tensor, avail: torch.Tensor, epsilon: float,
     return torch.where(explore, random, greedy)
 
 
-def lambda_returns(rewards: torch.Tensor, terminated: torch.Tensor, filled: torch.Tensor,
-                   next_values: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
+def lambda_returns(
+    rewards: torch.Tensor,
+    terminated: torch.Tensor,
+    filled: torch.Tensor,
+    next_values: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> torch.Tensor:
     """TD(lambda) targets of every step, computed backwards; lam=0 gives one-step targets.
 
     G_t = r_t + gamma (1 - term_t) [(1 - lam) V_{t+1} + lam G_{t+1}], where G_{t+1} is replaced
@@ -92,20 +99,27 @@ class QLearner:
         self.net: QNetwork = rt.unwrap(self.model)
         self.target = copy.deepcopy(self.net)  # after wrap: the broadcast weights (invariant 2)
         self.target.requires_grad_(False)
-        self.optimizer = torch.optim.Adam([p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr, foreach=True)
+        self.optimizer = torch.optim.Adam(
+            [p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr, foreach=True
+        )
         self.scaler = torch.amp.GradScaler(rt.device.type, enabled=cfg.precision == "fp16")
         self.reward_stats = RunningMeanStd((), clip=float("inf")).to(rt.device)
-        self.state_stats = RunningMeanStd((net.mixer.state_dim,) if hasattr(net.mixer, "state_dim") else (0,),
-                                          clip=float("inf")).to(rt.device)
+        self.state_stats = RunningMeanStd(
+            (net.mixer.state_dim,) if hasattr(net.mixer, "state_dim") else (0,), clip=float("inf")
+        ).to(rt.device)
         self.updates = 0
 
     def update_target(self) -> None:
         self.target.load_state_dict(self.net.state_dict())
 
     def state_dict(self) -> dict[str, Any]:
-        return {"target": self.target.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scaler": self.scaler.state_dict(), "reward_stats": self.reward_stats.state_dict(),
-                "state_stats": self.state_stats.state_dict()}
+        return {
+            "target": self.target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "reward_stats": self.reward_stats.state_dict(),
+            "state_stats": self.state_stats.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.target.load_state_dict(state["target"])
@@ -139,15 +153,25 @@ class QLearner:
             terminated = batch["terminated"]
             if not cfg.bootstrap_truncated:  # EPyMARL on gym envs: a time-out ends the return like a terminal state
                 terminated = terminated | episode_ends(batch["filled"])
-            targets = lambda_returns(_agent_dim(rewards, chosen), _agent_dim(terminated, chosen), filled,
-                                     next_values, cfg.gamma, cfg.td_lambda)
+            targets = lambda_returns(
+                _agent_dim(rewards, chosen),
+                _agent_dim(terminated, chosen),
+                filled,
+                next_values,
+                cfg.gamma,
+                cfg.td_lambda,
+            )
         td = (chosen - targets) * filled
         # DDP averages gradients over ranks: scaling by world_size / (valid steps of all ranks)
         # makes the average the gradient of the whole batch's mean squared TD error.
-        loss = (td ** 2).sum() * (self.rt.world_size / global_filled)
+        loss = (td**2).sum() * (self.rt.world_size / global_filled)
         n = filled.sum()
-        return {"loss": loss, "td_error_abs": td.abs().sum() / n.clamp_min(1), "q_taken_mean": (chosen * filled).sum()
-                / n.clamp_min(1), "target_mean": (targets * filled).sum() / n.clamp_min(1)}
+        return {
+            "loss": loss,
+            "td_error_abs": td.abs().sum() / n.clamp_min(1),
+            "q_taken_mean": (chosen * filled).sum() / n.clamp_min(1),
+            "target_mean": (targets * filled).sum() / n.clamp_min(1),
+        }
 
     def update(self, batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
         """One optimizer step on ``sync_freq`` batches of this rank (the first k-1 under no_sync).

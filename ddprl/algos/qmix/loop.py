@@ -36,6 +36,7 @@ log = logging.getLogger("ddprl")
 # networks of a stage
 # ---------------------------------------------------------------------------------------------
 
+
 def build_networks(cfg: Any, env: Any) -> dict[str, torch.nn.Module]:
     """Every module the config describes for ``env`` (fresh weights from this rank's generator)."""
     nets: dict[str, torch.nn.Module] = {}
@@ -49,8 +50,9 @@ def build_networks(cfg: Any, env: Any) -> dict[str, torch.nn.Module]:
     in_dim = features + (env.n_actions if cfg.obs_last_action else 0) + (env.n_agents if cfg.obs_agent_id else 0)
     nets["agent"] = AgentNet(in_dim, env.n_actions, cfg.hidden_dim, cfg.use_rnn)
     if cfg.mixer == "qmix":
-        nets["mixer"] = QMixer(env.n_agents, env.state_dim, cfg.mixing_embed_dim, cfg.hypernet_layers,
-                               cfg.hypernet_embed)
+        nets["mixer"] = QMixer(
+            env.n_agents, env.state_dim, cfg.mixing_embed_dim, cfg.hypernet_layers, cfg.hypernet_embed
+        )
     elif cfg.mixer == "vdn":
         nets["mixer"] = VDNMixer()
     return nets
@@ -62,12 +64,20 @@ def q_network(cfg: Any, env: Any, nets: dict[str, torch.nn.Module]) -> QNetwork:
     frozen = encoder if encoder is not None and cfg.freeze_encoder else None
     if frozen is not None:
         frozen.requires_grad_(False)
-    return QNetwork(nets["agent"], nets.get("mixer"), env.n_actions, cfg.obs_agent_id, cfg.obs_last_action,
-                    encoder=None if frozen is not None else encoder, frozen_encoder=frozen)
+    return QNetwork(
+        nets["agent"],
+        nets.get("mixer"),
+        env.n_actions,
+        cfg.obs_agent_id,
+        cfg.obs_last_action,
+        encoder=None if frozen is not None else encoder,
+        frozen_encoder=frozen,
+    )
 
 
-def load_networks(nets: dict[str, torch.nn.Module], saved: dict[str, dict[str, torch.Tensor]], source: str,
-                  only_present: bool = False) -> list[str]:
+def load_networks(
+    nets: dict[str, torch.nn.Module], saved: dict[str, dict[str, torch.Tensor]], source: str, only_present: bool = False
+) -> list[str]:
     """Load the saved modules into ``nets`` (by name); returns the names loaded.
 
     ``only_present``: modules the checkpoint lacks keep their weights (a stage initialised from
@@ -82,8 +92,10 @@ def load_networks(nets: dict[str, torch.nn.Module], saved: dict[str, dict[str, t
         try:
             module.load_state_dict(saved[name])
         except RuntimeError as e:
-            raise UsageError(f"{source}: its {name} network does not fit this config "
-                             f"({str(e).splitlines()[0][:160]}); use the same architecture keys") from None
+            raise UsageError(
+                f"{source}: its {name} network does not fit this config "
+                f"({str(e).splitlines()[0][:160]}); use the same architecture keys"
+            ) from None
         loaded.append(name)
     return loaded
 
@@ -91,8 +103,12 @@ def load_networks(nets: dict[str, torch.nn.Module], saved: dict[str, dict[str, t
 def init_from_checkpoint(nets: dict[str, torch.nn.Module], path: str) -> list[str]:
     """Initialise this stage's modules from another stage's checkpoint (those it has)."""
     ckpt = load_checkpoint(path, expect_algo="qmix")
-    names = load_networks({k: v for k, v in nets.items() if k != "decoder"}, ckpt["state"]["networks"],
-                          f"init_from={path}", only_present=True)
+    names = load_networks(
+        {k: v for k, v in nets.items() if k != "decoder"},
+        ckpt["state"]["networks"],
+        f"init_from={path}",
+        only_present=True,
+    )
     if not names:
         raise UsageError(f"init_from={path}: none of this stage's networks ({', '.join(nets)}) is in it")
     return names
@@ -126,6 +142,7 @@ class Acting:
 # the loop
 # ---------------------------------------------------------------------------------------------
 
+
 def train(rt: Any, cfg: Any) -> None:
     """Train ``cfg.stage`` on ``cfg.task`` for ``cfg.steps`` global env steps (runs on every rank)."""
     # -- sizes: global in, local derived (docs/distributed.md, invariant 4) ------------------------
@@ -147,8 +164,9 @@ def train(rt: Any, cfg: Any) -> None:
         log.info("initialised %s from %s", ", ".join(names), cfg.init_from)
     pretrain = cfg.stage == "pretrain"
     if pretrain:
-        learner: QLearner | AutoencoderLearner = AutoencoderLearner(rt, cfg, Autoencoder(nets["encoder"],
-                                                                                          nets["decoder"]))
+        learner: QLearner | AutoencoderLearner = AutoencoderLearner(
+            rt, cfg, Autoencoder(nets["encoder"], nets["decoder"])
+        )
         acting = None  # random actions: the encoder learns the observations of the whole space
     else:
         learner = QLearner(rt, cfg, q_network(cfg, env, nets))
@@ -159,8 +177,9 @@ def train(rt: Any, cfg: Any) -> None:
         learner.load_state_dict(run.state["learner"])
         learner.updates = run.counters["updates"]
     checksum = rt.check_in_sync(learner.model)
-    log.info("%s stage: trains %s (checksum %.6f over %d rank(s))", cfg.stage, trained_names(nets), checksum,
-             rt.world_size)
+    log.info(
+        "%s stage: trains %s (checksum %.6f over %d rank(s))", cfg.stage, trained_names(nets), checksum, rt.world_size
+    )
     run.restore_rank_state()
 
     fields = episode_fields(env.episode_limit, env.n_agents, env.obs_dim, env.state_dim, env.n_actions)
@@ -169,8 +188,10 @@ def train(rt: Any, cfg: Any) -> None:
     if run.resumed:
         # The saved replays come back only when every rank finds its own (saved at this step) and
         # each holds a batch; then updates go on at once, else every rank warms up again.
-        restored = restore_buffer(buffer, buffer_path(Path(cfg.resume).parent, rt.rank), run.checkpoint,
-                                  rt.world_size) and buffer.size >= cfg.batch_size
+        restored = (
+            restore_buffer(buffer, buffer_path(Path(cfg.resume).parent, rt.rank), run.checkpoint, rt.world_size)
+            and buffer.size >= cfg.batch_size
+        )
         if rt.all_reduce_sum(int(restored)) == rt.world_size:
             warmup_iterations = 0
             log.info("resumed with the episode replays (%d episodes on rank 0)", buffer.size)
@@ -181,23 +202,39 @@ def train(rt: Any, cfg: Any) -> None:
     def save(step: int, score: float | None) -> None:
         rt.check_in_sync(learner.model, "parameters at checkpoint")
         if cfg.checkpoint_buffer:  # each rank its own file, written before rank 0 writes latest.pt
-            save_atomically({"step": step, "buffer": buffer.state_dict()}, buffer_path(run_dir / "checkpoints", rt.rank))
-        state = {"networks": {name: strip_prefixes(m.state_dict()) for name, m in nets.items()},
-                 "learner": learner.state_dict()}
+            save_atomically(
+                {"step": step, "buffer": buffer.state_dict()}, buffer_path(run_dir / "checkpoints", rt.rank)
+            )
+        state = {
+            "networks": {name: strip_prefixes(m.state_dict()) for name, m in nets.items()},
+            "learner": learner.state_dict(),
+        }
         run.save(step, state, counters={"updates": learner.updates}, score=score)
 
     def run_eval(step: int) -> dict[str, float]:
         eval_acting = Acting(learner.net)
-        result = evaluate(rt, lambda n, s: make_marl_env(cfg.task, n, seed=s, device=rt.device, **cfg.env_kwargs),
-                          eval_acting, cfg.eval_episodes, cfg.seed, extra_keys=env.extra_info_keys,
-                          progress=run.eval_progress)
+        result = evaluate(
+            rt,
+            lambda n, s: make_marl_env(cfg.task, n, seed=s, device=rt.device, **cfg.env_kwargs),
+            eval_acting,
+            cfg.eval_episodes,
+            cfg.seed,
+            extra_keys=env.extra_info_keys,
+            progress=run.eval_progress,
+        )
         return {f"eval/{k}": v for k, v in result.items()}
 
     total_iterations = math.ceil((cfg.steps - run.step) / steps_per_iteration)
     run_dir = run.open(total_steps=run.step + total_iterations * steps_per_iteration)
-    log.info("run directory %s | %d ranks x %d envs | %d episodes per update (effective batch) | update every "
-             "%d global env steps", run_dir, rt.world_size, local_num_envs, cfg.effective_batch_size(rt.world_size),
-             update_every)
+    log.info(
+        "run directory %s | %d ranks x %d envs | %d episodes per update (effective batch) | update every "
+        "%d global env steps",
+        run_dir,
+        rt.world_size,
+        local_num_envs,
+        cfg.effective_batch_size(rt.world_size),
+        update_every,
+    )
 
     global_step = run.step
     scheduled = global_step // update_every  # update slots passed (one update per slot)
@@ -205,8 +242,11 @@ def train(rt: Any, cfg: Any) -> None:
     for iteration in range(total_iterations):
         # -- act and step every local env once (no collective) ----------------------------------
         t0 = time.perf_counter()
-        epsilon = 1.0 if pretrain else epsilon_at(global_step, cfg.epsilon_start, cfg.epsilon_finish,
-                                                  cfg.epsilon_anneal_steps)
+        epsilon = (
+            1.0
+            if pretrain
+            else epsilon_at(global_step, cfg.epsilon_start, cfg.epsilon_finish, cfg.epsilon_anneal_steps)
+        )
         if acting is None:
             actions = select_actions(torch.zeros(obs.avail.shape, device=rt.device), obs.avail, 1.0)
         else:
@@ -233,8 +273,11 @@ def train(rt: Any, cfg: Any) -> None:
 
         # -- bookkeeping: every number global (docs/distributed.md, invariant 7) -------------------
         last = iteration == total_iterations - 1
-        evaluating = not pretrain and cfg.eval_episodes > 0 and (
-            crossed(global_step, steps_per_iteration, cfg.eval_freq) or last)
+        evaluating = (
+            not pretrain
+            and cfg.eval_episodes > 0
+            and (crossed(global_step, steps_per_iteration, cfg.eval_freq) or last)
+        )
         if crossed(global_step, steps_per_iteration, cfg.log_freq) or evaluating or last:
             metrics = window.metrics(rt, global_step, buffer)
             metrics["train/epsilon"] = epsilon
@@ -293,13 +336,18 @@ class Window:
     def metrics(self, rt: Any, global_step: int, buffer: EpisodeBuffer) -> dict[str, float]:
         """Collective: the window's global metrics (one all-reduce), then a new window."""
         now = time.perf_counter()
-        local = {"collect_s": self.collect_s, "update_s": self.update_s, "episodes": float(self.episode_count),
-                 "updates": float(self.updates), "buffer": float(buffer.size)}
+        local = {
+            "collect_s": self.collect_s,
+            "update_s": self.update_s,
+            "episodes": float(self.episode_count),
+            "updates": float(self.updates),
+            "buffer": float(buffer.size),
+        }
         local.update({f"ep_{k}": v for k, v in self.episode_sums.items()})
         local.update({f"learn_{k}": v for k, v in self.learner_sums.items()})
         keys = sorted(local)  # the same on every rank: learner keys come with the same updates everywhere
         sums = rt.all_reduce_sum(torch.tensor([local[k] for k in keys], dtype=torch.float64, device=self.device))
-        total = dict(zip(keys, sums.tolist()))
+        total = dict(zip(keys, sums.tolist(), strict=True))
         elapsed = now - self.start
         out: dict[str, float] = {}
         if elapsed > 0:
@@ -324,8 +372,10 @@ class Window:
 def load_actor(cfg: Any, state: dict[str, Any], device: torch.device) -> Actor:
     """The greedy QMIX policy of a checkpoint's ``state`` (epsilon 0), for eval and play."""
     if cfg.stage == "pretrain":
-        raise UsageError("a stage=pretrain checkpoint holds an observation autoencoder, not a policy; "
-                         "train stage=qmix with init_from=<this checkpoint> and evaluate that")
+        raise UsageError(
+            "a stage=pretrain checkpoint holds an observation autoencoder, not a policy; "
+            "train stage=qmix with init_from=<this checkpoint> and evaluate that"
+        )
 
     def make(num_envs: int, seed: int):
         return make_marl_env(cfg.task, num_envs, seed=seed, device=device, **cfg.env_kwargs)

@@ -104,16 +104,19 @@ class Decoder(nn.Module):
         return self.net(z)
 
 
-def agent_inputs(features: torch.Tensor, last_actions: torch.Tensor | None, n_actions: int,
-                 agent_id: bool) -> torch.Tensor:
+def agent_inputs(
+    features: torch.Tensor, last_actions: torch.Tensor | None, n_actions: int, agent_id: bool
+) -> torch.Tensor:
     """What the agent network reads: features (..., A, F) [+ one-hot last action] [+ one-hot agent id].
 
     ``last_actions`` (..., A) int64 with -1 for "none yet" (the first step), or None (not used).
     """
     parts = [features]
     if last_actions is not None:
-        parts.append(F.one_hot(last_actions.clamp_min(0), n_actions).to(features.dtype)
-                     * (last_actions >= 0).unsqueeze(-1).to(features.dtype))
+        parts.append(
+            F.one_hot(last_actions.clamp_min(0), n_actions).to(features.dtype)
+            * (last_actions >= 0).unsqueeze(-1).to(features.dtype)
+        )
     if agent_id:
         a = features.shape[-2]
         parts.append(torch.eye(a, dtype=features.dtype, device=features.device).expand(*features.shape[:-1], a))
@@ -127,8 +130,16 @@ class QNetwork(nn.Module):
     the module tree (``frozen_encoder``), so DDP neither wraps nor synchronises it.
     """
 
-    def __init__(self, agent: AgentNet, mixer: nn.Module | None, n_actions: int, agent_id: bool, last_action: bool,
-                 encoder: Encoder | None = None, frozen_encoder: Encoder | None = None):
+    def __init__(
+        self,
+        agent: AgentNet,
+        mixer: nn.Module | None,
+        n_actions: int,
+        agent_id: bool,
+        last_action: bool,
+        encoder: Encoder | None = None,
+        frozen_encoder: Encoder | None = None,
+    ):
         super().__init__()
         self.agent, self.mixer, self.encoder = agent, mixer, encoder
         self._frozen = (frozen_encoder,)  # a tuple: not registered as a submodule
@@ -145,8 +156,9 @@ class QNetwork(nn.Module):
         return self.encoder(obs) if self.encoder is not None else obs
 
     def inputs(self, obs: torch.Tensor, last_actions: torch.Tensor | None) -> torch.Tensor:
-        return agent_inputs(self.features(obs), last_actions if self.last_action else None, self.n_actions,
-                            self.agent_id)
+        return agent_inputs(
+            self.features(obs), last_actions if self.last_action else None, self.n_actions, self.agent_id
+        )
 
     def agent_qs(self, obs: torch.Tensor, last_actions: torch.Tensor | None) -> torch.Tensor:
         """Every agent's Qs for whole episodes: obs (B, T, A, O) -> (B, T, A, U)."""
@@ -156,8 +168,9 @@ class QNetwork(nn.Module):
         """(B, T, A) chosen Qs -> Q_tot (B, T); without a mixer, the agents' Qs unchanged (B, T, A)."""
         return qs if self.mixer is None else self.mixer(qs, states)
 
-    def forward(self, obs: torch.Tensor, last_actions: torch.Tensor | None, actions: torch.Tensor,
-                states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, obs: torch.Tensor, last_actions: torch.Tensor | None, actions: torch.Tensor, states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The training forward: obs (B, T+1, A, O), actions (B, T, A), states (B, T+1, S) ->
         (Q_tot of the taken actions (B, T) [or (B, T, A) without a mixer], every Q (B, T+1, A, U))."""
         qs = self.agent_qs(obs, last_actions)

@@ -1,4 +1,5 @@
-"""TD-MPC2 (Hansen, Wang, Su, ICLR 2024) on N ranks: ``loop.train`` is the loop, ``loop.load_actor`` serves eval/play."""
+"""TD-MPC2 (Hansen, Wang, Su, ICLR 2024) on N ranks: ``loop.train`` is the loop, ``loop.load_actor``
+serves eval/play."""
 
 from pathlib import Path
 

@@ -12,14 +12,14 @@ Nothing here is distributed.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
 import torch
 
-from ddprl.algos.tdmpc2.networks import WorldModel
 from ddprl.algos.graphs import compile_region, keep, step_begin
+from ddprl.algos.tdmpc2.networks import WorldModel
 from ddprl.algos.tdmpc2.planner import MPPI, MPPIConfig, PlanNoise, PlanStart, mppi_iterations
 from ddprl.envs import make_env
 from ddprl.envs.dmc import parse_dmc_task
@@ -35,7 +35,7 @@ class EnvWrapper:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.env, name)
 
-    def reset(self, seed: Optional[int] = None) -> torch.Tensor:
+    def reset(self, seed: int | None = None) -> torch.Tensor:
         return self.env.reset(seed=seed)
 
     def step(self, actions: torch.Tensor):
@@ -70,8 +70,10 @@ def make_tdmpc2_env(cfg: Any, num_envs: int, seed: int, device: torch.device) ->
     act_space, obs_space = env.single_action_space, env.single_observation_space
     if not isinstance(act_space, gym.spaces.Box) or len(act_space.shape) != 1:
         env.close()
-        raise UsageError(f"tdmpc2 needs continuous actions (a 1-D Box); {cfg.task} has {act_space}: "
-                         "use algo=ppo for discrete actions")
+        raise UsageError(
+            f"tdmpc2 needs continuous actions (a 1-D Box); {cfg.task} has {act_space}: "
+            "use algo=ppo for discrete actions"
+        )
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
         env.close()
         raise UsageError(f"tdmpc2 here learns from flat state observations; {cfg.task} observes {obs_space}")
@@ -92,8 +94,10 @@ def episode_length_of(cfg: Any, env: Any) -> int:
         spec = gym.spec(cfg.task) if cfg.task in gym.registry else None
         length = getattr(spec, "max_episode_steps", None)
     if length is None:
-        raise UsageError(f"{cfg.task} has no time limit to derive the discount and seed_steps from: "
-                         "set episode_length=<agent steps per episode>")
+        raise UsageError(
+            f"{cfg.task} has no time limit to derive the discount and seed_steps from: "
+            "set episode_length=<agent steps per episode>"
+        )
     return int(length)
 
 
@@ -130,8 +134,15 @@ class EpisodeRecorder:
         for i in range(self.num_envs):
             self._obs[i], self._act[i], self._rew[i], self._term[i] = [obs[i]], [], [], []
 
-    def add(self, actions: torch.Tensor, rewards: torch.Tensor, terminated: torch.Tensor, done: torch.Tensor,
-            final_obs: torch.Tensor, next_obs: torch.Tensor) -> list[Episode]:
+    def add(
+        self,
+        actions: torch.Tensor,
+        rewards: torch.Tensor,
+        terminated: torch.Tensor,
+        done: torch.Tensor,
+        final_obs: torch.Tensor,
+        next_obs: torch.Tensor,
+    ) -> list[Episode]:
         """Record one step of every env (N rows each); return the episodes that just ended."""
         actions, rewards, terminated = actions.detach().cpu(), rewards.detach().cpu(), terminated.cpu()
         final_obs, next_obs, done = final_obs.detach().cpu(), next_obs.detach().cpu(), done.cpu()
@@ -141,8 +152,14 @@ class EpisodeRecorder:
             self._rew[i].append(rewards[i])
             self._term[i].append(terminated[i])
             if done[i]:
-                finished.append(Episode(torch.stack(self._obs[i] + [final_obs[i]]), torch.stack(self._act[i]),
-                                        torch.stack(self._rew[i]), torch.stack(self._term[i])))
+                finished.append(
+                    Episode(
+                        torch.stack(self._obs[i] + [final_obs[i]]),
+                        torch.stack(self._act[i]),
+                        torch.stack(self._rew[i]),
+                        torch.stack(self._term[i]),
+                    )
+                )
                 self._obs[i], self._act[i], self._rew[i], self._term[i] = [next_obs[i]], [], [], []
             else:
                 self._obs[i].append(next_obs[i])
@@ -152,9 +169,16 @@ class EpisodeRecorder:
 def mppi_config(cfg: Any, action_dim: int) -> MPPIConfig:
     """The planner settings of ``cfg`` (iterations null -> 6, or 8 for action_dim >= 20)."""
     iterations = cfg.iterations if cfg.iterations is not None else mppi_iterations(action_dim)
-    return MPPIConfig(horizon=cfg.horizon, iterations=iterations, num_samples=cfg.num_samples,
-                      num_elites=cfg.num_elites, num_pi_trajs=cfg.num_pi_trajs, temperature=cfg.temperature,
-                      min_std=cfg.min_std, max_std=cfg.max_std)
+    return MPPIConfig(
+        horizon=cfg.horizon,
+        iterations=iterations,
+        num_samples=cfg.num_samples,
+        num_elites=cfg.num_elites,
+        num_pi_trajs=cfg.num_pi_trajs,
+        temperature=cfg.temperature,
+        min_std=cfg.min_std,
+        max_std=cfg.max_std,
+    )
 
 
 class Acting:
@@ -178,7 +202,7 @@ class Acting:
         if cfg.mpc:
             self.planner = MPPI.from_world_model(model, discount, mppi_config(cfg, model.action_dim))
         self.horizon = cfg.horizon
-        self.prev_mean: Optional[torch.Tensor] = None  # (H, E, A) last plan's mean
+        self.prev_mean: torch.Tensor | None = None  # (H, E, A) last plan's mean
         self.device = next(model.parameters()).device
 
         def region(fn, name):
@@ -187,9 +211,11 @@ class Acting:
         if self.planner is None:
             self._prior = region(self.prior_fn, "prior")
         else:
-            self._start, self._iterate, self._finish = (region(self.start_fn, "start"),
-                                                        region(self.planner.iterate, "iterate"),
-                                                        region(self.planner.finish, "finish"))
+            self._start, self._iterate, self._finish = (
+                region(self.start_fn, "start"),
+                region(self.planner.iterate, "iterate"),
+                region(self.planner.finish, "finish"),
+            )
 
     def episode_ended(self, done: torch.Tensor) -> None:
         """Forget the plan of envs whose episode just ended: done (E,) bool."""
@@ -198,18 +224,20 @@ class Acting:
             keep_mean = (~done.to(self.prev_mean.device)).to(self.prev_mean.dtype)
             self.prev_mean = self.prev_mean * keep_mean[None, :, None]
 
-    def start_fn(self, obs: torch.Tensor, prev_mean: torch.Tensor, pi_prior: Optional[torch.Tensor]) -> PlanStart:
+    def start_fn(self, obs: torch.Tensor, prev_mean: torch.Tensor, pi_prior: torch.Tensor | None) -> PlanStart:
         """Region: obs (E, obs_dim), prev_mean (H, E, A) -> where the plan's iterations start."""
         return self.planner.start(self.model.encode(obs), prev_mean, pi_prior)
 
-    def prior_fn(self, obs: torch.Tensor, prev_mean: torch.Tensor,
-                 eval_mode: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def prior_fn(
+        self, obs: torch.Tensor, prev_mean: torch.Tensor, eval_mode: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Region (``mpc=false``): the policy prior's action (its mean in eval), prev_mean as is."""
         action, info = self.model.pi(self.model.encode(obs))
         return (info["mean"] if eval_mode else action), prev_mean
 
-    def act_fn(self, obs: torch.Tensor, prev_mean: torch.Tensor, eval_mode: bool,
-               noise: Optional[PlanNoise] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def act_fn(
+        self, obs: torch.Tensor, prev_mean: torch.Tensor, eval_mode: bool, noise: PlanNoise | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One act: obs (E, obs_dim), prev_mean (H, E, A) -> action (E, A), plan mean (H, E, A)."""
         if self.planner is None:
             return self._prior(obs, prev_mean, eval_mode)
@@ -218,7 +246,7 @@ class Acting:
         return plan.action, plan.mean
 
     @torch.no_grad()
-    def __call__(self, obs: torch.Tensor, eval_mode: bool = False, noise: Optional[PlanNoise] = None) -> torch.Tensor:
+    def __call__(self, obs: torch.Tensor, eval_mode: bool = False, noise: PlanNoise | None = None) -> torch.Tensor:
         """obs (E, obs_dim) -> actions (E, A) in [-1, 1]; exploration noise unless ``eval_mode``.
         ``noise``: the plan's random numbers (``planner.draw_noise``); None: the global RNG."""
         self.model.eval()
@@ -237,7 +265,7 @@ class NotifyEpisodeEnds(EnvWrapper):
         super().__init__(env)
         self.acting = acting
 
-    def reset(self, seed: Optional[int] = None) -> torch.Tensor:
+    def reset(self, seed: int | None = None) -> torch.Tensor:
         self.acting.prev_mean = None
         return self.env.reset(seed=seed)
 

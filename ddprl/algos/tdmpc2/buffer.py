@@ -20,11 +20,11 @@ T - H + 1 starts for horizon H), i.e. uniform over stored sub-trajectories.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, NamedTuple
 
 import torch
 
-Device = Union[str, torch.device]
+Device = str | torch.device
 
 
 class TrajectoryBatch(NamedTuple):
@@ -36,7 +36,7 @@ class TrajectoryBatch(NamedTuple):
     reward: torch.Tensor
     terminated: torch.Tensor
 
-    def to(self, device: Device, non_blocking: bool = False) -> "TrajectoryBatch":
+    def to(self, device: Device, non_blocking: bool = False) -> TrajectoryBatch:
         return TrajectoryBatch(*(t.to(device, non_blocking=non_blocking) for t in self))
 
 
@@ -55,8 +55,14 @@ class EpisodeBuffer:
         (torch.Size([4, 4, 3]), torch.Size([3, 4, 2]), torch.Size([3, 4, 1]))
     """
 
-    def __init__(self, capacity: int, obs_dim: int, action_dim: int, device: Device = "cpu",
-                 obs_dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        capacity: int,
+        obs_dim: int,
+        action_dim: int,
+        device: Device = "cpu",
+        obs_dtype: torch.dtype = torch.float32,
+    ):
         if capacity < 2:
             raise ValueError(f"capacity must be >= 2, got {capacity}")
         self.capacity, self.obs_dim, self.action_dim = capacity, obs_dim, action_dim
@@ -79,8 +85,9 @@ class EpisodeBuffer:
         """Episodes currently stored."""
         return len(self._episodes)
 
-    def add_episode(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor,
-                    terminated: torch.Tensor) -> None:
+    def add_episode(
+        self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, terminated: torch.Tensor
+    ) -> None:
         """Store one finished episode: obs (T+1, obs_dim), actions (T, A), rewards (T,) or
         (T, 1), terminated (T,) or (T, 1) (bool or 0/1). Evicts the oldest overlapping
         episodes when the storage is full."""
@@ -97,9 +104,9 @@ class EpisodeBuffer:
         self._episodes = [(s, n) for s, n in self._episodes if s + n + 1 <= start or s >= end]
         rows = slice(start, end)
         self._obs[rows] = obs.to(self.device, self._obs.dtype)
-        self._action[start:end - 1] = actions.to(self.device, torch.float32).reshape(T, self.action_dim)
-        self._reward[start:end - 1] = rewards.to(self.device, torch.float32).reshape(T, 1)
-        self._terminated[start:end - 1] = terminated.to(self.device).reshape(T, 1).bool()
+        self._action[start : end - 1] = actions.to(self.device, torch.float32).reshape(T, self.action_dim)
+        self._reward[start : end - 1] = rewards.to(self.device, torch.float32).reshape(T, 1)
+        self._terminated[start : end - 1] = terminated.to(self.device).reshape(T, 1).bool()
         self._episodes.append((start, T))
         self._next_row = end % self.capacity
         self.num_added_episodes += 1
@@ -111,22 +118,38 @@ class EpisodeBuffer:
 
         def rows(t: torch.Tensor) -> torch.Tensor:  # a copy: saving a view would save the whole storage
             return t[:high].clone() if high < self.capacity else t
-        return {"capacity": self.capacity, "obs": rows(self._obs), "action": rows(self._action),
-                "reward": rows(self._reward), "terminated": rows(self._terminated),
-                "episodes": torch.tensor(self._episodes, dtype=torch.long).reshape(-1, 2),
-                "next_row": self._next_row, "num_added_episodes": self.num_added_episodes,
-                "num_added_transitions": self.num_added_transitions}
+
+        return {
+            "capacity": self.capacity,
+            "obs": rows(self._obs),
+            "action": rows(self._action),
+            "reward": rows(self._reward),
+            "terminated": rows(self._terminated),
+            "episodes": torch.tensor(self._episodes, dtype=torch.long).reshape(-1, 2),
+            "next_row": self._next_row,
+            "num_added_episodes": self.num_added_episodes,
+            "num_added_transitions": self.num_added_transitions,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved into a buffer of the same capacity and shapes."""
-        if state["capacity"] != self.capacity or state["obs"].shape[1:] != self._obs.shape[1:] \
-                or state["action"].shape[1:] != self._action.shape[1:]:
-            raise ValueError(f"buffer of capacity {state['capacity']}, obs {tuple(state['obs'].shape[1:])}, "
-                             f"action {tuple(state['action'].shape[1:])} does not fit this one "
-                             f"(capacity {self.capacity}, obs ({self.obs_dim},), action ({self.action_dim},))")
+        if (
+            state["capacity"] != self.capacity
+            or state["obs"].shape[1:] != self._obs.shape[1:]
+            or state["action"].shape[1:] != self._action.shape[1:]
+        ):
+            raise ValueError(
+                f"buffer of capacity {state['capacity']}, obs {tuple(state['obs'].shape[1:])}, "
+                f"action {tuple(state['action'].shape[1:])} does not fit this one "
+                f"(capacity {self.capacity}, obs ({self.obs_dim},), action ({self.action_dim},))"
+            )
         high = state["obs"].shape[0]
-        for mine, saved in ((self._obs, state["obs"]), (self._action, state["action"]),
-                            (self._reward, state["reward"]), (self._terminated, state["terminated"])):
+        for mine, saved in (
+            (self._obs, state["obs"]),
+            (self._action, state["action"]),
+            (self._reward, state["reward"]),
+            (self._terminated, state["terminated"]),
+        ):
             mine[:high] = saved.to(self.device, mine.dtype)
         self._episodes = [(int(s), int(T)) for s, T in state["episodes"].tolist()]
         self._next_row = int(state["next_row"])
@@ -137,8 +160,9 @@ class EpisodeBuffer:
         """Valid sub-trajectory start positions for this horizon (0 means cannot sample)."""
         return sum(max(T - horizon + 1, 0) for _, T in self._episodes)
 
-    def sample(self, batch_size: int, horizon: int, generator: Optional[torch.Generator] = None,
-               device: Optional[Device] = None) -> TrajectoryBatch:
+    def sample(
+        self, batch_size: int, horizon: int, generator: torch.Generator | None = None, device: Device | None = None
+    ) -> TrajectoryBatch:
         """B sub-trajectories of H+1 observations / H transitions, each inside one episode,
         drawn uniformly (with replacement) over valid start positions. ``generator``: a CPU
         ``torch.Generator`` (per-rank seeded by the caller), else the global RNG. ``device``:

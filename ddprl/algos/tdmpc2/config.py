@@ -41,11 +41,14 @@ class TDMPC2Config(RLConfig):
     discount: Optional[float] = key("discount (null: clip((L/5-1)/(L/5), 0.95, 0.995), L = episode length)")
     updates_per_step: int = key("updates (micro-batches) per local agent step once seeding is over")
     # -- data ----------------------------------------------------------------------------------
-    seed_steps: Optional[int] = key("global agent steps of random actions before learning "
-                                    "(null: world_size x max(1000, 5 x episode_length))")
+    seed_steps: Optional[int] = key(
+        "global agent steps of random actions before learning (null: world_size x max(1000, 5 x episode_length))"
+    )
     buffer_size: int = key("replay capacity per rank, in transitions")
-    checkpoint_buffer: bool = key("save each rank's replay buffer with every checkpoint "
-                                  "(checkpoints/buffers/rank<r>.pt); resume then skips the refill")
+    checkpoint_buffer: bool = key(
+        "save each rank's replay buffer with every checkpoint "
+        "(checkpoints/buffers/rank<r>.pt); resume then skips the refill"
+    )
     episode_length: Optional[int] = key("agent steps per episode (null: the task's; DMC 500)")
     env_kwargs: dict[str, Any] = key("extra keyword arguments for the environment constructor")
     log_freq: int = key("log training metrics every this many global steps")
@@ -53,19 +56,34 @@ class TDMPC2Config(RLConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.model_size in (1, 5, 19, 48, 317), f"model_size={self.model_size} must be one of 1, 5, 19, 48, 317")
-        for name in ("enc_dim", "mlp_dim", "latent_dim", "num_enc_layers", "num_q", "iterations",
-                     "seed_steps", "episode_length", "discount"):
+        for name in (
+            "enc_dim",
+            "mlp_dim",
+            "latent_dim",
+            "num_enc_layers",
+            "num_q",
+            "iterations",
+            "seed_steps",
+            "episode_length",
+            "discount",
+        ):
             value = getattr(self, name)
             _check(value is None or value > 0, f"{name}={value} must be > 0 or null")
-        _check(self.latent_dim is None or self.latent_dim % 8 == 0,
-               f"latent_dim={self.latent_dim} must be a multiple of 8 (SimNorm groups of 8)")
+        _check(
+            self.latent_dim is None or self.latent_dim % 8 == 0,
+            f"latent_dim={self.latent_dim} must be a multiple of 8 (SimNorm groups of 8)",
+        )
         _check(self.num_q is None or self.num_q >= 2, f"num_q={self.num_q} must be >= 2 (TD targets use 2 members)")
         _check(0 <= self.dropout < 1, f"dropout={self.dropout} must be in [0, 1)")
         _check(self.horizon >= 1, f"horizon={self.horizon} must be >= 1")
-        _check(0 < self.num_elites <= self.num_samples,
-               f"num_elites={self.num_elites} must be in [1, num_samples={self.num_samples}]")
-        _check(0 <= self.num_pi_trajs < self.num_samples,
-               f"num_pi_trajs={self.num_pi_trajs} must be in [0, num_samples={self.num_samples})")
+        _check(
+            0 < self.num_elites <= self.num_samples,
+            f"num_elites={self.num_elites} must be in [1, num_samples={self.num_samples}]",
+        )
+        _check(
+            0 <= self.num_pi_trajs < self.num_samples,
+            f"num_pi_trajs={self.num_pi_trajs} must be in [0, num_samples={self.num_samples})",
+        )
         _check(self.temperature > 0, f"temperature={self.temperature} must be > 0")
         _check(0 < self.min_std <= self.max_std, f"need 0 < min_std={self.min_std} <= max_std={self.max_std}")
         _check(self.lr > 0 and self.enc_lr_scale > 0, f"lr={self.lr} and enc_lr_scale={self.enc_lr_scale} must be > 0")
@@ -78,12 +96,17 @@ class TDMPC2Config(RLConfig):
         _check(self.updates_per_step >= 1, f"updates_per_step={self.updates_per_step} must be >= 1")
         _check(self.buffer_size >= 2, f"buffer_size={self.buffer_size} must be >= 2")
         _check(self.log_freq >= 1, f"log_freq={self.log_freq} must be >= 1")
-        _check(self.precision != "fp16", "precision=fp16 is not supported by tdmpc2 (no gradient scaler "
-                                         "for its two optimizers); use precision=bf16 or fp32")
+        _check(
+            self.precision != "fp16",
+            "precision=fp16 is not supported by tdmpc2 (no gradient scaler "
+            "for its two optimizers); use precision=bf16 or fp32",
+        )
         if self.episode_length is not None:
-            _check(self.buffer_size > self.episode_length,
-                   f"buffer_size={self.buffer_size} must exceed episode_length={self.episode_length} "
-                   "(episodes are stored whole)")
+            _check(
+                self.buffer_size > self.episode_length,
+                f"buffer_size={self.buffer_size} must exceed episode_length={self.episode_length} "
+                "(episodes are stored whole)",
+            )
 
     def check(self) -> list[str]:
         """The task made once, as every rank makes it: a task TD-MPC2 cannot learn (discrete
@@ -102,13 +125,13 @@ class TDMPC2Config(RLConfig):
         _check(self.buffer_size > length, f"buffer_size={self.buffer_size} must exceed the episode length {length}")
         seed_steps = self.seed_steps_for(length, self.world_size)
         if seed_steps >= self.steps:
-            warnings.append(f"steps={self.steps} ends before the first update: the first seed_steps={seed_steps} "
-                            "global steps act randomly to fill the replay buffers (raise steps or lower seed_steps)")
+            warnings.append(
+                f"steps={self.steps} ends before the first update: the first seed_steps={seed_steps} "
+                "global steps act randomly to fill the replay buffers (raise steps or lower seed_steps)"
+            )
         return warnings
 
     def seed_steps_for(self, episode_length: int, world_size: int) -> int:
         """Global steps of random actions before learning: ``seed_steps``, else the paper's
         max(1000, 5 L) on every rank."""
         return self.seed_steps if self.seed_steps is not None else world_size * max(1000, 5 * episode_length)
-
-

@@ -15,15 +15,24 @@ on the joined batch (tests/test_tdmpc2_loop.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import torch
 from torch.func import functional_call
 
 from ddprl.algos.common import autocast_context
-from ddprl.algos.graphs import (FlatAdam, clip_grad, compile_region, grad_with_aux, keep, mark_static,
-                                step_begin, training_step_unsupported)
+from ddprl.algos.graphs import (
+    FlatAdam,
+    clip_grad,
+    compile_region,
+    grad_with_aux,
+    keep,
+    mark_static,
+    step_begin,
+    training_step_unsupported,
+)
 from ddprl.algos.tdmpc2.buffer import TrajectoryBatch
 from ddprl.algos.tdmpc2.loss import policy_loss, world_model_loss
 from ddprl.algos.tdmpc2.math import RunningScale
@@ -35,8 +44,12 @@ from ddprl.errors import UsageError
 def model_dims(cfg: Any) -> ModelDims:
     """The table's dims for ``model_size``, with any dim the config sets overriding it."""
     table = dims_for_model_size(cfg.model_size)
-    return ModelDims(**{name: getattr(cfg, name) if getattr(cfg, name) is not None else getattr(table, name)
-                        for name in ModelDims.__dataclass_fields__})
+    return ModelDims(
+        **{
+            name: getattr(cfg, name) if getattr(cfg, name) is not None else getattr(table, name)
+            for name in ModelDims.__dataclass_fields__
+        }
+    )
 
 
 class UpdateNoise(NamedTuple):
@@ -48,8 +61,8 @@ class UpdateNoise(NamedTuple):
 
     members_td: torch.Tensor  # (2,) target-Q members whose min is the TD target
     members_pi: torch.Tensor  # (2,) Q members averaged by the policy loss
-    eps_td: Optional[torch.Tensor] = None  # (H, B, A) policy noise at the next latents (None: rank's RNG)
-    eps_pi: Optional[torch.Tensor] = None  # (H+1, B, A) policy noise of the policy loss
+    eps_td: torch.Tensor | None = None  # (H, B, A) policy noise at the next latents (None: rank's RNG)
+    eps_pi: torch.Tensor | None = None  # (H+1, B, A) policy noise of the policy loss
 
 
 def draw_noise(shared: torch.Generator, num_q: int, device: torch.device) -> UpdateNoise:
@@ -69,8 +82,16 @@ class UpdateStep:
     soft-update. Returns the metrics of :attr:`names` as one device tensor.
     """
 
-    def __init__(self, rt: Any, model: WorldModel, scale: RunningScale, wm_optim: torch.optim.Optimizer,
-                 pi_optim: torch.optim.Optimizer, cfg: Any, functional: bool = True):
+    def __init__(
+        self,
+        rt: Any,
+        model: WorldModel,
+        scale: RunningScale,
+        wm_optim: torch.optim.Optimizer,
+        pi_optim: torch.optim.Optimizer,
+        cfg: Any,
+        functional: bool = True,
+    ):
         self.rt, self.model, self.scale, self.cfg = rt, model, scale, cfg
         self.functional = functional  # torch.func gradients (compiled) or autograd (eager: faster there)
         self.wm_adam, self.pi_adam = FlatAdam(wm_optim), FlatAdam(pi_optim)
@@ -81,19 +102,31 @@ class UpdateStep:
         self.wm_names = [name_of[id(p)] for p in self.wm_adam.params]
         self.pi_names = [name_of[id(p)].removeprefix("policy.") for p in self.pi_adam.params]
         clip = cfg.grad_clip_norm > 0
-        self.names = (["train/loss", "train/consistency", "train/reward", "train/value"]
-                      + ["train/grad_norm"] * clip
-                      + ["train/pi_loss", "train/pi_q", "train/pi_entropy"] + ["train/pi_grad_norm"] * clip
-                      + ["train/pi_scale"])
+        self.names = (
+            ["train/loss", "train/consistency", "train/reward", "train/value"]
+            + ["train/grad_norm"] * clip
+            + ["train/pi_loss", "train/pi_q", "train/pi_entropy"]
+            + ["train/pi_grad_norm"] * clip
+            + ["train/pi_scale"]
+        )
 
     def call(self, module: torch.nn.Module, params: dict[str, torch.Tensor], *args: Any) -> Any:
         """``module(*args)`` as a function of ``params`` (for ``torch.func``); eager, the
         parameters are the module's own, so the plain call is the same and cheaper."""
         return functional_call(module, params, args) if self.functional else module(*args)
 
-    def __call__(self, obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor, terminated: torch.Tensor,
-                 members_td: torch.Tensor, members_pi: torch.Tensor, eps_td: Optional[torch.Tensor],
-                 eps_pi: Optional[torch.Tensor], discount: float) -> torch.Tensor:
+    def __call__(
+        self,
+        obs: torch.Tensor,
+        action: torch.Tensor,
+        reward: torch.Tensor,
+        terminated: torch.Tensor,
+        members_td: torch.Tensor,
+        members_pi: torch.Tensor,
+        eps_td: torch.Tensor | None,
+        eps_pi: torch.Tensor | None,
+        discount: float,
+    ) -> torch.Tensor:
         """obs (k, H+1, B, O), action (k, H, B, A), reward/terminated (k, H, B, 1), members (k, 2),
         eps_td (k, H, B, A) / eps_pi (k, H+1, B, A) or None (drawn from the global RNG)."""
         model, cfg, rt, k = self.model, self.cfg, self.rt, obs.shape[0]
@@ -107,14 +140,22 @@ class UpdateStep:
         # -- world model ------------------------------------------------------------------------
         def wm_loss(wm_params: dict[str, torch.Tensor], i: int):
             with autocast:
-                out = self.call(model, wm_params, obs[i], action[i], reward[i], terminated[i], discount,
-                                members_td[i], None if eps_td is None else eps_td[i])
-            terms = world_model_loss(out, reward[i], cfg.rho, cfg.consistency_coef, cfg.reward_coef,
-                                     cfg.value_coef)
+                out = self.call(
+                    model,
+                    wm_params,
+                    obs[i],
+                    action[i],
+                    reward[i],
+                    terminated[i],
+                    discount,
+                    members_td[i],
+                    None if eps_td is None else eps_td[i],
+                )
+            terms = world_model_loss(out, reward[i], cfg.rho, cfg.consistency_coef, cfg.reward_coef, cfg.value_coef)
             return terms["loss"] / k, (terms, out["z"].detach())
 
         wm_params = {n: params[n] for n in self.wm_names}
-        wm_grad: Optional[torch.Tensor] = None  # flat, summed over the micro-batches
+        wm_grad: torch.Tensor | None = None  # flat, summed over the micro-batches
         latents = []
         for i in range(k):
             grads, (terms, z) = grad_with_aux(wm_loss, self.functional)(wm_params, i)
@@ -129,12 +170,19 @@ class UpdateStep:
         self.wm_adam.step_(wm_grad)
 
         # -- the Q scale, on the policy noise the loss below uses ---------------------------------
-        eps = [eps_pi[i] if eps_pi is not None
-               else torch.randn(z.shape[:-1] + (model.action_dim,), device=z.device, dtype=z.dtype)
-               for i, z in enumerate(latents)]
+        eps = [
+            eps_pi[i]
+            if eps_pi is not None
+            else torch.randn(z.shape[:-1] + (model.action_dim,), device=z.device, dtype=z.dtype)
+            for i, z in enumerate(latents)
+        ]
         with torch.no_grad(), autocast:
-            q_first = torch.cat([model.Q(z[0], model.policy(z[0], e[0])[0], "avg", members=members_pi[i]).flatten()
-                                 for i, (z, e) in enumerate(zip(latents, eps))])
+            q_first = torch.cat(
+                [
+                    model.Q(z[0], model.policy(z[0], e[0])[0], "avg", members=members_pi[i]).flatten()
+                    for i, (z, e) in enumerate(zip(latents, eps))
+                ]
+            )
         self.scale.update(rt.region_all_gather(q_first.float()))
 
         # -- policy -------------------------------------------------------------------------------
@@ -146,7 +194,7 @@ class UpdateStep:
             return terms["loss"] / k, terms
 
         pi_params = {n: params[f"policy.{n}"] for n in self.pi_names}
-        pi_grad: Optional[torch.Tensor] = None
+        pi_grad: torch.Tensor | None = None
         for i in range(k):
             grads, terms = grad_with_aux(pi_loss, self.functional)(pi_params, i)
             flat = self.pi_adam.flatten([grads[n] for n in self.pi_names])
@@ -177,12 +225,15 @@ class Learner:
     names: list[str]  # the metrics of ``step``'s output tensor, in order
 
     def state_dict(self) -> dict[str, Any]:
-        return {"model": strip_prefixes(self.model.state_dict()), "wm_optimizer": self.wm_optim.state_dict(),
-                "pi_optimizer": self.pi_optim.state_dict(), "scale": self.scale.state_dict()}
+        return {
+            "model": strip_prefixes(self.model.state_dict()),
+            "wm_optimizer": self.wm_optim.state_dict(),
+            "pi_optimizer": self.pi_optim.state_dict(),
+            "scale": self.scale.state_dict(),
+        }
 
 
-def build_learner(rt: Any, cfg: Any, obs_dim: int, action_dim: int,
-                  state: Optional[dict[str, Any]] = None) -> Learner:
+def build_learner(rt: Any, cfg: Any, obs_dim: int, action_dim: int, state: dict[str, Any] | None = None) -> Learner:
     """World model + policy on the rank's device, their optimizers, the Q scale, the update.
 
     Fresh: rank 0's weights are broadcast, then the target Qs are copied from them
@@ -210,18 +261,25 @@ def build_learner(rt: Any, cfg: Any, obs_dim: int, action_dim: int,
     return Learner(model, scale, wm_optim, pi_optim, step, eager.names)
 
 
-def update(rt: Any, learner: Learner, batches: list[TrajectoryBatch], noises: list[UpdateNoise], cfg: Any,
-           discount: float) -> dict[str, torch.Tensor]:
+def update(
+    rt: Any, learner: Learner, batches: list[TrajectoryBatch], noises: list[UpdateNoise], cfg: Any, discount: float
+) -> dict[str, torch.Tensor]:
     """One optimizer step of world model, then policy, on k = len(batches) micro-batches
     (:class:`UpdateStep`); returns the terms averaged over micro-batches as ONE device tensor
     in ``learner.names`` order (no host sync here: ``dict(zip(learner.names, values))`` names them)."""
-    def stacked(values: list[Optional[torch.Tensor]]) -> Optional[torch.Tensor]:
+
+    def stacked(values: list[torch.Tensor | None]) -> torch.Tensor | None:
         return None if values[0] is None else torch.stack(values)
 
     learner.model.train()
     step_begin(rt.device)
     with torch.no_grad():  # the region takes its own gradients (grad_with_aux); parameters change in place
-        values = learner.step(*(torch.stack(t) for t in zip(*batches)),
-                              torch.stack([n.members_td for n in noises]), torch.stack([n.members_pi for n in noises]),
-                              stacked([n.eps_td for n in noises]), stacked([n.eps_pi for n in noises]), discount)
+        values = learner.step(
+            *(torch.stack(t) for t in zip(*batches)),
+            torch.stack([n.members_td for n in noises]),
+            torch.stack([n.members_pi for n in noises]),
+            stacked([n.eps_td for n in noises]),
+            stacked([n.eps_pi for n in noises]),
+            discount,
+        )
     return keep(values)  # a CUDA graph's output is overwritten by its next replay

@@ -22,8 +22,7 @@ from typing import Any
 
 import torch
 
-from ddprl.algos.tdmpc2.acting import (Acting, EpisodeRecorder, NotifyEpisodeEnds, episode_length_of,
-                                       make_tdmpc2_env)
+from ddprl.algos.tdmpc2.acting import Acting, EpisodeRecorder, NotifyEpisodeEnds, episode_length_of, make_tdmpc2_env
 from ddprl.algos.tdmpc2.buffer import EpisodeBuffer
 from ddprl.algos.tdmpc2.learner import Learner, build_learner, draw_noise, model_dims, update
 from ddprl.algos.tdmpc2.math import discount_for_episode_length
@@ -42,7 +41,9 @@ log = logging.getLogger("ddprl")
 
 def check_state_in_sync(rt: Any, learner: Learner) -> None:
     """Raise if target Qs or the Q scale differ across ranks (buffers: check_in_sync sees parameters)."""
-    values = [t.detach().double().sum() for t in learner.model.target_qs.tensors()] + [learner.scale.value.double().sum()]
+    values = [t.detach().double().sum() for t in learner.model.target_qs.tensors()] + [
+        learner.scale.value.double().sum()
+    ]
     checksum = float(sum(float(v) * (i + 1) for i, v in enumerate(values)))
     sums = rt.all_gather_object(checksum)
     if max(sums) - min(sums) > 1e-6 * (1.0 + abs(checksum)):
@@ -93,29 +94,49 @@ def train(rt: Any, cfg: Any) -> None:
             restored = len(buffer)
         else:
             buffer = EpisodeBuffer(cfg.buffer_size, obs_dim, action_dim)
-    schedule = Schedule.for_run(cfg, rt.world_size, episode_length, run.step,
-                                run.counters if run.resumed else None, restored)
+    schedule = Schedule.for_run(
+        cfg, rt.world_size, episode_length, run.step, run.counters if run.resumed else None, restored
+    )
     if restored is not None:
-        log.info("resumed at step %d after %d updates with the replay buffers (%d transitions on rank 0)",
-                 schedule.step, schedule.updates, restored)
+        log.info(
+            "resumed at step %d after %d updates with the replay buffers (%d transitions on rank 0)",
+            schedule.step,
+            schedule.updates,
+            restored,
+        )
     elif run.resumed:
-        log.info("resumed at step %d after %d updates; refilling the replay buffers until step %d",
-                 schedule.step, schedule.updates, schedule.learn_from)
+        log.info(
+            "resumed at step %d after %d updates; refilling the replay buffers until step %d",
+            schedule.step,
+            schedule.updates,
+            schedule.learn_from,
+        )
     recorder = EpisodeRecorder(local_num_envs)
     acting = Acting(model, cfg, discount, compile=cfg.compile)
     effective_batch = cfg.effective_batch_size(rt.world_size)
     run_dir = run.open(total_steps=cfg.steps)
-    log.info("run directory %s | %d ranks x %d envs | effective batch %d | discount %.4g | seed steps %d | "
-             "episode length %d", run_dir, rt.world_size, local_num_envs, effective_batch, discount,
-             schedule.seed_steps, episode_length)
+    log.info(
+        "run directory %s | %d ranks x %d envs | effective batch %d | discount %.4g | seed steps %d | "
+        "episode length %d",
+        run_dir,
+        rt.world_size,
+        local_num_envs,
+        effective_batch,
+        discount,
+        schedule.seed_steps,
+        episode_length,
+    )
 
     def save(step: int, score: float | None) -> None:
         rt.check_in_sync(model, "parameters at checkpoint")
         check_state_in_sync(rt, learner)
         if cfg.checkpoint_buffer:  # each rank its own file, written before rank 0 writes latest.pt
-            save_atomically({"step": step, "buffer": buffer.state_dict()}, buffer_path(run_dir / "checkpoints", rt.rank))
-        run.save(step, {**learner.state_dict(), "shared_rng": shared.get_state()}, counters=schedule.counters(),
-                 score=score)
+            save_atomically(
+                {"step": step, "buffer": buffer.state_dict()}, buffer_path(run_dir / "checkpoints", rt.rank)
+            )
+        run.save(
+            step, {**learner.state_dict(), "shared_rng": shared.get_state()}, counters=schedule.counters(), score=score
+        )
 
     def run_eval() -> dict[str, float]:
         eval_acting = Acting(model, cfg, discount)  # its own warm-start state, eval batch size
@@ -123,8 +144,14 @@ def train(rt: Any, cfg: Any) -> None:
         def make_eval_env(n: int, seed: int):
             return NotifyEpisodeEnds(make_tdmpc2_env(cfg, n, seed, rt.device), eval_acting)
 
-        result = evaluate(rt, make_eval_env, lambda o: eval_acting(o, eval_mode=True), cfg.eval_episodes, cfg.seed,
-                          progress=run.eval_progress)
+        result = evaluate(
+            rt,
+            make_eval_env,
+            lambda o: eval_acting(o, eval_mode=True),
+            cfg.eval_episodes,
+            cfg.seed,
+            progress=run.eval_progress,
+        )
         return {f"eval/{k}": v for k, v in result.items()}
 
     obs = env.reset()
@@ -155,8 +182,10 @@ def train(rt: Any, cfg: Any) -> None:
                 schedule.start_learning()  # the pretraining burst, unless made before a resume
         for _ in range(schedule.take_updates()):
             # sampled on the CPU, copied without blocking: no wait for the previous update's kernels
-            batches = [buffer.sample(cfg.batch_size, cfg.horizon).to(rt.device, non_blocking=True)
-                       for _ in range(cfg.sync_freq)]
+            batches = [
+                buffer.sample(cfg.batch_size, cfg.horizon).to(rt.device, non_blocking=True)
+                for _ in range(cfg.sync_freq)
+            ]
             noises = [draw_noise(shared, model.num_q, rt.device) for _ in range(cfg.sync_freq)]
             terms = update(rt, learner, batches, noises, cfg, discount)
             sum_terms = terms if sum_terms is None else sum_terms + terms  # one add, not one per metric
@@ -177,7 +206,7 @@ def train(rt: Any, cfg: Any) -> None:
             elapsed = time.perf_counter() - t_log
             local_fps = (global_step - steps_at_log) / rt.world_size / max(elapsed, 1e-9)
             # num_sums is the same on every rank (updates follow the global counter): no rank skips this
-            mean_terms = dict(zip(learner.names, (sum_terms / num_sums).tolist())) if num_sums else {}
+            mean_terms = dict(zip(learner.names, (sum_terms / num_sums).tolist(), strict=True)) if num_sums else {}
             metrics = rt.all_reduce_mean(mean_terms)
             episodes = rt.all_reduce_sum(ep_stats)
             metrics["time/global_fps"] = rt.all_reduce_sum(local_fps)

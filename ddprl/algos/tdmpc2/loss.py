@@ -29,9 +29,14 @@ def rho_weights(length: int, rho: float, like: torch.Tensor) -> torch.Tensor:
     return rho ** torch.arange(length, device=like.device, dtype=torch.float32)
 
 
-def world_model_loss(out: dict[str, torch.Tensor], reward: torch.Tensor, rho: float = 0.5,
-                     consistency_coef: float = 20.0, reward_coef: float = 0.1,
-                     value_coef: float = 0.1) -> dict[str, torch.Tensor]:
+def world_model_loss(
+    out: dict[str, torch.Tensor],
+    reward: torch.Tensor,
+    rho: float = 0.5,
+    consistency_coef: float = 20.0,
+    reward_coef: float = 0.1,
+    value_coef: float = 0.1,
+) -> dict[str, torch.Tensor]:
     """The world-model objective from :meth:`WorldModel.forward`'s outputs.
 
     Args: ``out`` with ``z`` (H+1, B, d) latent rollout, ``next_z`` (H, B, d) encoded next
@@ -54,8 +59,9 @@ def world_model_loss(out: dict[str, torch.Tensor], reward: torch.Tensor, rho: fl
     return {"loss": loss, "consistency": consistency, "reward": reward_term, "value": value_term}
 
 
-def policy_loss(q: torch.Tensor, scaled_entropy: torch.Tensor, scale: torch.Tensor, rho: float = 0.5,
-                entropy_coef: float = 1e-4) -> dict[str, torch.Tensor]:
+def policy_loss(
+    q: torch.Tensor, scaled_entropy: torch.Tensor, scale: torch.Tensor, rho: float = 0.5, entropy_coef: float = 1e-4
+) -> dict[str, torch.Tensor]:
     """Policy-prior objective: maximise Q / scale + entropy_coef * scaled entropy, rho-weighted.
 
     Args: ``q`` (T, B, 1) Q of the policy's actions at the detached latents (T = H+1; the

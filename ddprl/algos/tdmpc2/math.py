@@ -15,7 +15,6 @@ caller (the training loop, through the runtime) can average its statistic across
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -147,7 +146,7 @@ def tanh_log_det_jacobian(u: torch.Tensor) -> torch.Tensor:
 
 
 def squashed_gaussian_sample(
-    mean: torch.Tensor, log_std: torch.Tensor, eps: Optional[torch.Tensor] = None
+    mean: torch.Tensor, log_std: torch.Tensor, eps: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Reparameterised sample of a tanh-squashed Gaussian.
 

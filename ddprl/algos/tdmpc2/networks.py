@@ -29,7 +29,6 @@ The Q ensemble is computed in one batched call over members: weights are stacked
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
 
 import torch
 import torch.nn as nn
@@ -38,7 +37,6 @@ import torch.nn.functional as F
 from ddprl.algos.layers import OutputLinear
 
 from .math import NUM_BINS, gaussian_log_prob, squash_log_std, squashed_gaussian_sample, two_hot_inv
-
 
 # --------------------------------------------------------------------------- sizes
 
@@ -97,7 +95,7 @@ class SimNorm(nn.Module):
 class NormedLinear(nn.Module):
     """Linear -> Dropout (if p > 0) -> LayerNorm -> activation (Mish unless given)."""
 
-    def __init__(self, in_dim: int, out_dim: int, dropout: float = 0.0, act: Optional[nn.Module] = None):
+    def __init__(self, in_dim: int, out_dim: int, dropout: float = 0.0, act: nn.Module | None = None):
         super().__init__()
         self.linear = nn.Linear(in_dim, out_dim)
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
@@ -129,8 +127,15 @@ class QEnsemble(nn.Module):
         torch.Size([5, 3, 7, 101])
     """
 
-    def __init__(self, num_q: int, in_dim: int, hidden: int, out_dim: int = NUM_BINS,
-                 dropout: float = 0.01, trainable: bool = True):
+    def __init__(
+        self,
+        num_q: int,
+        in_dim: int,
+        hidden: int,
+        out_dim: int = NUM_BINS,
+        dropout: float = 0.01,
+        trainable: bool = True,
+    ):
         super().__init__()
         self.num_q, self.dropout = num_q, dropout
         dims = [in_dim, hidden, hidden, out_dim]
@@ -151,7 +156,7 @@ class QEnsemble(nn.Module):
         """All stacked tensors, in a fixed order (used to copy online -> target)."""
         return [getattr(self, n) for n in self._names]
 
-    def forward(self, x: torch.Tensor, members: Optional[torch.Tensor] = None, detach: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, members: torch.Tensor | None = None, detach: bool = False) -> torch.Tensor:
         """x (..., in) -> logits (M, ..., K); M = Q, or len(members) for an index tensor
         ``members``. ``detach=True`` uses detached weights: gradients reach ``x`` only."""
         t = {}
@@ -199,14 +204,15 @@ class PolicyPrior(nn.Module):
         (torch.Size([5, 3]), torch.Size([5, 1]))
     """
 
-    def __init__(self, latent_dim: int, mlp_dim: int, action_dim: int,
-                 log_std_min: float = -10.0, log_std_max: float = 2.0):
+    def __init__(
+        self, latent_dim: int, mlp_dim: int, action_dim: int, log_std_min: float = -10.0, log_std_max: float = 2.0
+    ):
         super().__init__()
         self.action_dim = action_dim
         self.log_std_min, self.log_std_max = log_std_min, log_std_max
         self.net = mlp(latent_dim, mlp_dim, 2 * action_dim)
 
-    def forward(self, z: torch.Tensor, eps: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, dict]:
+    def forward(self, z: torch.Tensor, eps: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
         mean, raw_log_std = self.net(z).chunk(2, dim=-1)  # (..., A) each
         log_std = squash_log_std(raw_log_std, self.log_std_min, self.log_std_max)
         if eps is None:
@@ -214,8 +220,13 @@ class PolicyPrior(nn.Module):
         action, mean, log_prob = squashed_gaussian_sample(mean, log_std, eps)
         # log_prob = log N(u) - log-det; the scaled form counts the Gaussian part A times
         scaled_log_prob = log_prob + (self.action_dim - 1) * gaussian_log_prob(eps, log_std)
-        info = {"mean": mean, "log_std": log_std, "log_prob": log_prob,
-                "entropy": -log_prob, "scaled_entropy": -scaled_log_prob}
+        info = {
+            "mean": mean,
+            "log_std": log_std,
+            "log_prob": log_prob,
+            "entropy": -log_prob,
+            "scaled_entropy": -scaled_log_prob,
+        }
         return action, info
 
 
@@ -237,8 +248,9 @@ class WorldModel(nn.Module):
         torch.Size([8, 1])
     """
 
-    def __init__(self, obs_dim: int, action_dim: int, model_size: int = 5, dims: Optional[ModelDims] = None,
-                 dropout: float = 0.01):
+    def __init__(
+        self, obs_dim: int, action_dim: int, model_size: int = 5, dims: ModelDims | None = None, dropout: float = 0.01
+    ):
         super().__init__()
         self.dims = dims if dims is not None else dims_for_model_size(model_size)
         d, h, e, A = self.dims.latent_dim, self.dims.mlp_dim, self.dims.enc_dim, action_dim
@@ -255,7 +267,7 @@ class WorldModel(nn.Module):
         self.policy = PolicyPrior(d, h, A)
         self.reset_parameters()
 
-    def train(self, mode: bool = True) -> "WorldModel":
+    def train(self, mode: bool = True) -> WorldModel:
         """As ``nn.Module.train``, but the target Qs stay in eval mode: TD targets are made
         without dropout (as in the official code), so they do not depend on dropout masks."""
         super().train(mode)
@@ -293,8 +305,15 @@ class WorldModel(nn.Module):
         """Policy prior sample: see :class:`PolicyPrior`."""
         return self.policy(z)
 
-    def Q(self, z: torch.Tensor, a: torch.Tensor, return_type: str = "min",
-          target: bool = False, detach: bool = False, members: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def Q(
+        self,
+        z: torch.Tensor,
+        a: torch.Tensor,
+        return_type: str = "min",
+        target: bool = False,
+        detach: bool = False,
+        members: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Q ensemble. 'all': logits (Q, ..., K). 'min' / 'avg': scalar (..., 1), min or mean
         of 2 members drawn at random (without replacement, on z's device: no host sync), or of
         the given ``members`` (an index tensor (2,): the training loop draws them from a
@@ -329,9 +348,15 @@ class WorldModel(nn.Module):
 
     # ---- losses' inputs ----------------------------------------------------------------
     @torch.no_grad()
-    def td_target(self, next_z: torch.Tensor, reward: torch.Tensor,
-                  terminated: Optional[torch.Tensor], discount: Union[float, torch.Tensor],
-                  members: Optional[torch.Tensor] = None, eps: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def td_target(
+        self,
+        next_z: torch.Tensor,
+        reward: torch.Tensor,
+        terminated: torch.Tensor | None,
+        discount: float | torch.Tensor,
+        members: torch.Tensor | None = None,
+        eps: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """r + discount * (1 - terminated) * min of 2 random target Qs at (z', pi(z')).
         Shapes (H, B, d), (H, B, 1), (H, B, 1) or None -> (H, B, 1). No gradient.
         Optional ``members`` (2,) fixes the Q pair and ``eps`` (H, B, A) the policy's noise."""
@@ -339,10 +364,16 @@ class WorldModel(nn.Module):
         not_done = 1.0 if terminated is None else 1.0 - terminated.to(q.dtype)
         return reward + discount * not_done * q
 
-    def forward(self, obs: torch.Tensor, action: torch.Tensor, reward: Optional[torch.Tensor] = None,
-                terminated: Optional[torch.Tensor] = None,
-                discount: Union[float, torch.Tensor, None] = None, members: Optional[torch.Tensor] = None,
-                eps: Optional[torch.Tensor] = None) -> dict[str, torch.Tensor]:
+    def forward(
+        self,
+        obs: torch.Tensor,
+        action: torch.Tensor,
+        reward: torch.Tensor | None = None,
+        terminated: torch.Tensor | None = None,
+        discount: float | torch.Tensor | None = None,
+        members: torch.Tensor | None = None,
+        eps: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
         """Everything the world-model loss needs, in one call (what the learner differentiates).
 
         Args: obs (H+1, B, obs_dim), action (H, B, A); optional reward / terminated
@@ -359,8 +390,12 @@ class WorldModel(nn.Module):
         for t in range(action.shape[0]):
             zs.append(self.next(zs[-1], action[t]))
         z = torch.stack(zs)  # (H+1, B, d)
-        out = {"z": z, "next_z": next_z,
-               "reward_logits": self.reward(z[:-1], action), "q_logits": self.Q(z[:-1], action, "all")}
+        out = {
+            "z": z,
+            "next_z": next_z,
+            "reward_logits": self.reward(z[:-1], action),
+            "q_logits": self.Q(z[:-1], action, "all"),
+        }
         if reward is not None:
             if discount is None:
                 raise ValueError("forward: discount is required with reward")
@@ -371,5 +406,4 @@ class WorldModel(nn.Module):
         """Adam param groups for the world-model optimizer (TD-MPC2: encoder lr x 0.3);
         the policy has its own optimizer over ``model.policy.parameters()``."""
         rest = [p for m in (self.dynamics, self.reward_head, self.qs) for p in m.parameters()]
-        return [{"params": list(self.encoder.parameters()), "lr": lr * encoder_lr_scale},
-                {"params": rest, "lr": lr}]
+        return [{"params": list(self.encoder.parameters()), "lr": lr * encoder_lr_scale}, {"params": rest, "lr": lr}]

@@ -28,8 +28,9 @@ then eager and compiled plans see the same numbers and choose the same action (t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 
@@ -85,7 +86,7 @@ class PlanNoise(NamedTuple):
     samples: Tensor  # (I, H, E, N-P, A) N(0, 1): the Gaussian action samples
     pi_prior: Tensor  # (H, E*P, A) N(0, 1): the policy prior's trajectories
     pi_terminal: Tensor  # (I, E*N, A) N(0, 1): the policy's action at each trajectory's end
-    members: Optional[Tensor]  # (I, 2) Q members of the terminal value (None: value_fn takes none)
+    members: Tensor | None  # (I, 2) Q members of the terminal value (None: value_fn takes none)
     elite_u: Tensor  # (E, K) U(0, 1): the Gumbel-max draw of the executed elite
     explore: Tensor  # (E, A) N(0, 1): exploration noise on the executed action
 
@@ -94,7 +95,7 @@ class PlanStart(NamedTuple):
     """What every iteration of one plan starts from (:meth:`MPPI.start`)."""
 
     z0: Tensor  # (E, d) start latents
-    prior: Optional[Tensor]  # (H, E, P, A) the policy prior's trajectories (None when P == 0)
+    prior: Tensor | None  # (H, E, P, A) the policy prior's trajectories (None when P == 0)
     mean: Tensor  # (H, E, A) warm-started sampling mean
     std: Tensor  # (H, E, A) sampling std
 
@@ -126,9 +127,17 @@ class MPPI:
         torch.Size([1, 1])
     """
 
-    def __init__(self, next_fn: Callable[[Tensor, Tensor], Tensor], reward_fn: Callable[[Tensor, Tensor], Tensor],
-                 value_fn: Callable[..., Tensor], pi_fn: Optional[Callable[[Tensor, Tensor], Tensor]],
-                 action_dim: int, discount: float, cfg: MPPIConfig = MPPIConfig(), num_q: Optional[int] = None):
+    def __init__(
+        self,
+        next_fn: Callable[[Tensor, Tensor], Tensor],
+        reward_fn: Callable[[Tensor, Tensor], Tensor],
+        value_fn: Callable[..., Tensor],
+        pi_fn: Callable[[Tensor, Tensor], Tensor] | None,
+        action_dim: int,
+        discount: float,
+        cfg: MPPIConfig = MPPIConfig(),
+        num_q: int | None = None,
+    ):
         if cfg.num_pi_trajs > 0 and pi_fn is None:
             raise ValueError("pi_fn is required when cfg.num_pi_trajs > 0")
         if cfg.iterations < 1:
@@ -141,19 +150,24 @@ class MPPI:
         self.action_dim, self.discount, self.cfg, self.num_q = action_dim, discount, cfg, num_q
 
     @classmethod
-    def from_world_model(cls, model, discount: float, cfg: Optional[MPPIConfig] = None) -> "MPPI":
+    def from_world_model(cls, model, discount: float, cfg: MPPIConfig | None = None) -> MPPI:
         """Planner over a :class:`~ddprl.algos.tdmpc2.networks.WorldModel` (the unwrapped
         module: planning carries no gradient). Terminal value: Q 'avg' of 2 random members.
         ``cfg=None`` uses the defaults with ``mppi_iterations(model.action_dim)``."""
         if cfg is None:
             cfg = MPPIConfig(iterations=mppi_iterations(model.action_dim))
-        return cls(next_fn=model.next,
-                   reward_fn=lambda z, a: two_hot_inv(model.reward(z, a)),
-                   value_fn=lambda z, a, members: model.Q(z, a, "avg", members=members),
-                   pi_fn=lambda z, eps: model.policy(z, eps)[0],
-                   action_dim=model.action_dim, discount=discount, cfg=cfg, num_q=model.num_q)
+        return cls(
+            next_fn=model.next,
+            reward_fn=lambda z, a: two_hot_inv(model.reward(z, a)),
+            value_fn=lambda z, a, members: model.Q(z, a, "avg", members=members),
+            pi_fn=lambda z, eps: model.policy(z, eps)[0],
+            action_dim=model.action_dim,
+            discount=discount,
+            cfg=cfg,
+            num_q=model.num_q,
+        )
 
-    def draw_noise(self, num_starts: int, like: Tensor, generator: Optional[torch.Generator] = None) -> PlanNoise:
+    def draw_noise(self, num_starts: int, like: Tensor, generator: torch.Generator | None = None) -> PlanNoise:
         """The noise of one plan for ``num_starts`` latents, on ``like``'s device and dtype,
         from ``generator`` (None: the global RNG)."""
         c, A, E = self.cfg, self.action_dim, num_starts
@@ -166,12 +180,16 @@ class MPPI:
         if self.num_q is not None:  # 2 distinct members per iteration: argsort of uniforms
             uniform = torch.rand(iters, self.num_q, device=like.device, generator=generator)
             members = uniform.argsort(-1)[:, :2]
-        return PlanNoise(samples=randn(iters, H, E, N - P, A), pi_prior=randn(H, E * P, A),
-                         pi_terminal=randn(iters, E * N, A), members=members,
-                         elite_u=torch.rand(E, K, device=like.device, dtype=like.dtype, generator=generator),
-                         explore=randn(E, A))
+        return PlanNoise(
+            samples=randn(iters, H, E, N - P, A),
+            pi_prior=randn(H, E * P, A),
+            pi_terminal=randn(iters, E * N, A),
+            members=members,
+            elite_u=torch.rand(E, K, device=like.device, dtype=like.dtype, generator=generator),
+            explore=randn(E, A),
+        )
 
-    def _trajectory_value(self, z: Tensor, actions: Tensor, pi_eps: Tensor, members: Optional[Tensor]) -> Tensor:
+    def _trajectory_value(self, z: Tensor, actions: Tensor, pi_eps: Tensor, members: Tensor | None) -> Tensor:
         """V = sum_t gamma^t r_t + gamma^H Q(z_H, pi(z_H)). z (N, d), actions (H, N, A) -> (N, 1)."""
         value, gamma = 0.0, 1.0
         for t in range(actions.shape[0]):
@@ -182,8 +200,14 @@ class MPPI:
         terminal = self.value_fn(z, terminal_a) if members is None else self.value_fn(z, terminal_a, members)
         return value + gamma * terminal
 
-    def plan(self, z0: Tensor, prev_mean: Optional[Tensor] = None, eval_mode: bool = False,
-             generator: Optional[torch.Generator] = None, noise: Optional[PlanNoise] = None) -> Plan:
+    def plan(
+        self,
+        z0: Tensor,
+        prev_mean: Tensor | None = None,
+        eval_mode: bool = False,
+        generator: torch.Generator | None = None,
+        noise: PlanNoise | None = None,
+    ) -> Plan:
         """Plan from latents z0 (E, d); returns the action (E, A) to take now.
 
         ``prev_mean`` (H, E, A): the previous step's ``Plan.mean`` (None or zeros at an
@@ -196,22 +220,31 @@ class MPPI:
             noise = self.draw_noise(z0.shape[0], z0, generator)
         return self.refine(self.start(z0, prev_mean, None if noise is None else noise.pi_prior), eval_mode, noise)
 
-    def refine(self, start: PlanStart, eval_mode: bool, noise: Optional[PlanNoise] = None,
-               iterate: Optional[Callable[..., Elites]] = None, finish: Optional[Callable[..., Tensor]] = None) -> Plan:
+    def refine(
+        self,
+        start: PlanStart,
+        eval_mode: bool,
+        noise: PlanNoise | None = None,
+        iterate: Callable[..., Elites] | None = None,
+        finish: Callable[..., Tensor] | None = None,
+    ) -> Plan:
         """The iterations and the final draw after :meth:`start`. ``iterate`` / ``finish``:
         these methods (None) or the same compiled (``Acting``): I calls of ONE graph."""
         iterate, finish = iterate or self.iterate, finish or self.finish
         mean, std = start.mean, start.std
         for i in range(self.cfg.iterations):
-            drawn = (None, None, None) if noise is None else (
-                noise.samples[i], noise.pi_terminal[i], None if noise.members is None else noise.members[i])
+            drawn = (
+                (None, None, None)
+                if noise is None
+                else (noise.samples[i], noise.pi_terminal[i], None if noise.members is None else noise.members[i])
+            )
             elites = iterate(start.z0, start.prior, mean, std, *drawn)
             mean, std = elites.mean, elites.std
         action = finish(elites, eval_mode, *((None, None) if noise is None else (noise.elite_u, noise.explore)))
         return Plan(action=action, mean=mean, std=std)
 
     @torch.no_grad()
-    def start(self, z0: Tensor, prev_mean: Optional[Tensor] = None, pi_prior: Optional[Tensor] = None) -> PlanStart:
+    def start(self, z0: Tensor, prev_mean: Tensor | None = None, pi_prior: Tensor | None = None) -> PlanStart:
         """Before the first iteration: the policy prior's trajectories and the warm-started
         sampling mean and std. z0 (E, d); ``pi_prior`` (H, E*P, A) noise (None: global RNG)."""
         c, A = self.cfg, self.action_dim
@@ -237,8 +270,16 @@ class MPPI:
         return PlanStart(z0, prior, mean, std)
 
     @torch.no_grad()
-    def iterate(self, z0: Tensor, prior: Optional[Tensor], mean: Tensor, std: Tensor, samples: Optional[Tensor] = None,
-                pi_terminal: Optional[Tensor] = None, members: Optional[Tensor] = None) -> Elites:
+    def iterate(
+        self,
+        z0: Tensor,
+        prior: Tensor | None,
+        mean: Tensor,
+        std: Tensor,
+        samples: Tensor | None = None,
+        pi_terminal: Tensor | None = None,
+        members: Tensor | None = None,
+    ) -> Elites:
         """One MPPI iteration: sample around (mean, std), value every trajectory, refit on the
         elites. Noise (None: global RNG): samples (H, E, N-P, A), pi_terminal (E*N, A),
         members (2,) Q members of the terminal value."""
@@ -266,8 +307,9 @@ class MPPI:
         return Elites(mean, std, score, elite_actions)
 
     @torch.no_grad()
-    def finish(self, elites: Elites, eval_mode: bool, elite_u: Optional[Tensor] = None,
-               explore: Optional[Tensor] = None) -> Tensor:
+    def finish(
+        self, elites: Elites, eval_mode: bool, elite_u: Tensor | None = None, explore: Tensor | None = None
+    ) -> Tensor:
         """The action to take: one elite of the last iteration drawn by weight, its first step,
         plus exploration noise unless ``eval_mode``. elite_u (E, K) U(0, 1), explore (E, A) N(0, 1)."""
         E, K, A = elites.score.shape[0], self.cfg.num_elites, self.action_dim

@@ -71,16 +71,31 @@ class Schedule:
             self.learn_from = self.seed_steps
 
     @classmethod
-    def for_run(cls, cfg: Any, world_size: int, episode_length: int, step: int = 0,
-                counters: dict[str, Any] | None = None, restored: int | None = None) -> Schedule:
+    def for_run(
+        cls,
+        cfg: Any,
+        world_size: int,
+        episode_length: int,
+        step: int = 0,
+        counters: dict[str, Any] | None = None,
+        restored: int | None = None,
+    ) -> Schedule:
         """The schedule of a fresh run (``counters`` None), or of one resumed at global ``step``
         with the checkpoint's ``counters``; ``restored``: the transitions each rank's replay
         buffer got back (None: the buffers did not come back, so every rank refills)."""
         local_num_envs = cfg.local_num_envs(world_size)
-        s = cls(steps=cfg.steps, num_envs=world_size * local_num_envs, local_num_envs=local_num_envs,
-                seed_steps=cfg.seed_steps_for(episode_length, world_size),
-                updates_per_step=cfg.updates_per_step, sync_freq=cfg.sync_freq, log_freq=cfg.log_freq,
-                eval_freq=cfg.eval_freq, checkpoint_freq=cfg.checkpoint_freq, evaluates=cfg.eval_episodes > 0)
+        s = cls(
+            steps=cfg.steps,
+            num_envs=world_size * local_num_envs,
+            local_num_envs=local_num_envs,
+            seed_steps=cfg.seed_steps_for(episode_length, world_size),
+            updates_per_step=cfg.updates_per_step,
+            sync_freq=cfg.sync_freq,
+            log_freq=cfg.log_freq,
+            eval_freq=cfg.eval_freq,
+            checkpoint_freq=cfg.checkpoint_freq,
+            evaluates=cfg.eval_episodes > 0,
+        )
         if counters is None:
             return s
         s.step, s.updates, s.pretrained = step, counters["updates"], counters["pretrained"]

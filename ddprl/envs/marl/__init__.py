@@ -80,8 +80,9 @@ def check_marl_task(task: str) -> None:
     raise UsageError(f"unknown multi-agent task {task!r}{hint}; use e.g. {_EXAMPLES}")
 
 
-def make_marl_env(task: str, num_envs: int, seed: int, device: str | torch.device = "cpu",
-                  **kwargs: Any) -> MultiAgentVecEnv:
+def make_marl_env(
+    task: str, num_envs: int, seed: int, device: str | torch.device = "cpu", **kwargs: Any
+) -> MultiAgentVecEnv:
     """``num_envs`` copies of ``task`` on ``device``; env ``i`` seeded ``seed + i`` (VMAS: one
     stream seeded ``seed`` for the batch). ``time_limit=`` sets the episode limit for every
     family; other kwargs go to the family's constructor and unknown ones are a UsageError.

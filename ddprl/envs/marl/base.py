@@ -31,12 +31,12 @@ import torch
 class MAObs(NamedTuple):
     """One step of N multi-agent envs (A agents, O observation features, S state features, U actions)."""
 
-    obs: torch.Tensor    # (N, A, O) float32: each agent's own observation
+    obs: torch.Tensor  # (N, A, O) float32: each agent's own observation
     state: torch.Tensor  # (N, S) float32: the global state the mixer sees
     avail: torch.Tensor  # (N, A, U) bool: available actions (at least one True per agent)
     first: torch.Tensor  # (N,) bool: the first step of an episode (recurrent agents reset here)
 
-    def to(self, device: torch.device | str) -> "MAObs":
+    def to(self, device: torch.device | str) -> MAObs:
         return MAObs(*(t.to(device) for t in self))
 
 
@@ -46,18 +46,16 @@ class MultiAgentVecEnv(Protocol):
     num_envs: int
     device: torch.device
     n_agents: int
-    n_actions: int        # U: every agent has the same Discrete(U) action space
-    obs_dim: int          # O
-    state_dim: int        # S
-    episode_limit: int    # the time limit: no episode is longer (the episode buffer's length)
+    n_actions: int  # U: every agent has the same Discrete(U) action space
+    obs_dim: int  # O
+    state_dim: int  # S
+    episode_limit: int  # the time limit: no episode is longer (the episode buffer's length)
     extra_info_keys: tuple[str, ...]
 
     def reset(self, seed: int | None = None) -> MAObs:
         """Reset every env; env ``i`` is seeded ``seed + i`` when a seed is given."""
         ...
 
-    def step(self, actions: torch.Tensor) -> tuple[MAObs, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
-        ...
+    def step(self, actions: torch.Tensor) -> tuple[MAObs, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]: ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...

@@ -29,11 +29,24 @@ def register_more_food(foods: range = range(5, 10)) -> None:
         task = f"Foraging{'-2s' if partial else ''}-{size}x{size}-{players}p-{food}f{'-coop' if coop else ''}-v3"
         if task in gym.registry:
             continue
-        gym.register(task, entry_point="lbforaging.foraging:ForagingEnv", kwargs={
-            "players": players, "min_player_level": 1, "max_player_level": 2, "field_size": (size, size),
-            "min_food_level": 1, "max_food_level": None, "max_num_food": food, "sight": 2 if partial else size,
-            "max_episode_steps": 50, "force_coop": coop, "grid_observation": False, "penalty": 0.0,
-        })
+        gym.register(
+            task,
+            entry_point="lbforaging.foraging:ForagingEnv",
+            kwargs={
+                "players": players,
+                "min_player_level": 1,
+                "max_player_level": 2,
+                "field_size": (size, size),
+                "min_food_level": 1,
+                "max_food_level": None,
+                "max_num_food": food,
+                "sight": 2 if partial else size,
+                "max_episode_steps": 50,
+                "force_coop": coop,
+                "grid_observation": False,
+                "penalty": 0.0,
+            },
+        )
 
 
 register_more_food()
@@ -91,7 +104,9 @@ class LBFEnv:
         env = self.env
         background = np.full((*env.field.shape, 3), 245, dtype=np.uint8)
         top_food = max(env.field.max(), 1)
-        food = [(r, c, shade((40, 160, 40), env.field[r, c], top_food)) for r, c in zip(*np.nonzero(env.field))]
+        food = [
+            (r, c, shade((40, 160, 40), env.field[r, c], top_food)) for r, c in zip(*np.nonzero(env.field), strict=True)
+        ]
         top_level = max(p.level for p in env.players)
         agents = [(*p.position, shade((30, 60, 200), p.level, top_level)) for p in env.players]
         return grid_frame(background, food, agents)

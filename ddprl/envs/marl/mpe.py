@@ -34,8 +34,9 @@ class MPEEnv:
 
     def __init__(self, task: str, **kwargs: Any):
         module = importlib.import_module(f"mpe2.{task.removeprefix('mpe/')}")
-        kwargs = constructor_kwargs(task, kwargs, module.raw_env.__init__, "max_cycles",
-                              reserved=("continuous_actions", "render_mode"))
+        kwargs = constructor_kwargs(
+            task, kwargs, module.raw_env.__init__, "max_cycles", reserved=("continuous_actions", "render_mode")
+        )
         # rgb_array only matters for render(): the pygame surface exists in every mode.
         self.env = module.parallel_env(continuous_actions=False, render_mode="rgb_array", **kwargs)
         self.raw = self.env.unwrapped
@@ -52,7 +53,7 @@ class MPEEnv:
         obs = np.zeros((self.n_agents, self.obs_dim), dtype=np.float32)
         for i, agent in enumerate(self.agents):
             o = obs_by_agent[agent]
-            obs[i, :o.shape[0]] = o
+            obs[i, : o.shape[0]] = o
         return obs, self.env.state().astype(np.float32, copy=False), self._avail
 
     def reset(self, seed: int | None) -> Step:
@@ -60,7 +61,9 @@ class MPEEnv:
         return self._step(obs)
 
     def step(self, actions: np.ndarray) -> tuple[Step, float, bool, bool]:
-        obs, rewards, terminations, truncations, _ = self.env.step(dict(zip(self.agents, actions.tolist())))
+        obs, rewards, terminations, truncations, _ = self.env.step(
+            dict(zip(self.agents, actions.tolist(), strict=True))
+        )
         terminated = any(terminations.values())
         truncated = any(truncations.values()) and not terminated
         # mpe2 checks its step limit before success: success on the last step is still success.

@@ -10,7 +10,8 @@ stacking into tensors on the device.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -44,11 +45,9 @@ class OneEnv(Protocol):
         """At an episode's end, the value of each ``extra_info_keys`` entry (without ``episode_``)."""
         ...
 
-    def render_rgb(self) -> np.ndarray:
-        ...
+    def render_rgb(self) -> np.ndarray: ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 class PyLoopVecEnv:
@@ -77,7 +76,7 @@ class PyLoopVecEnv:
         return torch.from_numpy(x).to(self.device, dtype, non_blocking=True)
 
     def _maobs(self, steps: list[Step], first: np.ndarray) -> MAObs:
-        obs, state, avail = (np.stack(parts) for parts in zip(*steps))
+        obs, state, avail = (np.stack(parts) for parts in zip(*steps, strict=True))
         return MAObs(self._tensor(obs), self._tensor(state), self._tensor(avail), self._tensor(first))
 
     def reset(self, seed: int | None = None) -> MAObs:
@@ -97,8 +96,9 @@ class PyLoopVecEnv:
     def step(self, actions: torch.Tensor):
         act = actions.detach().cpu().numpy()
         if act.shape != (self.num_envs, self.n_agents):
-            raise ValueError(f"actions must be (num_envs, n_agents) = {(self.num_envs, self.n_agents)}, "
-                             f"got {act.shape}")
+            raise ValueError(
+                f"actions must be (num_envs, n_agents) = {(self.num_envs, self.n_agents)}, got {act.shape}"
+            )
         n = self.num_envs
         steps: list[Step] = []
         reward = np.zeros(n, dtype=np.float32)
@@ -142,8 +142,9 @@ class PyLoopVecEnv:
 # -- helpers shared by the families ------------------------------------------------------------
 
 
-def constructor_kwargs(task: str, kwargs: dict[str, Any], constructor: Callable, time_limit_name: str,
-                       reserved: tuple[str, ...] = ()) -> dict[str, Any]:
+def constructor_kwargs(
+    task: str, kwargs: dict[str, Any], constructor: Callable, time_limit_name: str, reserved: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """The constructor kwargs for ``task``: ``time_limit`` renamed, the rest checked by name.
 
     Unknown names are a UsageError listing the accepted ones, so that a typo does not
@@ -157,8 +158,9 @@ def constructor_kwargs(task: str, kwargs: dict[str, Any], constructor: Callable,
     accepted = [p for p in inspect.signature(constructor).parameters if p not in ("self", *reserved)]
     unknown = sorted(set(kwargs) - set(accepted))
     if unknown:
-        raise UsageError(f"{task}: unknown env kwargs {', '.join(unknown)}; accepted: "
-                         f"{', '.join(['time_limit', *accepted])}")
+        raise UsageError(
+            f"{task}: unknown env kwargs {', '.join(unknown)}; accepted: {', '.join(['time_limit', *accepted])}"
+        )
     limit = kwargs.get(time_limit_name, 1)
     if not (isinstance(limit, int) and limit > 0):
         raise UsageError(f"{task}: time_limit must be a positive int (the episode buffer's length), got {limit!r}")
@@ -177,13 +179,13 @@ def grid_frame(background: np.ndarray, squares: list[tuple], discs: list[tuple],
     square = (np.abs(yy) < cell * 0.38) & (np.abs(xx) < cell * 0.38)
     disc = yy**2 + xx**2 < (cell * 0.33) ** 2
     for (r, c, rgb), mask in [(s, square) for s in squares] + [(d[:3], disc) for d in discs]:
-        frame[r * cell:(r + 1) * cell, c * cell:(c + 1) * cell][mask] = rgb
+        frame[r * cell : (r + 1) * cell, c * cell : (c + 1) * cell][mask] = rgb
     offsets = [(-1, 0), (1, 0), (0, -1), (0, 1)]
     for r, c, _, *facing in discs:
         if facing:
             dy, dx = offsets[facing[0]]
             dot = (yy - dy * cell * 0.2) ** 2 + (xx - dx * cell * 0.2) ** 2 < (cell * 0.09) ** 2
-            frame[r * cell:(r + 1) * cell, c * cell:(c + 1) * cell][dot] = (20, 20, 20)
+            frame[r * cell : (r + 1) * cell, c * cell : (c + 1) * cell][dot] = (20, 20, 20)
     frame[::cell, :] = frame[:, ::cell] = (90, 90, 90)  # cell borders
     return frame
 

@@ -33,8 +33,19 @@ from ddprl.errors import UsageError
 
 DEFAULT_TIME_LIMIT = 100
 # make_env arguments the adapter sets itself: a user value would break the contract.
-_RESERVED = ("num_envs", "device", "seed", "continuous_actions", "dict_spaces", "multidiscrete_actions",
-             "terminated_truncated", "wrapper", "wrapper_kwargs", "grad_enabled", "clamp_actions")
+_RESERVED = (
+    "num_envs",
+    "device",
+    "seed",
+    "continuous_actions",
+    "dict_spaces",
+    "multidiscrete_actions",
+    "terminated_truncated",
+    "wrapper",
+    "wrapper_kwargs",
+    "grad_enabled",
+    "clamp_actions",
+)
 
 
 def vmas_task_names() -> list[str]:
@@ -53,8 +64,7 @@ class VmasVecEnv:
 
     extra_info_keys: tuple[str, ...] = ()
 
-    def __init__(self, scenario: str, num_envs: int, seed: int = 0, device: str | torch.device = "cpu",
-                 **kwargs: Any):
+    def __init__(self, scenario: str, num_envs: int, seed: int = 0, device: str | torch.device = "cpu", **kwargs: Any):
         task = f"vmas/{scenario}"
         if "time_limit" in kwargs and "max_steps" in kwargs:
             raise UsageError(f"{task}: give time_limit or max_steps, not both")
@@ -67,12 +77,22 @@ class VmasVecEnv:
         self.device = torch.device(device)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            self.env = vmas.make_env(scenario, num_envs=num_envs, device=self.device, continuous_actions=False,
-                                     seed=seed, max_steps=limit, terminated_truncated=True, **kwargs)
+            self.env = vmas.make_env(
+                scenario,
+                num_envs=num_envs,
+                device=self.device,
+                continuous_actions=False,
+                seed=seed,
+                max_steps=limit,
+                terminated_truncated=True,
+                **kwargs,
+            )
         for w in caught:
             if "passed but not used" in str(w.message):
-                raise UsageError(f"{task}: scenario kwargs {', '.join(kwargs)} are not all used by the scenario "
-                                 f"({w.message}); ddprl's own kwarg is time_limit")
+                raise UsageError(
+                    f"{task}: scenario kwargs {', '.join(kwargs)} are not all used by the scenario "
+                    f"({w.message}); ddprl's own kwarg is time_limit"
+                )
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         self.num_envs, self.seed, self.episode_limit = num_envs, seed, limit
         self.n_agents = self.env.n_agents
@@ -99,7 +119,7 @@ class VmasVecEnv:
         else:
             padded = torch.zeros(self.num_envs, self.n_agents, self.obs_dim, device=self.device)
             for i, o in enumerate(obs):
-                padded[:, i, :o.shape[1]] = o
+                padded[:, i, : o.shape[1]] = o
         avail = self._avail.expand(self.num_envs, -1, -1)  # constant: a read-only view
         return MAObs(padded, torch.cat(obs, dim=1), avail, first)
 
@@ -118,15 +138,17 @@ class VmasVecEnv:
 
     def step(self, actions: torch.Tensor):
         actions = actions.to(self.device)
-        obs, rewards, terminated, truncated, _ = self.env.step([actions[:, i:i + 1] for i in range(self.n_agents)])
+        obs, rewards, terminated, truncated, _ = self.env.step([actions[:, i : i + 1] for i in range(self.n_agents)])
         reward = torch.stack(rewards, dim=1).sum(dim=1).float()
         terminated = terminated.bool()
         truncated = truncated.bool() & ~terminated
         done = terminated | truncated
         self._episode_return += reward
         self._episode_length += 1
-        info: dict[str, Any] = {"episode_return": self._episode_return.clone(),
-                                "episode_length": self._episode_length.clone()}
+        info: dict[str, Any] = {
+            "episode_return": self._episode_return.clone(),
+            "episode_length": self._episode_length.clone(),
+        }
         self._episode_return.masked_fill_(done, 0)
         self._episode_length.masked_fill_(done, 0)
         final = self._maobs(obs, torch.zeros_like(done))
