@@ -4,7 +4,6 @@ seeding owned by the runtime, torch feature detection."""
 from __future__ import annotations
 
 import ast
-import dataclasses
 import functools
 import os
 import signal
@@ -23,7 +22,7 @@ from conftest import REPO, cli_env
 from ddprl import registry
 from ddprl.checkpoint import FORMAT_VERSION, load_checkpoint
 from ddprl.cli import main
-from ddprl.config import load_config
+from ddprl.config import load_config, public_fields
 from ddprl.config.schema import JobConfig, RLConfig, key
 from ddprl.errors import UsageError
 from ddprl.metrics import MetricsLogger, read_metrics
@@ -474,7 +473,7 @@ def test_job_without_task_or_envs(tmp_path, monkeypatch, toy_algorithms):
 
 def test_every_key_has_one_line_of_help():
     for name in registry.names():
-        for f in dataclasses.fields(registry.get(name).config):
+        for f in public_fields(registry.get(name).config):
             help_ = f.metadata.get("help", "")
             assert help_ and "\n" not in help_, (name, f.name)
 
