@@ -11,7 +11,7 @@ Every algorithm's loop uses :class:`Run` the same way, so saving and resuming ar
     run.open(total_steps)                      # collective: directory, config.yaml, metrics, TensorBoard
     run.log(step, metrics)                     # every rank calls; rank 0 writes
     run.save(step, state={...}, counters={...}, own={"env": ...}, score=eval_return)   # collective
-    if run.stop_requested(): run.preempted(step)     # collective, at step boundaries (after a save)
+    run.step_boundary(step, save, score=eval_return, due=..., last=...)   # collective: checkpoint, preemption
     run.finish()                               # close the sinks; rank 0 prints the summary block
 
 Rank 0 names and creates the directory and broadcasts its path: one directory per job.
@@ -353,6 +353,19 @@ class Run:
             "best": self.best,
         }
         return self.checkpointer.save(self.rt, step, payload, {"rng": rng_state(), **(own or {})}, is_best)
+
+    def step_boundary(
+        self, step: int, save: Any, score: float | None = None, due: bool = False, last: bool = False
+    ) -> None:
+        """Collective, at the end of every iteration of a loop: ``save(score)`` writes a checkpoint
+        when one is ``due`` (``checkpoint_freq``), at the ``last`` step, when ``score`` (an
+        evaluation now, else None) beats every earlier one, or when a stop signal reached some
+        rank; after that save every rank leaves together (:meth:`preempted`, exit code 75)."""
+        preempted = not last and self.stop_requested()
+        if due or last or preempted or self.improves(score):
+            save(score)
+        if preempted:
+            self.preempted(step)
 
     def stop_requested(self) -> bool:
         """Collective, called by every rank at every step boundary: whether a signal (SIGTERM,

@@ -9,6 +9,7 @@ through the runtime ``rt``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -228,12 +229,9 @@ def train(rt: Any, cfg: Any) -> None:
         if crossed(global_step, steps_per_iteration, cfg.eval_freq) or (last and cfg.eval_episodes > 0):
             metrics.update(run_eval(rt, cfg, run, env, policy, normalize, global_step))
         run.log(global_step, metrics)
-        preempted = not last and run.stop_requested()  # collective: a SIGTERM/SIGUSR1 reached some rank
-        score = metrics.get("eval/return_mean")
-        if crossed(global_step, steps_per_iteration, cfg.checkpoint_freq) or last or preempted or run.improves(score):
-            save(global_step, iteration + 1, score=score)
-        if preempted:
-            run.preempted(global_step)  # every rank leaves here together; exit code 75
+        checkpoint_due = crossed(global_step, steps_per_iteration, cfg.checkpoint_freq)
+        save_now = functools.partial(save, global_step, iteration + 1)
+        run.step_boundary(global_step, save_now, metrics.get("eval/return_mean"), checkpoint_due, last)
 
     env.close()
     run.finish()  # rank 0 prints the summary block

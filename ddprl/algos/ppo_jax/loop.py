@@ -9,6 +9,7 @@ out on the mesh, then per iteration one call of the compiled rollout + update
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -194,12 +195,9 @@ def train(rt: Any, cfg: Any) -> None:
         if evaluate is not None and (crossed(global_step, steps_per_iteration, cfg.eval_freq) or last):
             metrics.update(run_eval(global_step))
         run.log(global_step, metrics)
-        preempted = not last and run.stop_requested()  # collective: a SIGTERM/SIGUSR1 reached some process
-        score = metrics.get("eval/return_mean")
-        if crossed(global_step, steps_per_iteration, cfg.checkpoint_freq) or last or preempted or run.improves(score):
-            save(global_step, iteration + 1, score=score)
-        if preempted:
-            run.preempted(global_step)  # every process leaves here together; exit code 75
+        checkpoint_due = crossed(global_step, steps_per_iteration, cfg.checkpoint_freq)
+        save_now = functools.partial(save, global_step, iteration + 1)
+        run.step_boundary(global_step, save_now, metrics.get("eval/return_mean"), checkpoint_due, last)
 
     run.finish()  # rank 0 prints the summary block
 

@@ -9,6 +9,7 @@ checkpoint into the next.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -289,12 +290,13 @@ def train(rt: Any, cfg: Any) -> None:
             run.log(global_step, metrics)
         else:
             run.progress(global_step)
-        preempted = not last and run.stop_requested()  # collective: a SIGTERM/SIGUSR1 reached some rank
-        score = metrics.get("eval/return_mean") if evaluating else None
-        if crossed(global_step, steps_per_iteration, cfg.checkpoint_freq) or last or preempted or run.improves(score):
-            save(global_step, score=score)
-        if preempted:
-            run.preempted(global_step)  # every rank leaves here together; exit code 75
+        run.step_boundary(
+            global_step,
+            functools.partial(save, global_step),
+            score=metrics.get("eval/return_mean") if evaluating else None,
+            due=crossed(global_step, steps_per_iteration, cfg.checkpoint_freq),
+            last=last,
+        )
 
     env.close()
     run.finish()  # rank 0 prints the summary block

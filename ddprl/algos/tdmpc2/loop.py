@@ -15,6 +15,7 @@ and when to log, evaluate and save, from global step counts alone: every rank de
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from pathlib import Path
@@ -220,13 +221,13 @@ def train(rt: Any, cfg: Any) -> None:
             run.log(global_step, metrics)
             sum_terms, num_sums, ep_stats = None, 0, torch.zeros_like(ep_stats)
             t_log, steps_at_log = time.perf_counter(), global_step
-        # collective: whether a SIGTERM/SIGUSR1 reached some rank
-        preempted = not schedule.done and run.stop_requested()
-        score = metrics.get("eval/return_mean") if evaluating else None
-        if schedule.checkpoint_due or preempted or run.improves(score):
-            save(global_step, score=score)
-        if preempted:
-            run.preempted(global_step)  # every rank leaves here together; exit code 75
+        run.step_boundary(
+            global_step,
+            functools.partial(save, global_step),
+            score=metrics.get("eval/return_mean") if evaluating else None,
+            due=schedule.checkpoint_due,
+            last=schedule.done,
+        )
 
     env.close()
     run.finish()  # rank 0 prints the summary block
