@@ -310,6 +310,16 @@ class Run:
         label = self.rate_key.rsplit("/", 1)[-1].replace("global_", "").replace("_per_", "/")
         self.logger.progress(step, metrics.get(self.rate_key), label)
 
+    def evaluate(self, make_eval_env: Any, act: Any, extra_keys: tuple[str, ...] = ()) -> dict[str, float]:
+        """Collective: ``eval_episodes`` episodes split over the ranks (:func:`ddprl.evaluate.evaluate`,
+        seeded from ``seed``, shown on the progress bar); the global means as ``eval/<name>``."""
+        from ddprl.evaluate import evaluate
+
+        result = evaluate(
+            self.rt, make_eval_env, act, self.cfg.eval_episodes, self.cfg.seed, extra_keys, progress=self.eval_progress
+        )
+        return {f"eval/{k}": v for k, v in result.items()}
+
     def eval_progress(self, done: int, episodes: int) -> None:
         """``progress`` for :func:`ddprl.evaluate.evaluate`: the bar says which episode runs."""
         self.logger.evaluating(done, episodes)

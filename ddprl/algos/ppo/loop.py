@@ -24,7 +24,7 @@ from ddprl.algos.ppo.rollout import Rollout, RolloutBuffer, RolloutStep, compute
 from ddprl.algos.ppo.update import UpdateStep, learn, update_batch
 from ddprl.checkpoint import strip_prefixes
 from ddprl.envs import make_env
-from ddprl.evaluate import Actor, evaluate
+from ddprl.evaluate import Actor
 from ddprl.normalize import ReturnScaler, RunningMeanStd
 from ddprl.run import Run
 from ddprl.runtime.seeding import Seeds
@@ -280,16 +280,10 @@ def run_eval(rt: Any, cfg: Any, run: Run, env: Any, policy: ActorCritic, normali
     def eval_act(x: torch.Tensor) -> torch.Tensor:
         return policy.eval_action(normalize(x), cfg.eval_deterministic, generator)
 
-    result = evaluate(
-        rt,
-        lambda n, s: make_env(cfg.task, n, seed=s, device=rt.device, **cfg.env_kwargs),
-        eval_act,
-        cfg.eval_episodes,
-        cfg.seed,
-        extra_keys=getattr(env, "extra_info_keys", ()),
-        progress=run.eval_progress,
-    )
-    return {f"eval/{k}": v for k, v in result.items()}
+    def make_eval_env(n: int, seed: int) -> Any:
+        return make_env(cfg.task, n, seed=seed, device=rt.device, **cfg.env_kwargs)
+
+    return run.evaluate(make_eval_env, eval_act, getattr(env, "extra_info_keys", ()))
 
 
 def load_actor(cfg: Any, state: dict[str, Any], device: torch.device) -> Actor:

@@ -26,7 +26,7 @@ from ddprl.checkpoint import buffer_path, load_checkpoint, restore_buffer, save_
 from ddprl.envs.marl import make_marl_env
 from ddprl.envs.marl.base import MAObs
 from ddprl.errors import UsageError
-from ddprl.evaluate import Actor, evaluate
+from ddprl.evaluate import Actor
 from ddprl.run import Run
 from ddprl.system import system_metrics
 
@@ -214,16 +214,11 @@ def train(rt: Any, cfg: Any) -> None:
 
     def run_eval(step: int) -> dict[str, float]:
         eval_acting = Acting(learner.net)
-        result = evaluate(
-            rt,
+        return run.evaluate(
             lambda n, s: make_marl_env(cfg.task, n, seed=s, device=rt.device, **cfg.env_kwargs),
             eval_acting,
-            cfg.eval_episodes,
-            cfg.seed,
-            extra_keys=env.extra_info_keys,
-            progress=run.eval_progress,
+            env.extra_info_keys,
         )
-        return {f"eval/{k}": v for k, v in result.items()}
 
     total_iterations = math.ceil((cfg.steps - run.step) / steps_per_iteration)
     run_dir = run.open(total_steps=run.step + total_iterations * steps_per_iteration)

@@ -31,7 +31,7 @@ from ddprl.algos.tdmpc2.networks import WorldModel
 from ddprl.algos.tdmpc2.schedule import Schedule
 from ddprl.checkpoint import buffer_path, restore_buffer, save_atomically
 from ddprl.errors import UsageError
-from ddprl.evaluate import Actor, evaluate
+from ddprl.evaluate import Actor
 from ddprl.run import Run
 
 log = logging.getLogger("ddprl")
@@ -145,15 +145,7 @@ def train(rt: Any, cfg: Any) -> None:
         def make_eval_env(n: int, seed: int):
             return NotifyEpisodeEnds(make_tdmpc2_env(cfg, n, seed, rt.device), eval_acting)
 
-        result = evaluate(
-            rt,
-            make_eval_env,
-            lambda o: eval_acting(o, eval_mode=True),
-            cfg.eval_episodes,
-            cfg.seed,
-            progress=run.eval_progress,
-        )
-        return {f"eval/{k}": v for k, v in result.items()}
+        return run.evaluate(make_eval_env, lambda o: eval_acting(o, eval_mode=True))
 
     obs = env.reset()
     recorder.start(obs)
