@@ -102,7 +102,54 @@ ROWS: dict[str, Row] = {
         (Reference(ZOO + ", Walker2d-v3, tuned keys", 3478.798, 821.708, 1_000_000),),
     ),
 }
+
+
+@dataclass(frozen=True)
+class SupervisedRow:
+    """ddprl's Trainer against scikit-learn models fitted on the same train split (train + val:
+    ddprl picks its epoch on val), both scored on the same test split."""
+
+    title: str
+    keys: tuple[str, ...]
+    dataset: str  # a scikit-learn bundled set of ddprl.supervised.tasks
+
+    def command(self) -> str:
+        return "ddprl train " + " ".join(self.keys)
+
+
+SUPERVISED_ROWS: dict[str, SupervisedRow] = {
+    "supervised-digits": SupervisedRow(
+        "Supervised, digits (MLP 128-128)", ("algo=supervised", "task=digits", "world_size=2"), "digits"
+    ),
+    "supervised-breast-cancer": SupervisedRow(
+        "Supervised, breast_cancer (MLP 128-128)",
+        ("algo=supervised", "task=breast_cancer", "world_size=2"),
+        "breast_cancer",
+    ),
+}
 COMMON = ("progress=false", "checkpoint_freq=0", "keep_last=1")
+
+
+def sklearn_baselines(dataset: str, seed: int) -> dict[str, float]:
+    """Test accuracy of scikit-learn models on ddprl's split (split_seed=0, standardised with the
+    training statistics), fitted on train + val."""
+    import torch
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.neural_network import MLPClassifier
+
+    from ddprl.supervised.tasks import _tabular_splits
+
+    splits = _tabular_splits(dataset, 0)
+    x_fit = torch.cat([splits["train"][0], splits["val"][0]]).numpy()
+    y_fit = torch.cat([splits["train"][1], splits["val"][1]]).numpy()
+    x_test, y_test = (t.numpy() for t in splits["test"])
+    models = {
+        "scikit-learn LogisticRegression": LogisticRegression(max_iter=5000),
+        "scikit-learn MLPClassifier (128, 128), early stopping": MLPClassifier(
+            (128, 128), early_stopping=True, max_iter=500, random_state=seed
+        ),
+    }
+    return {name: float(model.fit(x_fit, y_fit).score(x_test, y_test)) for name, model in models.items()}
 
 
 def eval_curve(metrics: Path) -> list[tuple[int, float]]:
@@ -120,7 +167,7 @@ def at_steps(curve: list[tuple[int, float]], steps: int) -> float | None:
 def run_row(name: str, seeds: int) -> dict:
     from machine import cpu_model
 
-    row = ROWS[name]
+    row = ROWS.get(name) or SUPERVISED_ROWS[name]
     out = RUNS / name
     results = []
     for seed in range(1, seeds + 1):
@@ -138,17 +185,29 @@ def run_row(name: str, seeds: int) -> dict:
             keep.mkdir(parents=True, exist_ok=True)
             for file in ("metrics.jsonl", "config.yaml"):
                 shutil.copy(run_dir / file, keep / file)
-        curve = eval_curve(keep / "metrics.jsonl")
-        results.append(
-            {
-                "seed": seed,
-                "wall_s": round(time.time() - start, 1),
-                "final": curve[-1][1],
-                "final_step": curve[-1][0],
-                "best": max(r for _, r in curve),
-                "at_reference": [at_steps(curve, ref.steps) for ref in row.references],
-            }
-        )
+        wall = round(time.time() - start, 1)
+        if isinstance(row, SupervisedRow):
+            final = json.loads((keep / "metrics.jsonl").read_text().splitlines()[-1])
+            results.append(
+                {
+                    "seed": seed,
+                    "wall_s": wall,
+                    "test/accuracy": final["test/accuracy"],
+                    "baselines": sklearn_baselines(row.dataset, seed),
+                }
+            )
+        else:
+            curve = eval_curve(keep / "metrics.jsonl")
+            results.append(
+                {
+                    "seed": seed,
+                    "wall_s": wall,
+                    "final": curve[-1][1],
+                    "final_step": curve[-1][0],
+                    "best": max(r for _, r in curve),
+                    "at_reference": [at_steps(curve, ref.steps) for ref in row.references],
+                }
+            )
         print(f"{name} seed {seed}: {results[-1]}", flush=True)
     summary = {
         "row": name,
@@ -161,12 +220,12 @@ def run_row(name: str, seeds: int) -> dict:
     return summary
 
 
-def mean_std(values: list[float]) -> str:
+def mean_std(values: list[float], digits: int = 1) -> str:
     if not values:
         return "—"
     if len(values) == 1:
-        return f"{values[0]:.1f} (1 seed)"
-    return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
+        return f"{values[0]:.{digits}f} (1 seed)"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
 def draw(name: str, row: Row) -> Path:
@@ -176,13 +235,16 @@ def draw(name: str, row: Row) -> Path:
     runs = load_runs(sorted((RUNS / name).glob("seed*")))
     fig = figure(runs, ["eval/return_mean"])
     ax = fig.axes[0]
+    lines = []
     for i, ref in enumerate(row.references):
         colour = f"C{len(runs) + i}"
-        ax.axhline(ref.value, color=colour, linestyle="--", linewidth=1, label=f"reference at {ref.steps:,}")
+        lines.append(
+            ax.axhline(ref.value, color=colour, linestyle="--", linewidth=1, label=f"reference ({ref.steps:,} steps)")
+        )
         if ref.std:
             ax.axhspan(ref.value - ref.std, ref.value + ref.std, color=colour, alpha=0.1, linewidth=0)
         ax.axvline(ref.steps, color=colour, linestyle=":", linewidth=1)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(handles=lines, loc="lower right", fontsize=8)  # the seeds are in the figure's legend
     ax.set_title(f"{row.title}: evaluation return", fontsize=10)
     IMAGES.mkdir(parents=True, exist_ok=True)
     path = IMAGES / f"{name}.png"
@@ -240,19 +302,50 @@ def page() -> str:
         if row.note:
             details.append(f"- {row.note}")
         details += ["", f"![{row.title}]({image})", ""]
-    return "\n".join(lines + ["", "## Rows", ""] + details) + "\n"
+    return "\n".join(lines + supervised_table() + ["", "## Rows", ""] + details) + "\n"
+
+
+def supervised_table() -> list[str]:
+    lines = [
+        "",
+        "## Supervised Trainer against scikit-learn on the same split",
+        "",
+        "Test accuracy on the same held-out 15 % (ddprl's `split_seed=0` split, features standardised",
+        "with the training statistics). ddprl trains on 70 % and keeps the epoch of its best",
+        "validation loss; the scikit-learn models are fitted on the 85 % of train + validation.",
+        "",
+        "| task | command | ddprl test accuracy | scikit-learn, same split | seeds | wall time per seed |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, row in SUPERVISED_ROWS.items():
+        summary_path = RUNS / name / "summary.json"
+        if not summary_path.exists():
+            lines.append(f"| {row.title} | `{row.command()}` | not run yet | | | |")
+            continue
+        summary = json.loads(summary_path.read_text())
+        seeds = summary["seeds"]
+        ours = [s["test/accuracy"] for s in seeds]
+        theirs = "; ".join(
+            f"{model}: {mean_std([s['baselines'][model] for s in seeds], digits=4)}" for model in seeds[0]["baselines"]
+        )
+        wall = statistics.mean(s["wall_s"] for s in seeds)
+        lines.append(
+            f"| {row.title} | `{summary['command']}` | {mean_std(ours, digits=4)} | {theirs} | {len(seeds)} "
+            f"| {wall:.0f} s ({summary['machine']}) |"
+        )
+    return lines
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("row", nargs="?", choices=sorted(ROWS))
+    parser.add_argument("row", nargs="?", choices=sorted({**ROWS, **SUPERVISED_ROWS}))
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--page", action="store_true", help="rebuild docs/results.md from the kept runs")
     parser.add_argument("--list", action="store_true")
     args = parser.parse_args()
     if args.list:
-        for name, row in ROWS.items():
-            print(f"{name:18s} {row.command()}")
+        for name, row in {**ROWS, **SUPERVISED_ROWS}.items():
+            print(f"{name:26s} {row.command()}")
         return 0
     if args.row:
         run_row(args.row, args.seeds)
