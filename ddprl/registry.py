@@ -64,7 +64,9 @@ class Algorithm:
 
     def has_key(self, name: str) -> bool:
         """Whether ``name`` is one of this algorithm's config keys."""
-        return any(f.name == name for f in dataclasses.fields(self.config))
+        from ddprl.config import public_fields
+
+        return any(f.name == name for f in public_fields(self.config))
 
     def train_fn(self) -> Callable[..., Any]:
         return _resolve(self.train)

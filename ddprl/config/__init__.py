@@ -166,7 +166,7 @@ def load_config(
     algo = algorithm.name
     defaults = algorithm.default_values()
     schema = algorithm.config
-    fields = [f.name for f in dataclasses.fields(schema) if not f.metadata.get("internal")]
+    fields = [f.name for f in public_fields(schema)]
 
     # (label for `sources`, name in error messages, values), applied in this order
     layers: list[tuple[str, str, dict[str, Any]]] = [("default", f"algo={algo}'s defaults", defaults)]
@@ -236,8 +236,8 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 def save_yaml(cfg: Any, path: Path) -> None:
     """The config as YAML, one key a line; a comment names where a value came from when it is
-    not a default (``norm_obs: true  # task``: the task's preset file)."""
-    sources = getattr(cfg, "sources", {}) or {}
+    not a default (``norm_obs: true  # task preset``)."""
+    sources = cfg.sources
     text = yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=None, width=10**6)
     lines = []
     for line in text.splitlines():
