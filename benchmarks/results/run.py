@@ -34,14 +34,20 @@ IMAGES = ROOT / "docs" / "results"
 sys.path.insert(0, str(HERE.parent))  # benchmarks/machine.py
 
 
+EVAL = "eval/return_mean"  # greedy actions, separate evaluation episodes
+TRAIN = "train/episode_return"  # the training episodes' return: sampled actions, as CleanRL reports it
+
+
 @dataclass(frozen=True)
 class Reference:
-    """A published number: ``value`` (± ``std`` when the source gives one) at ``steps``."""
+    """A published number: ``value`` (± ``std`` when the source gives one) at ``steps``, measured
+    as ddprl's ``metric`` is."""
 
     source: str  # who, where (paper table or repository file), what the std is over
     value: float
     std: float | None
     steps: int
+    metric: str = EVAL
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,11 @@ class Row:
         return "ddprl train " + " ".join(self.keys)
 
 
+METRIC_NAMES = {EVAL: "evaluation return", TRAIN: "training episodes' return"}
+CLEANRL = (
+    "CleanRL `docs/benchmark/ppo_continuous_action.md` (Open RL Benchmark tag pr-424, {task}-v4, "
+    "1M steps; the training episodes' return at the end of training, ± over 3 seeds)"
+)
 ZOO = "SB3 zoo `benchmark.md` (rl-baselines3-zoo, one trained agent; ± over its evaluation episodes)"
 ROWS: dict[str, Row] = {
     "ppo-cartpole": Row(
@@ -88,18 +99,27 @@ ROWS: dict[str, Row] = {
     ),
     "ppo-halfcheetah": Row(
         "PPO, HalfCheetah-v5",
-        ("task=HalfCheetah-v5", "world_size=2", "n_steps=1024"),
-        (Reference(ZOO + ", HalfCheetah-v3, tuned keys (not the paper's)", 5819.099, 663.530, 1_000_000),),
+        ("task=HalfCheetah-v5", "world_size=2", "n_steps=1024", "batch_size=32"),
+        (
+            Reference(CLEANRL.format(task="HalfCheetah"), 1442.64, 46.03, 1_000_000, TRAIN),
+            Reference(ZOO + ", HalfCheetah-v3, tuned keys (not the paper's)", 5819.099, 663.530, 1_000_000),
+        ),
     ),
     "ppo-hopper": Row(
         "PPO, Hopper-v5",
-        ("task=Hopper-v5", "world_size=2", "n_steps=1024"),
-        (Reference(ZOO + ", Hopper-v3, tuned keys", 2410.435, 10.026, 1_000_000),),
+        ("task=Hopper-v5", "world_size=2", "n_steps=1024", "batch_size=32"),
+        (
+            Reference(CLEANRL.format(task="Hopper"), 2382.86, 271.74, 1_000_000, TRAIN),
+            Reference(ZOO + ", Hopper-v3, tuned keys", 2410.435, 10.026, 1_000_000),
+        ),
     ),
     "ppo-walker2d": Row(
         "PPO, Walker2d-v5",
-        ("task=Walker2d-v5", "world_size=2", "n_steps=1024"),
-        (Reference(ZOO + ", Walker2d-v3, tuned keys", 3478.798, 821.708, 1_000_000),),
+        ("task=Walker2d-v5", "world_size=2", "n_steps=1024", "batch_size=32"),
+        (
+            Reference(CLEANRL.format(task="Walker2d"), 2287.95, 571.78, 1_000_000, TRAIN),
+            Reference(ZOO + ", Walker2d-v3, tuned keys", 3478.798, 821.708, 1_000_000),
+        ),
     ),
 }
 
@@ -166,16 +186,30 @@ def sklearn_baselines(dataset: str, seed: int) -> dict[str, float]:
     return {name: float(model.fit(x_fit, y_fit).score(x_test, y_test)) for name, model in models.items()}
 
 
-def eval_curve(metrics: Path) -> list[tuple[int, float]]:
+def curve(metrics: Path, key: str = EVAL) -> list[tuple[int, float]]:
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    return [(int(r["step"]), float(r["eval/return_mean"])) for r in rows if "eval/return_mean" in r]
+    return [(int(r["step"]), float(r[key])) for r in rows if key in r]
 
 
-def at_steps(curve: list[tuple[int, float]], steps: int) -> float | None:
+def at_steps(points: list[tuple[int, float]], steps: int) -> float | None:
     """The last evaluation at or before ``steps`` (a run's budget rounds up to whole iterations, so
     the final evaluation may lie a little past it: it counts when within 2.5 %)."""
-    done = [ret for step, ret in curve if step <= steps * 1.025]
+    done = [ret for step, ret in points if step <= steps * 1.025]
     return done[-1] if done else None
+
+
+def window_mean(points: list[tuple[int, float]], steps: int) -> float | None:
+    """The mean training-episode return logged over the last 5 % of ``steps``: one iteration's
+    value is the mean of the few episodes that ended in it, too noisy to stand alone."""
+    window = [ret for step, ret in points if steps * 0.95 < step <= steps * 1.025]
+    return statistics.mean(window) if window else None
+
+
+def measure(metrics: Path, ref: Reference) -> float | None:
+    """ddprl's number to set beside ``ref``, measured as ``ref`` is."""
+    if ref.metric == TRAIN:
+        return window_mean(curve(metrics, TRAIN), ref.steps)
+    return at_steps(curve(metrics, ref.metric), ref.steps)
 
 
 def run_row(name: str, seeds: int) -> dict:
@@ -211,15 +245,15 @@ def run_row(name: str, seeds: int) -> dict:
                 }
             )
         else:
-            curve = eval_curve(keep / "metrics.jsonl")
+            evals = curve(keep / "metrics.jsonl")
             results.append(
                 {
                     "seed": seed,
                     "wall_s": wall,
-                    "final": curve[-1][1],
-                    "final_step": curve[-1][0],
-                    "best": max(r for _, r in curve),
-                    "at_reference": [at_steps(curve, ref.steps) for ref in row.references],
+                    "final": evals[-1][1],
+                    "final_step": evals[-1][0],
+                    "best": max(r for _, r in evals),
+                    "at_reference": [measure(keep / "metrics.jsonl", ref) for ref in row.references],
                 }
             )
         print(f"{name} seed {seed}: {results[-1]}", flush=True)
@@ -243,27 +277,39 @@ def mean_std(values: list[float], digits: int = 1) -> str:
 
 
 def draw(name: str, row: Row) -> Path:
-    """Every seed's evaluation curve (``ddprl.plot``) with the references drawn as a line and band."""
+    """Every seed's curves (``ddprl.plot``): the evaluation return, and the training episodes' return
+    where a reference is measured on it, each reference drawn as a line and band on its metric."""
     from ddprl.plot import figure, load_runs
 
     runs = load_runs(sorted((RUNS / name).glob("seed*")))
-    fig = figure(runs, ["eval/return_mean"])
-    ax = fig.axes[0]
-    lines = []
+    metrics = [EVAL] + ([TRAIN] if any(ref.metric == TRAIN for ref in row.references) else [])
+    fig = figure(runs, metrics)
+    lines: dict[str, list] = {metric: [] for metric in metrics}
     for i, ref in enumerate(row.references):
+        ax = fig.axes[metrics.index(ref.metric)]
         colour = f"C{len(runs) + i}"
-        lines.append(
-            ax.axhline(ref.value, color=colour, linestyle="--", linewidth=1, label=f"reference ({ref.steps:,} steps)")
-        )
+        label = f"{ref.source.split(' ')[0]} ({ref.steps:,} steps)"
+        lines[ref.metric].append(ax.axhline(ref.value, color=colour, linestyle="--", linewidth=1, label=label))
         if ref.std:
             ax.axhspan(ref.value - ref.std, ref.value + ref.std, color=colour, alpha=0.1, linewidth=0)
         ax.axvline(ref.steps, color=colour, linestyle=":", linewidth=1)
-    ax.legend(handles=lines, loc="lower right", fontsize=8)  # the seeds are in the figure's legend
-    ax.set_title(f"{row.title}: evaluation return", fontsize=10)
+    for ax, metric in zip(fig.axes, metrics, strict=True):
+        if lines[metric]:
+            ax.legend(handles=lines[metric], loc="lower right", fontsize=8)  # the seeds: the figure's legend
+        ax.set_title(f"{row.title}: {METRIC_NAMES[metric]}", fontsize=10)
     IMAGES.mkdir(parents=True, exist_ok=True)
     path = IMAGES / f"{name}.png"
     fig.savefig(path, dpi=90)
     return path
+
+
+def fmt(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f}"
+
+
+def on(ref: Reference) -> str:
+    """The page's marker for a reference not measured on the evaluation return."""
+    return "" if ref.metric == EVAL else " (training episodes)"
 
 
 def page() -> str:
@@ -272,7 +318,10 @@ def page() -> str:
         "",
         "Each row trains ddprl with the command shown, one run per seed, and sets its evaluation",
         "return (the mean over the run's evaluation episodes, greedy actions) at the reference's",
-        "step count beside the published number. `python benchmarks/results/run.py ROW --seeds 3`",
+        "step count beside the published number; a reference marked *training episodes* reports the",
+        "return of the episodes played while training (sampled actions), and ddprl's number beside it",
+        "is the mean of its training episodes' return over the last 5 % of the steps.",
+        "`python benchmarks/results/run.py ROW --seeds 3`",
         "reruns a row; `--page` rebuilds this page from the runs kept in `benchmarks/results/runs/`",
         "(their `metrics.jsonl` files: `ddprl plot benchmarks/results/runs/ROW/seed*` redraws them).",
         "Mean ± standard deviation over seeds; a reference's ± is what its source reports.",
@@ -286,7 +335,7 @@ def page() -> str:
         if not summary_path.exists():
             for ref in row.references:
                 lines.append(
-                    f"| {row.title} | {ref.value:g}{f' ± {ref.std:g}' if ref.std is not None else ''} "
+                    f"| {row.title} | {ref.value:g}{f' ± {ref.std:g}' if ref.std is not None else ''}{on(ref)} "
                     f"| {ref.steps:,} | not run yet | | | | |"
                 )
             continue
@@ -297,7 +346,7 @@ def page() -> str:
         for i, ref in enumerate(row.references):
             ours = [s["at_reference"][i] for s in seeds if s["at_reference"][i] is not None]
             lines.append(
-                f"| {row.title} | {ref.value:g}{f' ± {ref.std:g}' if ref.std is not None else ''} "
+                f"| {row.title} | {ref.value:g}{f' ± {ref.std:g}' if ref.std is not None else ''}{on(ref)} "
                 f"| {ref.steps:,} | {mean_std(ours)} | {mean_std([s['best'] for s in seeds])} "
                 f"| {len(seeds)} | {wall / 60:.1f} min | [png]({image}) |"
             )
@@ -307,9 +356,11 @@ def page() -> str:
             f"- command: `{summary['command']}` (+ `seed=K`)",
             f"- reference: {'; '.join(r.source for r in row.references)}",
             f"- machine: {summary['machine']}, {summary['date']}",
-            "- per seed (return at the reference's steps / best / final at step): "
+            "- per seed (at each reference's steps, measured as it is / best evaluation / final evaluation "
+            "at step): "
             + "; ".join(
-                f"seed {s['seed']}: {s['at_reference'][0]} / {s['best']:.1f} / {s['final']:.1f} at {s['final_step']:,}"
+                f"seed {s['seed']}: {' and '.join(fmt(v) for v in s['at_reference'])} / {s['best']:.1f} "
+                f"/ {s['final']:.1f} at {s['final_step']:,}"
                 for s in seeds
             ),
         ]
