@@ -306,6 +306,10 @@ PEER_NOTES = (
     "steps Gymnasium's (the tasks gymnax ports, float64 physics). gymnax 1.0 returns terminated and "
     "truncated apart, PureJaxRL (written for gymnax < 1.0) reads one `done`: the runner hands it "
     "`terminated | truncated` through an adapter around `gymnax.make` (purejaxrl_ppo.py), its code unchanged.",
+    "Metric: PureJaxRL's curve is its `returned_episode_returns` where `returned_episode`, the mean "
+    "of the episodes that ended in each update, as ddprl's `train/episode_return`. (PureJaxRL's own plots "
+    "average `returned_episode_returns` over every step and env, which repeats each env's last finished "
+    "episode until its next one ends: smoother, and late by an episode.)",
     "Randomness: seed K is `jax.random.PRNGKey(K)` for PureJaxRL and ddprl's `seed=K`; the streams "
     "differ, so the seeds are three draws each, not the same three runs.",
     "Timing: PureJaxRL's training is one compiled call (compile timed apart with `jax.jit(...).lower()"
@@ -325,8 +329,14 @@ NOT_YET = [
     "- QMIX on EPyMARL's protocol (2M environment steps, 100 greedy test episodes every 50k)",
     "  against Papoudakis et al. 2021 (arXiv 2006.07869): docs/benchmarks.md has the 200k-step",
     "  comparison with EPyMARL run on the same machine.",
-    "- The JAX engine against PureJaxRL, and TD-MPC2 at 100k environment steps against the",
-    "  official per-task results: docs/benchmarks.md has the measurements made so far.",
+    "- PureJaxRL's MinAtar PPO (Breakout-MinAtar, SpaceInvaders-MinAtar; the configuration of its",
+    "  `examples/brax_minatar.ipynb`: 64 envs x 128 steps, 8 minibatches, lr 5e-3, relu, 1e7 steps), not run:",
+    "  measured from 20-update runs on the 2-core machine while other jobs loaded it (load average",
+    "  about 5), about 6.5 min (Breakout) and 8.5 min (SpaceInvaders) per seed for PureJaxRL and",
+    "  5 and 4 min for ddprl jax on 2 devices, plus 10-13 s of compile. ddprl's torch engine has no",
+    "  MinAtar environment, and ddprl's JAX policy is a tanh MLP where that configuration uses relu.",
+    "- TD-MPC2 at 100k environment steps against the official per-task results: docs/benchmarks.md",
+    "  has the measurements made so far.",
 ]
 
 
@@ -764,6 +774,19 @@ def peer_section() -> tuple[list[str], list[str]]:
             details.append(f"- {row.note}")
         details += ["", f"![{row.title}: ddprl against PureJaxRL]({image})", ""]
     lines += [
+        "",
+        "To run them (PureJaxRL from its own checkout, in an environment of its own; ddprl never imports it):",
+        "",
+        "```bash",
+        *PUREJAXRL_CLONE.split(" && "),
+        PUREJAXRL_VENV.split(" && ")[0],
+        PUREJAXRL_VENV.split(" && ")[1],
+        *(
+            f"python benchmarks/results/run.py {name} --purejaxrl purejaxrl "
+            "--purejaxrl-python purejaxrl-venv/bin/python --seeds 3"
+            for name in PEER_ROWS
+        ),
+        "```",
         "",
         "How PureJaxRL's configuration maps onto ddprl's keys: `num_envs` is global (4), `batch_size` is",
         f"per device or rank ({PEER_DEVICES} x 64 = PureJaxRL's minibatch of 128, 4 optimizer steps per",
