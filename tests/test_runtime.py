@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import socket
 import subprocess
 import sys
@@ -234,6 +235,23 @@ def test_root_cause_is_the_first_error_not_the_first_process_to_exit(tmp_path, m
     assert str(exc.value) == "rank 1 failed: ValueError: deliberate failure on rank 1"
     assert "dist_fns.py" in exc.value.traceback and "first_error_exits_last" in exc.value.traceback
     assert list(reports.iterdir()) == []
+
+
+def test_reports_dirs_of_ended_launchers_are_swept(tmp_path, monkeypatch):
+    # A launcher killed with SIGKILL leaves its (empty) reports directory; the next launcher of
+    # the host removes it, and never one whose launcher still runs, nor another host's.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host = failures._host()
+    left = tmp_path / f"{failures.REPORTS_PREFIX}{host}-{int(ended.stdout)}-abc"
+    running = tmp_path / f"{failures.REPORTS_PREFIX}{host}-{os.getpid()}-def"
+    elsewhere = tmp_path / f"{failures.REPORTS_PREFIX}otherhost-{int(ended.stdout)}-ghi"
+    for path in (left, running, elsewhere):
+        path.mkdir()
+    (left / "process0.json").write_text("{}")
+    made = failures.make_reports_dir()
+    assert not left.exists() and running.exists() and elsewhere.exists()
+    assert os.path.basename(made).startswith(f"{failures.REPORTS_PREFIX}{host}-{os.getpid()}-")
 
 
 def _failure(rank, time, consequence=False, **kw):

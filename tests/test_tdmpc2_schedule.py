@@ -87,7 +87,7 @@ def test_fresh_run():
     assert [r.step for r in rows if r.log] == [2, 4, 6, 8]
     assert [r.step for r in rows if r.eval] == [4, 8]
     assert [r.step for r in rows if r.checkpoint] == [3, 6, 8]  # and always the last step
-    assert s.counters() == {"updates": 8, "pretrained": True}
+    assert s.counters() == {"updates": 8, "pretrained": True, "micro_due": 0}
 
 
 def test_burst_waits_for_every_rank_to_hold_an_episode():
@@ -131,7 +131,7 @@ def test_resumed_during_seeding_without_buffers_seeds_again():
     assert column(rows, "random") == [True] * 8 + [False] * 2  # steps 7..14 random again
     assert column(rows, "burst") == [None] * 7 + [8, None, None]  # the 8 transitions since the resume
     assert column(rows, "updates") == [0] * 7 + [8, 1, 1]
-    assert s.counters() == {"updates": 10, "pretrained": True}
+    assert s.counters() == {"updates": 10, "pretrained": True, "micro_due": 0}
 
 
 def test_resumed_during_seeding_with_buffers_goes_on_seeding():
@@ -160,7 +160,7 @@ def test_resumed_after_the_burst_without_buffers_refills_with_the_agents_actions
     assert column(rows, "random") == [False] * 6
     assert column(rows, "burst") == [None, None, None, 0, None, None]  # no second burst
     assert column(rows, "updates") == [0, 0, 0, 0, 1, 1]
-    assert s.counters() == {"updates": 11, "pretrained": True}
+    assert s.counters() == {"updates": 11, "pretrained": True, "micro_due": 0}
 
 
 def test_resumed_after_the_burst_with_buffers_updates_at_once():
@@ -174,14 +174,23 @@ def test_resumed_after_the_burst_with_buffers_updates_at_once():
 
 
 def test_resumed_from_its_own_counters_continues_like_an_uninterrupted_run():
-    overrides = ("num_envs=4", "seed_steps=12", "steps=40", "updates_per_step=2", "log_freq=8", "checkpoint_freq=12")
+    # sync_freq=3 with 2 x 2 micro-batches per agent step: one is often owed at a checkpoint
+    overrides = (
+        "num_envs=4",
+        "seed_steps=12",
+        "steps=40",
+        "updates_per_step=2",
+        "sync_freq=3",
+        "log_freq=8",
+        "checkpoint_freq=12",
+    )
     whole = schedule(*overrides, world_size=2)
     expected = drive(whole)
     for k in range(len(expected) + 1):  # checkpoints during seeding, at the burst, after it, at the end
         first = schedule(*overrides, world_size=2)
         rows = drive(first, num_steps=k)
         counters = first.counters()
-        assert set(counters) == {"updates", "pretrained"}  # the keys every checkpoint holds
+        assert set(counters) == {"updates", "pretrained", "micro_due"}  # the keys every checkpoint holds
         # every transition in the buffer: the checkpoint fell at episode ends
         resumed = schedule(*overrides, world_size=2, step=first.step, counters=counters, restored=first.local_steps)
         assert rows + drive(resumed) == expected, k

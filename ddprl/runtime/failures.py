@@ -17,8 +17,12 @@ compares processes of its own machine.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
+import shutil
+import socket
+import tempfile
 import time
 import traceback
 
@@ -38,6 +42,43 @@ PEER_FAILURE_TEXT = (
     "timed out",
     "Timed out",
 )
+
+
+REPORTS_PREFIX = "ddprl-failures-"
+
+
+def make_reports_dir() -> str:
+    """A new directory for one job's reports, named after this host and launcher process.
+
+    The launcher removes it when the job ends; a launcher killed with SIGKILL cannot, so each
+    new one first removes those left by launchers of this host that no longer run.
+    """
+    sweep_reports_dirs()
+    return tempfile.mkdtemp(prefix=f"{REPORTS_PREFIX}{_host()}-{os.getpid()}-")
+
+
+def sweep_reports_dirs(tmp: str | None = None) -> None:
+    """Remove report directories of this host whose launcher process has ended."""
+    pattern = os.path.join(tmp or tempfile.gettempdir(), f"{REPORTS_PREFIX}{_host()}-*-*")
+    for path in glob.glob(pattern):
+        pid = os.path.basename(path)[len(REPORTS_PREFIX) + len(_host()) + 1 :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)  # another user's: not ours to remove, and we cannot
+
+
+def _host() -> str:
+    # A /tmp shared by several hosts must not lose a live job's reports to another host's sweep.
+    return socket.gethostname().replace("-", "_")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 @dataclasses.dataclass(frozen=True)

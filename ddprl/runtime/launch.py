@@ -17,7 +17,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -225,7 +224,7 @@ def spawn(child: Callable[..., None], args: tuple, nprocs: int, stop_grace_s: fl
     (preempted, saved) and one with 75, ``SystemExit(75)``. A SIGTERM or SIGUSR1 sent to this
     process is passed on to every child, which stop together at a step boundary with a checkpoint.
     """
-    reports = tempfile.mkdtemp(prefix="ddprl-failures-")
+    reports = failures.make_reports_dir()
     previous: dict[int, Any] = {}
     try:
         context = mp.start_processes(

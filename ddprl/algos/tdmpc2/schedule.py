@@ -104,6 +104,10 @@ class Schedule:
         else:
             s.local_steps = restored  # the burst, if still owed, counts them
             s.learning = s.pretrained
+            # Micro-batches owed under sync_freq > 1 (fewer than sync_freq; none were drawn yet):
+            # owed still, so that the resumed run makes the optimizer steps the whole run makes.
+            # Checkpoints from before this key owe none.
+            s.micro_due = counters.get("micro_due", 0) if s.learning else 0
         # After the burst the agent acts (also while refilling); before it, seeding goes on
         # (buffers back) or starts over (refilling).
         s.random_until = step if s.pretrained else s.learn_from
@@ -162,6 +166,6 @@ class Schedule:
         return crossed(self.step, self.num_envs, self.checkpoint_freq) or self.done
 
     def counters(self) -> dict[str, Any]:
-        """What a checkpoint keeps; :meth:`for_run` takes it back. Micro-batches still owed
-        (fewer than ``sync_freq``) are not kept: a resumed run starts owing none."""
-        return {"updates": self.updates, "pretrained": self.pretrained}
+        """What a checkpoint keeps; :meth:`for_run` takes it back. The micro-batches still owed
+        count only when the replay buffers come back: refilling owes none."""
+        return {"updates": self.updates, "pretrained": self.pretrained, "micro_due": self.micro_due}
