@@ -10,6 +10,27 @@ its ``metrics.jsonl`` and ``config.yaml`` are kept under ``benchmarks/results/ru
 ``summary.json`` beside them holds what the page shows: per seed the evaluation return at the
 reference's step count, the best and the final one, the wall time and the machine. The page is
 built only from those files, so its numbers are the ones the runs printed.
+
+Peer rows (``jax-cartpole``, ``jax-acrobot``) run another library here, on the same machine:
+per seed, PureJaxRL's own PPO, then ddprl ``engine=jax`` (2 simulated CPU devices), then ddprl
+``engine=torch`` (2 ranks), all with the hyperparameters of PureJaxRL's ``ppo.py``. PureJaxRL
+is not part of ddprl: it is imported from a checkout you make, and runs in an environment of
+its own (flax, distrax, ...) through ``purejaxrl_ppo.py`` beside this file::
+
+    git clone https://github.com/luchris429/purejaxrl purejaxrl
+    git -C purejaxrl checkout 31756b197773a52db763fdbe6d635e4b46522a73
+    python3.11 -m venv purejaxrl-venv
+    purejaxrl-venv/bin/pip install jax==0.10.2 jaxlib==0.10.2 gymnax==1.0.1 flax==0.12.8 distrax==0.1.9 \
+        tfp-nightly==0.26.0.dev20261027 optax==0.2.8 chex==0.1.92 brax==0.14.2 mujoco==3.17.0 \
+        mujoco-mjx==3.17.0 navix==0.7.4
+    python benchmarks/results/run.py jax-cartpole --purejaxrl purejaxrl \
+        --purejaxrl-python purejaxrl-venv/bin/python [--seeds 3]
+    python benchmarks/results/run.py jax-cartpole ... --seeds 1 --steps 20480 --runs /tmp/smoke   # a smoke run
+
+Their runs are kept as ``runs/<row>/{purejaxrl,jax,torch}-seed<K>/`` (PureJaxRL's curve converted
+to ddprl's ``metrics.jsonl``, so ``ddprl plot`` draws all three), and the page sets the three
+training-episode returns side by side with each one's wall time (compile and training apart).
+``--runs DIR`` keeps runs, page and PNGs under DIR instead of the repository (smoke runs).
 """
 
 from __future__ import annotations
@@ -165,6 +186,155 @@ SUPERVISED_ROWS: dict[str, SupervisedRow] = {
     ),
 }
 COMMON = ("progress=false", "checkpoint_freq=0", "keep_last=1")
+
+
+# -- peer rows: ddprl's two engines beside PureJaxRL's PPO, all three run here ---------------------
+PUREJAXRL_REPO = "https://github.com/luchris429/purejaxrl"
+PUREJAXRL_COMMIT = "31756b197773a52db763fdbe6d635e4b46522a73"  # 2024-09-09, the newest when this was written
+PUREJAXRL_CLONE = f"git clone {PUREJAXRL_REPO} purejaxrl && git -C purejaxrl checkout {PUREJAXRL_COMMIT}"
+# The separate environment PureJaxRL runs in: its ppo.py imports flax, distrax and its own
+# wrappers.py, which imports brax and navix. The same jax and gymnax as ddprl's jax extra.
+PUREJAXRL_VENV = (
+    "python3.11 -m venv purejaxrl-venv && purejaxrl-venv/bin/pip install jax==0.10.2 jaxlib==0.10.2 "
+    "gymnax==1.0.1 flax==0.12.8 distrax==0.1.9 tfp-nightly==0.26.0.dev20261027 optax==0.2.8 chex==0.1.92 "
+    "brax==0.14.2 mujoco==3.17.0 mujoco-mjx==3.17.0 navix==0.7.4"
+)
+# purejaxrl/ppo.py's own configuration (its __main__), ENV_NAME set per row. TOTAL_TIMESTEPS is
+# its 5e5 written as an integer: the number of updates, 976, is the same.
+PUREJAXRL_PPO = {
+    "LR": 2.5e-4,
+    "NUM_ENVS": 4,
+    "NUM_STEPS": 128,
+    "TOTAL_TIMESTEPS": 500_000,
+    "UPDATE_EPOCHS": 4,
+    "NUM_MINIBATCHES": 4,
+    "GAMMA": 0.99,
+    "GAE_LAMBDA": 0.95,
+    "CLIP_EPS": 0.2,
+    "ENT_COEF": 0.01,
+    "VF_COEF": 0.5,
+    "MAX_GRAD_NORM": 0.5,
+    "ACTIVATION": "tanh",
+    "ANNEAL_LR": True,
+    "DEBUG": False,  # its __main__ says True: a host callback printing every episode, not timed here
+}
+PEER_DEVICES = 2  # ddprl's JAX engine on 2 simulated CPU devices, its torch engine on 2 ranks
+PEER_EVAL_FREQ = 50_000  # ddprl's greedy evaluations (10 episodes), outside the training time
+IMPLS = {
+    "purejaxrl": "PureJaxRL here",
+    "jax": f"ddprl jax ({PEER_DEVICES} devices)",
+    "torch": f"ddprl torch ({PEER_DEVICES} ranks)",
+}
+
+
+def ddprl_ppo_keys(config: dict) -> tuple[str, ...]:
+    """PureJaxRL's PPO ``config`` as ddprl's keys, for either engine on PEER_DEVICES devices or ranks.
+
+    ``num_envs`` is global in ddprl and ``batch_size`` per device or rank, so PureJaxRL's
+    minibatch (NUM_ENVS x NUM_STEPS / NUM_MINIBATCHES samples) is ``batch_size`` x devices and
+    each device cuts its share of the rollout into NUM_MINIBATCHES minibatches. PureJaxRL rounds
+    TOTAL_TIMESTEPS down to whole updates, ddprl rounds ``steps`` up: ``steps`` is given as the
+    whole updates, so that both run as many and anneal the learning rate over the same count.
+    """
+    if config["ACTIVATION"] != "tanh":
+        raise ValueError("ddprl's mlp policy is tanh: a relu config has no ddprl counterpart")
+    rollout = config["NUM_ENVS"] * config["NUM_STEPS"]
+    minibatch, rest = divmod(rollout, config["NUM_MINIBATCHES"])
+    if rest or minibatch % PEER_DEVICES or config["NUM_ENVS"] % PEER_DEVICES:
+        raise ValueError(f"{config}: the envs and minibatches do not split over {PEER_DEVICES} devices")
+    updates = int(config["TOTAL_TIMESTEPS"]) // rollout
+    flag = {True: "true", False: "false"}
+    return (
+        "algo=ppo",
+        f"steps={updates * rollout}",
+        f"num_envs={config['NUM_ENVS']}",
+        f"n_steps={config['NUM_STEPS']}",
+        f"batch_size={minibatch // PEER_DEVICES}",
+        "sync_freq=1",  # one gradient average and optimizer step per minibatch
+        f"epochs={config['UPDATE_EPOCHS']}",
+        f"lr={config['LR']}",
+        f"anneal_lr={flag[config['ANNEAL_LR']]}",  # both: lr x (1 - update / updates) in update i
+        f"gamma={config['GAMMA']}",
+        f"gae_lambda={config['GAE_LAMBDA']}",
+        f"clip_coef={config['CLIP_EPS']}",
+        "clip_vloss=true",  # ppo.py clips the value loss (max form) with CLIP_EPS, as ddprl does
+        f"vf_coef={config['VF_COEF']}",  # both weigh 0.5 x the squared error by it
+        f"ent_coef={config['ENT_COEF']}",
+        f"max_grad_norm={config['MAX_GRAD_NORM']}",
+        "target_kl=null",
+        "norm_adv=true",  # ppo.py normalises per minibatch, ddprl over the whole rollout: PEER_NOTES
+        "norm_obs=false",
+        "norm_reward=false",
+        "policy=mlp",  # separate tanh actor and critic, orthogonal init (sqrt 2, 0.01, 1), as ppo.py
+        "hidden_sizes=[64,64]",
+        f"eval_freq={PEER_EVAL_FREQ}",
+        "eval_episodes=10",
+        "eval_deterministic=true",
+    )
+
+
+@dataclass(frozen=True)
+class PeerRow:
+    """PureJaxRL's PPO and ddprl's two engines, each run here with PureJaxRL's hyperparameters
+    (PUREJAXRL_PPO); the number compared is the training episodes' return, what PureJaxRL logs."""
+
+    title: str
+    task: str  # gymnax id: PureJaxRL's ENV_NAME and ddprl jax's task=gymnax/<id>
+    torch_task: str  # the same task in Gymnasium, for ddprl's torch engine
+    note: str = ""
+
+    def config(self, steps: int | None = None) -> dict:
+        """PureJaxRL's config of this row (``steps``: a shorter TOTAL_TIMESTEPS, for a smoke run)."""
+        return {**PUREJAXRL_PPO, "ENV_NAME": self.task, **({"TOTAL_TIMESTEPS": steps} if steps else {})}
+
+    def keys(self, impl: str, steps: int | None = None) -> tuple[str, ...]:
+        """The ``ddprl train`` keys of the ``jax`` or ``torch`` run."""
+        if impl == "jax":
+            engine = ("engine=jax", f"devices={PEER_DEVICES}", f"task=gymnax/{self.task}")
+        else:
+            engine = ("engine=torch", f"world_size={PEER_DEVICES}", f"task={self.torch_task}")
+        return engine + ddprl_ppo_keys(self.config(steps))
+
+    def command(self) -> str:
+        return "ddprl train " + " ".join(self.keys("jax"))
+
+
+PEER_ROWS: dict[str, PeerRow] = {
+    "jax-cartpole": PeerRow("PPO, CartPole-v1", "CartPole-v1", "CartPole-v1"),
+    "jax-acrobot": PeerRow(
+        "PPO, Acrobot-v1",
+        "Acrobot-v1",
+        "Acrobot-v1",
+        note="ppo.py's configuration is CartPole's; PureJaxRL publishes no Acrobot one, so this row runs "
+        "the same values on Acrobot (ddprl's Acrobot-v1 preset is overridden key by key).",
+    ),
+}
+# What differs between the three runs of a peer row, and why it stays (the page shows these).
+PEER_NOTES = (
+    "Advantages: PureJaxRL normalises them in each minibatch of 128 (its loss function), ddprl "
+    "once over the whole rollout of every device (`norm_adv=true`); ddprl has no per-minibatch option.",
+    "Time limits: PureJaxRL's `done` ends an episode at gymnax's 500-step limit like a termination "
+    "(no bootstrap: the value target past it is 0); ddprl bootstraps a truncated episode from the "
+    "value of its last observation. ddprl has no key to treat truncation as termination.",
+    "Minibatches: PureJaxRL shuffles the whole rollout of 512 samples; ddprl's devices (ranks) each "
+    "shuffle their own 256 and average the gradients of their 64-sample halves, which is the "
+    "gradient of a 128-sample minibatch drawn half from each device's environments.",
+    "Environments: PureJaxRL and ddprl jax step gymnax 1.0.1's CartPole-v1 and Acrobot-v1; ddprl torch "
+    "steps Gymnasium's (the tasks gymnax ports, float64 physics). gymnax 1.0 returns terminated and "
+    "truncated apart, PureJaxRL (written for gymnax < 1.0) reads one `done`: the runner hands it "
+    "`terminated | truncated` through an adapter around `gymnax.make` (purejaxrl_ppo.py), its code unchanged.",
+    "Metric: PureJaxRL's curve is its `returned_episode_returns` where `returned_episode`, the mean "
+    "of the episodes that ended in each update, as ddprl's `train/episode_return`. (PureJaxRL's own plots "
+    "average `returned_episode_returns` over every step and env, which repeats each env's last finished "
+    "episode until its next one ends: smoother, and late by an episode.)",
+    "Randomness: seed K is `jax.random.PRNGKey(K)` for PureJaxRL and ddprl's `seed=K`; the streams "
+    "differ, so the seeds are three draws each, not the same three runs.",
+    "Timing: PureJaxRL's training is one compiled call (compile timed apart with `jax.jit(...).lower()"
+    ".compile()`), with no evaluation and no logging on the way; ddprl's training time is the sum of "
+    "its iterations' times (rollout and update), its evaluations and logging outside it. ddprl jax "
+    "runs on 2 simulated CPU devices (`XLA_FLAGS=--xla_force_host_platform_device_count=2`), "
+    "PureJaxRL on one; both `JAX_PLATFORMS=cpu`.",
+)
 NOT_YET = [
     "",
     "## Not reproduced yet",
@@ -176,8 +346,14 @@ NOT_YET = [
     "- QMIX on EPyMARL's protocol (2M environment steps, 100 greedy test episodes every 50k)",
     "  against Papoudakis et al. 2021 (arXiv 2006.07869): docs/benchmarks.md has the 200k-step",
     "  comparison with EPyMARL run on the same machine.",
-    "- The JAX engine against PureJaxRL, and TD-MPC2 at 100k environment steps against the",
-    "  official per-task results: docs/benchmarks.md has the measurements made so far.",
+    "- PureJaxRL's MinAtar PPO (Breakout-MinAtar, SpaceInvaders-MinAtar; the configuration of its",
+    "  `examples/brax_minatar.ipynb`: 64 envs x 128 steps, 8 minibatches, lr 5e-3, relu, 1e7 steps), not run:",
+    "  measured from 20-update runs on the 2-core machine while other jobs loaded it (load average",
+    "  about 5), about 6.5 min (Breakout) and 8.5 min (SpaceInvaders) per seed for PureJaxRL and",
+    "  5 and 4 min for ddprl jax on 2 devices, plus 10-13 s of compile. ddprl's torch engine has no",
+    "  MinAtar environment, and ddprl's JAX policy is a tanh MLP where that configuration uses relu.",
+    "- TD-MPC2 at 100k environment steps against the official per-task results: docs/benchmarks.md",
+    "  has the measurements made so far.",
 ]
 
 
@@ -264,6 +440,24 @@ def measure(metrics: Path, ref: Reference) -> float | None:
     return at_steps(curve(metrics, ref.metric), ref.steps)
 
 
+def train_and_keep(keys: tuple[str, ...], seed: int, keep: Path, what: str, env: dict | None = None) -> float:
+    """``ddprl train KEYS seed=SEED`` in a scratch directory; its metrics.jsonl and config.yaml
+    copied to ``keep``. Returns the wall time of the whole command (start-up included)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        run_dir = Path(scratch) / "run"
+        cmd = [sys.executable, "-m", "ddprl", "train", *keys, *COMMON, f"seed={seed}", f"run_dir={run_dir}"]
+        print("$", " ".join(cmd[2:]), flush=True)
+        start = time.time()
+        env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "disable"), **(env or {})}
+        proc = subprocess.run(cmd, cwd=ROOT, env=env)
+        if proc.returncode != 0:
+            raise SystemExit(f"{what}: ddprl train exited {proc.returncode}")
+        keep.mkdir(parents=True, exist_ok=True)
+        for file in ("metrics.jsonl", "config.yaml"):
+            shutil.copy(run_dir / file, keep / file)
+    return round(time.time() - start, 1)
+
+
 def run_row(name: str, seeds: int) -> dict:
     from machine import cpu_model
 
@@ -271,21 +465,8 @@ def run_row(name: str, seeds: int) -> dict:
     out = RUNS / name
     results = []
     for seed in range(1, seeds + 1):
-        with tempfile.TemporaryDirectory() as scratch:
-            run_dir = Path(scratch) / "run"
-            cmd = [sys.executable, "-m", "ddprl", "train", *row.keys, *COMMON, f"seed={seed}", f"run_dir={run_dir}"]
-            print("$", " ".join(cmd[2:]), flush=True)
-            start = time.time()
-            proc = subprocess.run(
-                cmd, cwd=ROOT, env={**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "disable")}
-            )
-            if proc.returncode != 0:
-                raise SystemExit(f"{name} seed {seed}: ddprl train exited {proc.returncode}")
-            keep = out / f"seed{seed}"
-            keep.mkdir(parents=True, exist_ok=True)
-            for file in ("metrics.jsonl", "config.yaml"):
-                shutil.copy(run_dir / file, keep / file)
-        wall = round(time.time() - start, 1)
+        keep = out / f"seed{seed}"
+        wall = train_and_keep(row.keys, seed, keep, f"{name} seed {seed}")
         if isinstance(row, SupervisedRow):
             final = json.loads((keep / "metrics.jsonl").read_text().splitlines()[-1])
             results.append(
@@ -312,6 +493,105 @@ def run_row(name: str, seeds: int) -> dict:
     summary = {
         "row": name,
         "command": row.command(),
+        "machine": f"{cpu_model()}, {os.cpu_count()} cores",
+        "date": time.strftime("%Y-%m-%d"),
+        "seeds": results,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def check_purejaxrl(checkout: Path, python: str | None) -> None:
+    """Refuse a checkout at another commit than PUREJAXRL_COMMIT, or no python to run it with."""
+    if not python or not Path(python).exists():
+        raise SystemExit(
+            f"peer rows run PureJaxRL with the python of its own environment: --purejaxrl-python PATH "
+            f"(or PUREJAXRL_PYTHON); make one with: {PUREJAXRL_VENV}"
+        )
+    head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0 or head.stdout.strip() != PUREJAXRL_COMMIT:
+        found = head.stdout.strip() or "no git checkout"
+        raise SystemExit(f"--purejaxrl {checkout}: {found}, not PureJaxRL at {PUREJAXRL_COMMIT}; {PUREJAXRL_CLONE}")
+
+
+def jax_env(devices: int) -> dict[str, str]:
+    """The environment of a JAX process on the CPU with ``devices`` simulated devices (XLA reads
+    the flag when JAX starts, so it is set for the child)."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
+    if devices > 1:
+        flags.append(f"--xla_force_host_platform_device_count={devices}")
+    return {"XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"}
+
+
+def run_purejaxrl(config: dict, seed: int, keep: Path, checkout: Path, python: str) -> float:
+    """PureJaxRL's ``make_train(config)`` with PRNGKey(seed), in its own environment; its
+    metrics.jsonl and result.json kept under ``keep``. Returns the command's wall time."""
+    cmd = [python, str(HERE / "purejaxrl_ppo.py"), "--purejaxrl", str(checkout), "--seed", str(seed)]
+    cmd += ["--out", str(keep), "--config", json.dumps(config)]
+    print("$ purejaxrl_ppo.py --seed", seed, json.dumps(config), flush=True)
+    start = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **jax_env(1)})
+    if proc.returncode != 0:
+        raise SystemExit(f"PureJaxRL seed {seed}: exited {proc.returncode}")
+    return round(time.time() - start, 1)
+
+
+def peer_measures(keep: Path, impl: str, wall: float, steps: int) -> dict:
+    """One run's numbers for the page: the training episodes' return over the last 5 % of
+    ``steps``, ddprl's last greedy evaluation, and its times (end to end, compile, training)."""
+    rows = [json.loads(line) for line in (keep / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    if impl == "purejaxrl":
+        result = json.loads((keep / "result.json").read_text())
+        compile_s, train_s = result["compile_s"], result["train_s"]
+    elif impl == "jax":
+        compile_s, train_s = rows[0].get("time/compile_s"), sum(r["time/iteration_s"] for r in rows)
+    else:  # the torch engine compiles nothing here (compile=false)
+        compile_s, train_s = None, sum(r["time/rollout_s"] + r["time/update_s"] for r in rows)
+    evals = curve(keep / "metrics.jsonl")
+    return {
+        "wall_s": wall,
+        "compile_s": None if compile_s is None else round(compile_s, 1),
+        "train_s": round(train_s, 1),
+        "train_return": window_mean(curve(keep / "metrics.jsonl", TRAIN), steps),
+        "eval_return": evals[-1][1] if evals else None,
+        "final_step": rows[-1]["step"],
+    }
+
+
+def run_peer_row(name: str, seeds: int, checkout: Path, python: str | None, steps: int | None = None) -> dict:
+    """Each seed: PureJaxRL, then ddprl jax, then ddprl torch, one at a time on this machine."""
+    from machine import cpu_model
+
+    check_purejaxrl(checkout, python)
+    row = PEER_ROWS[name]
+    config = row.config(steps)
+    rollout = config["NUM_ENVS"] * config["NUM_STEPS"]
+    budget = int(config["TOTAL_TIMESTEPS"]) // rollout * rollout  # whole updates, for every run
+    out = RUNS / name
+    results = []
+    for seed in range(1, seeds + 1):
+        result: dict = {"seed": seed}
+        keep = out / f"purejaxrl-seed{seed}"
+        wall = run_purejaxrl(config, seed, keep, checkout, python)
+        result["purejaxrl"] = peer_measures(keep, "purejaxrl", wall, budget)
+        for impl in ("jax", "torch"):
+            keep = out / f"{impl}-seed{seed}"
+            env = jax_env(PEER_DEVICES) if impl == "jax" else {}
+            wall = train_and_keep(row.keys(impl, steps), seed, keep, f"{name} {impl} seed {seed}", env)
+            result[impl] = peer_measures(keep, impl, wall, budget)
+        results.append(result)
+        print(f"{name} seed {seed}: {result}", flush=True)
+    versions = json.loads((out / "purejaxrl-seed1" / "result.json").read_text())["versions"]
+    summary = {
+        "row": name,
+        "steps": budget,
+        "commands": {
+            "jax": f"XLA_FLAGS=--xla_force_host_platform_device_count={PEER_DEVICES} JAX_PLATFORMS=cpu "
+            + "ddprl train "
+            + " ".join(row.keys("jax", steps)),
+            "torch": "ddprl train " + " ".join(row.keys("torch", steps)),
+        },
+        "purejaxrl": {"commit": PUREJAXRL_COMMIT, "config": config, "versions": versions},
         "machine": f"{cpu_model()}, {os.cpu_count()} cores",
         "date": time.strftime("%Y-%m-%d"),
         "seeds": results,
@@ -419,7 +699,156 @@ def page() -> str:
         if row.note:
             details.append(f"- {row.note}")
         details += ["", f"![{row.title}]({image})", ""]
-    return "\n".join(lines + supervised_table() + NOT_YET + ["", "## Rows", ""] + details) + "\n"
+    peer_lines, peer_details = peer_section()
+    return (
+        "\n".join(lines + supervised_table() + peer_lines + NOT_YET + ["", "## Rows", ""] + details + peer_details)
+        + "\n"
+    )
+
+
+def binned_mean(records: list[dict], key: str, width: float) -> dict[int, float]:
+    """``{bin: mean}`` of ``key`` over the records whose step falls in each ``width``-step bin."""
+    bins: dict[int, list[float]] = {}
+    for r in records:
+        if key in r:
+            bins.setdefault(int((r["step"] - 1) // width), []).append(r[key])
+    return {b: statistics.mean(values) for b, values in bins.items()}
+
+
+def draw_peer(name: str, row: PeerRow, seeds: list[int], steps: int) -> Path:
+    """The training episodes' return of every run of a peer row against steps: one colour per
+    implementation, each seed's curve faint, and bold the mean over seeds of 2 %-of-the-steps
+    bins (one update's value is the mean of the few episodes that ended in it: noisy)."""
+    from ddprl.plot import figure, load_runs
+
+    runs = load_runs([RUNS / name / f"{impl}-seed{seed}" for impl in IMPLS for seed in seeds])
+    fig = figure(runs, [TRAIN])
+    ax = fig.axes[0]
+    colours = {impl: f"C{i}" for i, impl in enumerate(IMPLS)}
+    for line in ax.get_lines():  # labelled by run directory: <impl>-seed<K>
+        line.set_color(colours[line.get_label().rsplit("-seed", 1)[0]])
+        line.set_linewidth(0.6)
+        line.set_alpha(0.35)
+    fig.legends.clear()  # figure()'s legend names each run; one entry per implementation instead
+    width = steps / 50
+    handles = []
+    for impl in IMPLS:
+        per_seed = [binned_mean(runs[f"{impl}-seed{seed}"], TRAIN, width) for seed in seeds]
+        common = sorted(set.intersection(*(set(b) for b in per_seed)))
+        mean = [statistics.mean(b[i] for b in per_seed) for i in common]
+        handles += ax.plot([(i + 0.5) * width for i in common], mean, color=colours[impl], linewidth=2)
+    ax.legend(handles, list(IMPLS.values()), loc="lower right", fontsize=8)
+    ax.set_title(f"{row.title}: {METRIC_NAMES[TRAIN]}, {len(seeds)} seed(s) each", fontsize=10)
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    path = IMAGES / f"{name}.png"
+    fig.savefig(path, dpi=90)
+    return path
+
+
+def across(seeds: list[dict], impl: str, key: str) -> list[float]:
+    """``key`` of ``impl``'s run of every seed of a peer row's summary, where it has one."""
+    return [s[impl][key] for s in seeds if s[impl][key] is not None]
+
+
+def seconds(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
+
+
+def wall_cell(runs: list[dict]) -> str:
+    """Mean end-to-end seconds per seed, with the compile and the training alone after it."""
+    wall = statistics.mean(r["wall_s"] for r in runs)
+    compiles = [r["compile_s"] for r in runs if r["compile_s"] is not None]
+    compiled = f"compile {seconds(statistics.mean(compiles))}, " if compiles else ""
+    return f"{seconds(wall)} ({compiled}training {seconds(statistics.mean(r['train_s'] for r in runs))})"
+
+
+def peer_section() -> tuple[list[str], list[str]]:
+    """The page's section on the peer rows (a table and the shared notes), and their details."""
+    lines = [
+        "",
+        "## The JAX engine against PureJaxRL, on the same CPU",
+        "",
+        f"PureJaxRL's PPO ({PUREJAXRL_REPO}, `purejaxrl/ppo.py` at commit `{PUREJAXRL_COMMIT[:7]}`), run",
+        "here beside ddprl's two engines, all three with the hyperparameters of that file's own",
+        "configuration. Each cell is the mean return of the training episodes (sampled actions) over",
+        "the last 5 % of the steps, what PureJaxRL logs; ddprl's greedy evaluation (10 episodes) at",
+        "the end is its own column. Wall time per seed: end to end (start-up, compile, evaluations),",
+        "then the compile and the training alone. One run at a time, same machine.",
+        "",
+        "| task | steps | PureJaxRL here | ddprl jax (2 devices) | ddprl torch (2 ranks) "
+        "| ddprl greedy eval at the end: jax / torch | wall time per seed: PureJaxRL / jax / torch | seeds | curve |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    details = []
+    for name, row in PEER_ROWS.items():
+        summary_path = RUNS / name / "summary.json"
+        if not summary_path.exists():
+            steps = ddprl_ppo_keys(row.config())[1].split("=")[1]
+            lines.append(
+                f"| {row.title} | {int(steps):,} | not run yet (`run.py {name} --purejaxrl DIR`) | | | | | | |"
+            )
+            continue
+        summary = json.loads(summary_path.read_text())
+        seeds = summary["seeds"]
+        image = draw_peer(name, row, [s["seed"] for s in seeds], summary["steps"]).relative_to(PAGE.parent)
+        cells = [mean_std(across(seeds, impl, "train_return")) for impl in IMPLS]
+        evals = " / ".join(mean_std(across(seeds, impl, "eval_return")) for impl in ("jax", "torch"))
+        walls = " / ".join(wall_cell([s[impl] for s in seeds]) for impl in IMPLS)
+        lines.append(
+            f"| {row.title} | {summary['steps']:,} | {' | '.join(cells)} | {evals} | {walls} | {len(seeds)} "
+            f"| [png]({image}) |"
+        )
+        pj = summary["purejaxrl"]
+        details += [
+            f"### {row.title}: ddprl against PureJaxRL",
+            "",
+            f"- PureJaxRL: `{PUREJAXRL_CLONE}`, then `python benchmarks/results/run.py {name} --purejaxrl purejaxrl "
+            "--purejaxrl-python purejaxrl-venv/bin/python`; its environment: "
+            + ", ".join(f"{k} {v}" for k, v in pj["versions"].items()),
+            f"- PureJaxRL's config: `{json.dumps(pj['config'])}`",
+            *(f"- ddprl {impl}: `{command}` (+ `seed=K`)" for impl, command in summary["commands"].items()),
+            f"- machine: {summary['machine']}, {summary['date']}",
+            "- per seed (training episodes' return over the last 5 % / greedy eval at the end / time: "
+            "end to end, compile, training): "
+            + "; ".join(
+                f"seed {s['seed']}: "
+                + ", ".join(
+                    f"{impl} {fmt(s[impl]['train_return'])} / {fmt(s[impl]['eval_return'])} / "
+                    f"{seconds(s[impl]['wall_s'])}, {seconds(s[impl]['compile_s'])}, {seconds(s[impl]['train_s'])}"
+                    for impl in IMPLS
+                )
+                for s in seeds
+            ),
+        ]
+        if row.note:
+            details.append(f"- {row.note}")
+        details += ["", f"![{row.title}: ddprl against PureJaxRL]({image})", ""]
+    lines += [
+        "",
+        "To run them (PureJaxRL from its own checkout, in an environment of its own; ddprl never imports it):",
+        "",
+        "```bash",
+        *PUREJAXRL_CLONE.split(" && "),
+        PUREJAXRL_VENV.split(" && ")[0],
+        PUREJAXRL_VENV.split(" && ")[1],
+        *(
+            f"python benchmarks/results/run.py {name} --purejaxrl purejaxrl "
+            "--purejaxrl-python purejaxrl-venv/bin/python --seeds 3"
+            for name in PEER_ROWS
+        ),
+        "```",
+        "",
+        "How PureJaxRL's configuration maps onto ddprl's keys: `num_envs` is global (4), `batch_size` is",
+        f"per device or rank ({PEER_DEVICES} x 64 = PureJaxRL's minibatch of 128, 4 optimizer steps per",
+        "epoch), `steps` is PureJaxRL's 976 whole updates of 512 steps (it rounds 500k down, ddprl would",
+        "round up), and the other keys carry its values (`ddprl_ppo_keys` in benchmarks/results/run.py).",
+        "What still differs:",
+        "",
+        *(f"- {note}" for note in PEER_NOTES),
+    ]
+    return lines, details
 
 
 def supervised_table() -> list[str]:
@@ -459,21 +888,40 @@ def supervised_table() -> list[str]:
 
 
 def main() -> int:
+    global RUNS, PAGE, IMAGES
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("row", nargs="?", choices=sorted({**ROWS, **SUPERVISED_ROWS}))
+    parser.add_argument("row", nargs="?", choices=sorted({**ROWS, **SUPERVISED_ROWS, **PEER_ROWS}))
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--page", action="store_true", help="rebuild docs/results.md from the kept runs")
     parser.add_argument("--list", action="store_true")
+    parser.add_argument("--purejaxrl", type=Path, help=f"peer rows: a checkout of PureJaxRL ({PUREJAXRL_CLONE})")
+    parser.add_argument(
+        "--purejaxrl-python",
+        default=os.environ.get("PUREJAXRL_PYTHON"),
+        help="peer rows: the python of PureJaxRL's own environment (default: $PUREJAXRL_PYTHON)",
+    )
+    parser.add_argument("--steps", type=int, help="peer rows: a shorter budget (PureJaxRL's TOTAL_TIMESTEPS)")
+    parser.add_argument(
+        "--runs", type=Path, help="keep the runs, the page and its PNGs under this folder instead (smoke runs)"
+    )
     args = parser.parse_args()
+    if args.runs:
+        RUNS, PAGE, IMAGES = args.runs, args.runs / "results.md", args.runs / "results"
     if args.list:
-        for name, row in {**ROWS, **SUPERVISED_ROWS}.items():
+        for name, row in {**ROWS, **SUPERVISED_ROWS, **PEER_ROWS}.items():
             print(f"{name:26s} {row.command()}")
         return 0
-    if args.row:
+    if args.row in PEER_ROWS:
+        if args.purejaxrl is None:
+            parser.error(f"{args.row} runs PureJaxRL too: --purejaxrl DIR, a checkout made with {PUREJAXRL_CLONE}")
+        run_peer_row(args.row, args.seeds, args.purejaxrl.resolve(), args.purejaxrl_python, args.steps)
+    elif args.steps:
+        parser.error("--steps shortens peer rows only")
+    elif args.row:
         run_row(args.row, args.seeds)
     if args.page or args.row:
         PAGE.write_text(page())
-        print(f"wrote {PAGE.relative_to(ROOT)}")
+        print(f"wrote {PAGE}")
     if not (args.row or args.page):
         parser.error("name a ROW, or --page, or --list")
     return 0

@@ -1,0 +1,104 @@
+"""The results harness's peer rows (benchmarks/results/run.py): PureJaxRL's PPO configuration maps
+onto ddprl keys that resolve to the same sizes on both engines, and PureJaxRL's per-step logs become
+ddprl's metrics rows. Nothing here runs PureJaxRL or trains."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ddprl.config import load_config
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
+
+def load(name: str):
+    sys.path.insert(0, str(RESULTS.parent))  # run.py imports benchmarks/machine.py
+    spec = importlib.util.spec_from_file_location(f"results_{name}", RESULTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def run():
+    return load("run")
+
+
+@pytest.mark.parametrize("row", ["jax-cartpole", "jax-acrobot"])
+@pytest.mark.parametrize("impl", ["jax", "torch"])
+def test_keys_resolve_to_purejaxrl_sizes(run, row, impl):
+    peer = run.PEER_ROWS[row]
+    config = peer.config()
+    cfg = load_config(list(peer.keys(impl)))
+    assert cfg.engine == impl
+    devices = cfg.devices if impl == "jax" else cfg.world_size
+    assert devices == run.PEER_DEVICES
+    rollout = cfg.num_envs * cfg.n_steps  # num_envs is global
+    assert rollout == config["NUM_ENVS"] * config["NUM_STEPS"] == 512
+    assert cfg.steps // rollout == int(config["TOTAL_TIMESTEPS"]) // rollout == 976  # same updates, same anneal
+    assert cfg.steps % rollout == 0
+    # the global minibatch and the optimizer steps per epoch are PureJaxRL's
+    assert cfg.effective_batch_size(devices) == rollout // config["NUM_MINIBATCHES"] == 128
+    assert (rollout // devices) // cfg.batch_size == config["NUM_MINIBATCHES"]
+    expected = {
+        "epochs": config["UPDATE_EPOCHS"],
+        "lr": config["LR"],
+        "anneal_lr": config["ANNEAL_LR"],
+        "gamma": config["GAMMA"],
+        "gae_lambda": config["GAE_LAMBDA"],
+        "clip_coef": config["CLIP_EPS"],
+        "clip_vloss": True,
+        "vf_coef": config["VF_COEF"],
+        "ent_coef": config["ENT_COEF"],
+        "max_grad_norm": config["MAX_GRAD_NORM"],
+        "norm_adv": True,
+        "norm_obs": False,
+        "norm_reward": False,
+        "target_kl": None,
+        "hidden_sizes": [64, 64],
+        "policy": "mlp",
+    }
+    assert {k: getattr(cfg, k) for k in expected} == expected
+    # no training value left to a task preset (Acrobot-v1 has one for the torch engine)
+    assert [k for k, source in cfg.sources.items() if source == "task preset"] in ([], ["checkpoint_freq"])
+
+
+def test_relu_has_no_ddprl_counterpart(run):
+    with pytest.raises(ValueError, match="tanh"):
+        run.ddprl_ppo_keys({**run.PUREJAXRL_PPO, "ACTIVATION": "relu"})
+
+
+def test_purejaxrl_curve_rows():
+    driver = load("purejaxrl_ppo")
+    # 3 updates x 2 steps x 2 envs: update 0 ends episodes of 10 and 20, update 1 none, update 2 one of 5
+    returns = np.zeros((3, 2, 2))
+    ended = np.zeros((3, 2, 2), bool)
+    returns[0, 0, 0], ended[0, 0, 0] = 10, True
+    returns[0, 1, 1], ended[0, 1, 1] = 20, True
+    returns[1] = 20  # stale values of episodes ended before: not counted
+    returns[2, 1, 0], ended[2, 1, 0] = 5, True
+    rows = driver.curve_rows({"returned_episode_returns": returns, "returned_episode": ended}, 4, 3.0)
+    got = [(r["step"], r["train/episode_return"], r["train/episodes"]) for r in rows]
+    assert got == [(4, 15.0, 2.0), (12, 5.0, 1.0)]
+    assert [r["wall_time"] for r in rows] == [1.0, 3.0]
+
+
+def test_five_tuple_step_merges_terminated_and_truncated():
+    driver = load("purejaxrl_ppo")
+
+    class Env:  # gymnax >= 1.0's step
+        name = "fake"
+
+        def step(self, key, state, action, params=None):
+            return "obs", state + 1, 1.0, np.array(False), np.array(True), {"info": 0}
+
+    env = driver.FiveTupleStep(Env())
+    obs, state, reward, done, info = env.step(None, 0, 0)
+    assert (obs, state, reward, bool(done), info) == ("obs", 1, 1.0, True, {"info": 0})
+    assert env.name == "fake"  # everything else is the env's own
