@@ -56,7 +56,12 @@ COMMAND_KEYS: dict[str, list[Row]] = {
         ("deterministic", "bool", "the run's", "most likely actions (false: sampled), for algorithms with both"),
     ],
     "doctor": [
-        ("world_size", "int | auto", "auto", "processes to start (auto: one per visible GPU, else 2)"),
+        (
+            "world_size",
+            "int | auto",
+            "auto",
+            "processes to start (auto: one per visible GPU, else 2; engine=jax: one per machine)",
+        ),
         ("device", "str", "auto", "auto | cpu | cuda"),
         ("backend", "str", "auto", "auto | nccl | gloo"),
         ("master_port", "str", "auto", "port of the rendezvous (auto: a free one)"),

@@ -44,8 +44,8 @@ class JobConfig:
     seed: int = key("base seed; every generator derives from (seed, global rank, purpose)", 1)
     # -- distributed ------------------------------------------------------------------------
     world_size: Any = key(
-        "processes in the job: a number, or auto (one per visible GPU with CUDA, else 2); "
-        "torchrun/SLURM set it themselves",
+        "processes in the job: a number, or auto (one per visible GPU with CUDA, else 2; engine=jax: "
+        "one per machine, nnodes); torchrun/SLURM set it themselves",
         "auto",
         type_name="int | auto",
     )
