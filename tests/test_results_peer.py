@@ -31,14 +31,14 @@ def run():
 
 
 @pytest.mark.parametrize("row", ["jax-cartpole", "jax-acrobot"])
-@pytest.mark.parametrize("impl", ["jax", "torch"])
+@pytest.mark.parametrize("impl", ["jax1", "jax", "torch"])
 def test_keys_resolve_to_purejaxrl_sizes(run, row, impl):
     peer = run.PEER_ROWS[row]
     config = peer.config()
     cfg = load_config(list(peer.keys(impl)))
-    assert cfg.engine == impl
-    devices = cfg.devices if impl == "jax" else cfg.world_size
-    assert devices == run.PEER_DEVICES
+    assert cfg.engine == ("jax" if impl.startswith("jax") else "torch")
+    devices = cfg.devices if cfg.engine == "jax" else cfg.world_size
+    assert devices == run.DEVICES[impl] == (1 if impl == "jax1" else run.PEER_DEVICES)
     rollout = cfg.num_envs * cfg.n_steps  # num_envs is global
     assert rollout == config["NUM_ENVS"] * config["NUM_STEPS"] == 512
     assert cfg.steps // rollout == int(config["TOTAL_TIMESTEPS"]) // rollout == 976  # same updates, same anneal

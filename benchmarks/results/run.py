@@ -12,8 +12,8 @@ reference's step count, the best and the final one, the wall time and the machin
 built only from those files, so its numbers are the ones the runs printed.
 
 Peer rows (``jax-cartpole``, ``jax-acrobot``) run another library here, on the same machine:
-per seed, PureJaxRL's own PPO, then ddprl ``engine=jax`` (2 simulated CPU devices), then ddprl
-``engine=torch`` (2 ranks), all with the hyperparameters of PureJaxRL's ``ppo.py``. PureJaxRL
+per seed, PureJaxRL's own PPO, then ddprl ``engine=jax`` on 1 and on 2 simulated CPU devices,
+then ddprl ``engine=torch`` (2 ranks), all with the hyperparameters of PureJaxRL's ``ppo.py``. PureJaxRL
 is not part of ddprl: it is imported from a checkout you make, and runs in an environment of
 its own (flax, distrax, ...) through ``purejaxrl_ppo.py`` beside this file::
 
@@ -27,9 +27,9 @@ its own (flax, distrax, ...) through ``purejaxrl_ppo.py`` beside this file::
         --purejaxrl-python purejaxrl-venv/bin/python [--seeds 3]
     python benchmarks/results/run.py jax-cartpole ... --seeds 1 --steps 20480 --runs /tmp/smoke   # a smoke run
 
-Their runs are kept as ``runs/<row>/{purejaxrl,jax,torch}-seed<K>/`` (PureJaxRL's curve converted
-to ddprl's ``metrics.jsonl``, so ``ddprl plot`` draws all three), and the page sets the three
-training-episode returns side by side with each one's wall time (compile and training apart).
+Their runs are kept as ``runs/<row>/{purejaxrl,jax1,jax,torch}-seed<K>/`` (PureJaxRL's curve
+converted to ddprl's ``metrics.jsonl``, so ``ddprl plot`` draws them all), and the page sets the
+training-episode returns side by side with each run's wall time (compile and training apart).
 ``--runs DIR`` keeps runs, page and PNGs under DIR instead of the repository (smoke runs).
 """
 
@@ -188,7 +188,7 @@ SUPERVISED_ROWS: dict[str, SupervisedRow] = {
 COMMON = ("progress=false", "checkpoint_freq=0", "keep_last=1")
 
 
-# -- peer rows: ddprl's two engines beside PureJaxRL's PPO, all three run here ---------------------
+# -- peer rows: ddprl's two engines beside PureJaxRL's PPO, all run here ------------------------------
 PUREJAXRL_REPO = "https://github.com/luchris429/purejaxrl"
 PUREJAXRL_COMMIT = "31756b197773a52db763fdbe6d635e4b46522a73"  # 2024-09-09, the newest when this was written
 PUREJAXRL_CLONE = f"git clone {PUREJAXRL_REPO} purejaxrl && git -C purejaxrl checkout {PUREJAXRL_COMMIT}"
@@ -220,15 +220,20 @@ PUREJAXRL_PPO = {
 }
 PEER_DEVICES = 2  # ddprl's JAX engine on 2 simulated CPU devices, its torch engine on 2 ranks
 PEER_EVAL_FREQ = 50_000  # ddprl's greedy evaluations (10 episodes), outside the training time
+# The runs of a peer row: PureJaxRL (one device), ddprl jax on one device (the engine against
+# PureJaxRL alone) and on PEER_DEVICES (what sharding costs or gains), ddprl torch on PEER_DEVICES ranks.
 IMPLS = {
     "purejaxrl": "PureJaxRL here",
+    "jax1": "ddprl jax (1 device)",
     "jax": f"ddprl jax ({PEER_DEVICES} devices)",
     "torch": f"ddprl torch ({PEER_DEVICES} ranks)",
 }
+DEVICES = {"purejaxrl": 1, "jax1": 1, "jax": PEER_DEVICES, "torch": PEER_DEVICES}
+DDPRL_IMPLS = ("jax1", "jax", "torch")
 
 
-def ddprl_ppo_keys(config: dict) -> tuple[str, ...]:
-    """PureJaxRL's PPO ``config`` as ddprl's keys, for either engine on PEER_DEVICES devices or ranks.
+def ddprl_ppo_keys(config: dict, devices: int = PEER_DEVICES) -> tuple[str, ...]:
+    """PureJaxRL's PPO ``config`` as ddprl's keys, for either engine on ``devices`` devices or ranks.
 
     ``num_envs`` is global in ddprl and ``batch_size`` per device or rank, so PureJaxRL's
     minibatch (NUM_ENVS x NUM_STEPS / NUM_MINIBATCHES samples) is ``batch_size`` x devices and
@@ -240,8 +245,8 @@ def ddprl_ppo_keys(config: dict) -> tuple[str, ...]:
         raise ValueError("ddprl's mlp policy is tanh: a relu config has no ddprl counterpart")
     rollout = config["NUM_ENVS"] * config["NUM_STEPS"]
     minibatch, rest = divmod(rollout, config["NUM_MINIBATCHES"])
-    if rest or minibatch % PEER_DEVICES or config["NUM_ENVS"] % PEER_DEVICES:
-        raise ValueError(f"{config}: the envs and minibatches do not split over {PEER_DEVICES} devices")
+    if rest or minibatch % devices or config["NUM_ENVS"] % devices:
+        raise ValueError(f"{config}: the envs and minibatches do not split over {devices} devices")
     updates = int(config["TOTAL_TIMESTEPS"]) // rollout
     flag = {True: "true", False: "false"}
     return (
@@ -249,7 +254,7 @@ def ddprl_ppo_keys(config: dict) -> tuple[str, ...]:
         f"steps={updates * rollout}",
         f"num_envs={config['NUM_ENVS']}",
         f"n_steps={config['NUM_STEPS']}",
-        f"batch_size={minibatch // PEER_DEVICES}",
+        f"batch_size={minibatch // devices}",
         "sync_freq=1",  # one gradient average and optimizer step per minibatch
         f"epochs={config['UPDATE_EPOCHS']}",
         f"lr={config['LR']}",
@@ -288,12 +293,13 @@ class PeerRow:
         return {**PUREJAXRL_PPO, "ENV_NAME": self.task, **({"TOTAL_TIMESTEPS": steps} if steps else {})}
 
     def keys(self, impl: str, steps: int | None = None) -> tuple[str, ...]:
-        """The ``ddprl train`` keys of the ``jax`` or ``torch`` run."""
-        if impl == "jax":
-            engine = ("engine=jax", f"devices={PEER_DEVICES}", f"task=gymnax/{self.task}")
+        """The ``ddprl train`` keys of one of DDPRL_IMPLS."""
+        devices = DEVICES[impl]
+        if impl.startswith("jax"):
+            engine = ("engine=jax", f"devices={devices}", f"task=gymnax/{self.task}")
         else:
-            engine = ("engine=torch", f"world_size={PEER_DEVICES}", f"task={self.torch_task}")
-        return engine + ddprl_ppo_keys(self.config(steps))
+            engine = ("engine=torch", f"world_size={devices}", f"task={self.torch_task}")
+        return engine + ddprl_ppo_keys(self.config(steps), devices)
 
     def command(self) -> str:
         return "ddprl train " + " ".join(self.keys("jax"))
@@ -309,7 +315,7 @@ PEER_ROWS: dict[str, PeerRow] = {
         "the same values on Acrobot (ddprl's Acrobot-v1 preset is overridden key by key).",
     ),
 }
-# What differs between the three runs of a peer row, and why it stays (the page shows these).
+# What differs between PureJaxRL's and ddprl's runs of a peer row, and why it stays (on the page).
 PEER_NOTES = (
     "Advantages: PureJaxRL normalises them in each minibatch of 128 (its loss function), ddprl "
     "once over the whole rollout of every device (`norm_adv=true`); ddprl has no per-minibatch option.",
@@ -543,7 +549,7 @@ def peer_measures(keep: Path, impl: str, wall: float, steps: int) -> dict:
     if impl == "purejaxrl":
         result = json.loads((keep / "result.json").read_text())
         compile_s, train_s = result["compile_s"], result["train_s"]
-    elif impl == "jax":
+    elif impl.startswith("jax"):
         compile_s, train_s = rows[0].get("time/compile_s"), sum(r["time/iteration_s"] for r in rows)
     else:  # the torch engine compiles nothing here (compile=false)
         compile_s, train_s = None, sum(r["time/rollout_s"] + r["time/update_s"] for r in rows)
@@ -559,7 +565,7 @@ def peer_measures(keep: Path, impl: str, wall: float, steps: int) -> dict:
 
 
 def run_peer_row(name: str, seeds: int, checkout: Path, python: str | None, steps: int | None = None) -> dict:
-    """Each seed: PureJaxRL, then ddprl jax, then ddprl torch, one at a time on this machine."""
+    """Each seed: PureJaxRL, then ddprl jax (1, then 2 devices), then ddprl torch, one at a time."""
     from machine import cpu_model
 
     check_purejaxrl(checkout, python)
@@ -574,9 +580,9 @@ def run_peer_row(name: str, seeds: int, checkout: Path, python: str | None, step
         keep = out / f"purejaxrl-seed{seed}"
         wall = run_purejaxrl(config, seed, keep, checkout, python)
         result["purejaxrl"] = peer_measures(keep, "purejaxrl", wall, budget)
-        for impl in ("jax", "torch"):
+        for impl in DDPRL_IMPLS:
             keep = out / f"{impl}-seed{seed}"
-            env = jax_env(PEER_DEVICES) if impl == "jax" else {}
+            env = jax_env(DEVICES[impl]) if impl.startswith("jax") else {}
             wall = train_and_keep(row.keys(impl, steps), seed, keep, f"{name} {impl} seed {seed}", env)
             result[impl] = peer_measures(keep, impl, wall, budget)
         results.append(result)
@@ -586,10 +592,12 @@ def run_peer_row(name: str, seeds: int, checkout: Path, python: str | None, step
         "row": name,
         "steps": budget,
         "commands": {
-            "jax": f"XLA_FLAGS=--xla_force_host_platform_device_count={PEER_DEVICES} JAX_PLATFORMS=cpu "
-            + "ddprl train "
-            + " ".join(row.keys("jax", steps)),
-            "torch": "ddprl train " + " ".join(row.keys("torch", steps)),
+            impl: " ".join(
+                f"{k}={v}" for k, v in (jax_env(DEVICES[impl]) if impl.startswith("jax") else {}).items() if v
+            )
+            + " ddprl train "
+            + " ".join(row.keys(impl, steps))
+            for impl in DDPRL_IMPLS
         },
         "purejaxrl": {"commit": PUREJAXRL_COMMIT, "config": config, "versions": versions},
         "machine": f"{cpu_model()}, {os.cpu_count()} cores",
@@ -771,15 +779,16 @@ def peer_section() -> tuple[list[str], list[str]]:
         "## The JAX engine against PureJaxRL, on the same CPU",
         "",
         f"PureJaxRL's PPO ({PUREJAXRL_REPO}, `purejaxrl/ppo.py` at commit `{PUREJAXRL_COMMIT[:7]}`), run",
-        "here beside ddprl's two engines, all three with the hyperparameters of that file's own",
-        "configuration. Each cell is the mean return of the training episodes (sampled actions) over",
+        "here beside ddprl's two engines (the JAX one on one device, as PureJaxRL, and on two), every",
+        "run with the hyperparameters of that file's own configuration. Each cell is the mean return",
+        "of the training episodes (sampled actions) over",
         "the last 5 % of the steps, what PureJaxRL logs; ddprl's greedy evaluation (10 episodes) at",
         "the end is its own column. Wall time per seed: end to end (start-up, compile, evaluations),",
         "then the compile and the training alone. One run at a time, same machine.",
         "",
-        "| task | steps | PureJaxRL here | ddprl jax (2 devices) | ddprl torch (2 ranks) "
-        "| ddprl greedy eval at the end: jax / torch | wall time per seed: PureJaxRL / jax / torch | seeds | curve |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| task | steps | {' | '.join(IMPLS.values())} | ddprl greedy eval at the end: {' / '.join(DDPRL_IMPLS)} "
+        f"| wall time per seed: {' / '.join(IMPLS)} | seeds | curve |",
+        "|---|---|" + "---|" * len(IMPLS) + "---|---|---|---|",
     ]
     details = []
     for name, row in PEER_ROWS.items():
@@ -787,14 +796,16 @@ def peer_section() -> tuple[list[str], list[str]]:
         if not summary_path.exists():
             steps = ddprl_ppo_keys(row.config())[1].split("=")[1]
             lines.append(
-                f"| {row.title} | {int(steps):,} | not run yet (`run.py {name} --purejaxrl DIR`) | | | | | | |"
+                f"| {row.title} | {int(steps):,} | not run yet (`run.py {name} --purejaxrl DIR`) "
+                + "| " * (len(IMPLS) + 3)
+                + "|"
             )
             continue
         summary = json.loads(summary_path.read_text())
         seeds = summary["seeds"]
         image = draw_peer(name, row, [s["seed"] for s in seeds], summary["steps"]).relative_to(PAGE.parent)
         cells = [mean_std(across(seeds, impl, "train_return")) for impl in IMPLS]
-        evals = " / ".join(mean_std(across(seeds, impl, "eval_return")) for impl in ("jax", "torch"))
+        evals = " / ".join(mean_std(across(seeds, impl, "eval_return")) for impl in DDPRL_IMPLS)
         walls = " / ".join(wall_cell([s[impl] for s in seeds]) for impl in IMPLS)
         lines.append(
             f"| {row.title} | {summary['steps']:,} | {' | '.join(cells)} | {evals} | {walls} | {len(seeds)} "
@@ -841,8 +852,8 @@ def peer_section() -> tuple[list[str], list[str]]:
         "```",
         "",
         "How PureJaxRL's configuration maps onto ddprl's keys: `num_envs` is global (4), `batch_size` is",
-        f"per device or rank ({PEER_DEVICES} x 64 = PureJaxRL's minibatch of 128, 4 optimizer steps per",
-        "epoch), `steps` is PureJaxRL's 976 whole updates of 512 steps (it rounds 500k down, ddprl would",
+        f"per device or rank (128 on one, 64 on {PEER_DEVICES}: PureJaxRL's minibatch of 128, 4 optimizer",
+        "steps per epoch), `steps` is PureJaxRL's 976 whole updates of 512 steps (it rounds 500k down, ddprl would",
         "round up), and the other keys carry its values (`ddprl_ppo_keys` in benchmarks/results/run.py).",
         "What still differs:",
         "",
