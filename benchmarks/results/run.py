@@ -123,7 +123,8 @@ ROWS: dict[str, Row] = {
         ("task=LunarLander-v3", "world_size=2", "batch_size=32"),
         (Reference(ZOO + " (LunarLander-v2: the same task before Gymnasium's fixes)", 242.119, 31.823, 1_000_000),),
         note="batch_size is per rank: on 2 ranks the preset's 64 makes minibatches of 128 and half the zoo's "
-        "optimizer steps; batch_size=32 on 2 ranks gives the zoo's 64 (the row above keeps the preset as is).",
+        "optimizer steps; batch_size=32 on 2 ranks gives the zoo's 64 (the row above keeps the preset as is). "
+        "Wall time: the test suite ran on the same 2 cores during these runs (alone, about 7 min per seed).",
     ),
     "ppo-halfcheetah": Row(
         "PPO, HalfCheetah-v5",
@@ -785,10 +786,10 @@ def peer_section() -> tuple[list[str], list[str]]:
         f"PureJaxRL's PPO ({PUREJAXRL_REPO}, `purejaxrl/ppo.py` at commit `{PUREJAXRL_COMMIT[:7]}`), run",
         "here beside ddprl's two engines (the JAX one on one device, as PureJaxRL, and on two), every",
         "run with the hyperparameters of that file's own configuration. Each cell is the mean return",
-        "of the training episodes (sampled actions) over",
-        "the last 5 % of the steps, what PureJaxRL logs; ddprl's greedy evaluation (10 episodes) at",
-        "the end is its own column. Wall time per seed: end to end (start-up, compile, evaluations),",
-        "then the compile and the training alone. One run at a time, same machine.",
+        "of the training episodes (sampled actions) over the last 5 % of the steps, what PureJaxRL",
+        "logs; ddprl's greedy evaluation (10 episodes) at the end is its own column. Wall time per",
+        "seed: end to end (start-up, compile, evaluations), then the compile and the training alone.",
+        "One run at a time, same machine, nothing else running.",
         "",
         f"| task | steps | {' | '.join(IMPLS.values())} | ddprl greedy eval at the end: {' / '.join(DDPRL_IMPLS)} "
         f"| wall time per seed: {' / '.join(IMPLS)} | seeds | curve |",
