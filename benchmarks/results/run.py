@@ -124,7 +124,7 @@ ROWS: dict[str, Row] = {
         (Reference(ZOO + " (LunarLander-v2: the same task before Gymnasium's fixes)", 242.119, 31.823, 1_000_000),),
         note="batch_size is per rank: on 2 ranks the preset's 64 makes minibatches of 128 and half the zoo's "
         "optimizer steps; batch_size=32 on 2 ranks gives the zoo's 64 (the row above keeps the preset as is). "
-        "Wall time: the test suite ran on the same 2 cores during these runs (alone, about 7 min per seed).",
+        "Wall time: the test suite ran on the same 2 cores during these runs (not timed alone).",
     ),
     "ppo-halfcheetah": Row(
         "PPO, HalfCheetah-v5",
