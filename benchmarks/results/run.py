@@ -323,9 +323,9 @@ PEER_NOTES = (
     "Time limits: PureJaxRL's `done` ends an episode at gymnax's 500-step limit like a termination "
     "(no bootstrap: the value target past it is 0); ddprl bootstraps a truncated episode from the "
     "value of its last observation. ddprl has no key to treat truncation as termination.",
-    "Minibatches: PureJaxRL shuffles the whole rollout of 512 samples; ddprl's devices (ranks) each "
-    "shuffle their own 256 and average the gradients of their 64-sample halves, which is the "
-    "gradient of a 128-sample minibatch drawn half from each device's environments.",
+    "Minibatches: PureJaxRL shuffles the whole rollout of 512 samples, as ddprl jax on one device does; "
+    "on 2 devices (ranks) each shuffles its own 256 and they average the gradients of their 64-sample "
+    "halves, which is the gradient of a 128-sample minibatch drawn half from each device's environments.",
     "Environments: PureJaxRL and ddprl jax step gymnax 1.0.1's CartPole-v1 and Acrobot-v1; ddprl torch "
     "steps Gymnasium's (the tasks gymnax ports, float64 physics). gymnax 1.0 returns terminated and "
     "truncated apart, PureJaxRL (written for gymnax < 1.0) reads one `done`: the runner hands it "
@@ -338,9 +338,10 @@ PEER_NOTES = (
     "differ, so the seeds are three draws each, not the same three runs.",
     "Timing: PureJaxRL's training is one compiled call (compile timed apart with `jax.jit(...).lower()"
     ".compile()`), with no evaluation and no logging on the way; ddprl's training time is the sum of "
-    "its iterations' times (rollout and update), its evaluations and logging outside it. ddprl jax "
-    "runs on 2 simulated CPU devices (`XLA_FLAGS=--xla_force_host_platform_device_count=2`), "
-    "PureJaxRL on one; both `JAX_PLATFORMS=cpu`.",
+    "its iterations' times (rollout and update), its evaluations and logging outside it. PureJaxRL "
+    "and ddprl jax (1 device) run on one CPU device, ddprl jax (2 devices) on 2 simulated ones "
+    "(`XLA_FLAGS=--xla_force_host_platform_device_count=2`) sharing the machine's 2 cores; all "
+    "`JAX_PLATFORMS=cpu`.",
 )
 NOT_YET = [
     "",
