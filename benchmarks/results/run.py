@@ -133,6 +133,9 @@ ROWS: dict[str, Row] = {
             Reference(CLEANRL.format(task="HalfCheetah"), 1442.64, 46.03, 1_000_000, TRAIN),
             Reference(ZOO + ", HalfCheetah-v3, tuned keys (not the paper's)", 5819.099, 663.530, 1_000_000),
         ),
+        note="ddprl runs the paper's values, as CleanRL does; the zoo's agent has its own tuned keys "
+        "(rl-baselines3-zoo hyperparams/ppo.yml: other network, learning rate, clipping and epochs), so its "
+        "number is a reference for the task, not for these settings.",
     ),
     "ppo-hopper": Row(
         "PPO, Hopper-v5",
@@ -347,8 +350,9 @@ NOT_YET = [
     "",
     "## Not reproduced yet",
     "",
-    "- PPO on Walker2d-v5 (row above, command ready), Ant-v5 and Humanoid-v5: about 15 min per",
-    "  seed of 1M MuJoCo steps on the 2-core machine these pages were made on.",
+    "- PPO on Hopper-v5 and Walker2d-v5 (rows above, commands ready), Ant-v5 and Humanoid-v5: 20 to",
+    "  25 min per seed of 1M MuJoCo steps with CleanRL's minibatch on 2 ranks (HalfCheetah's seeds)",
+    "  on the 2-core machine these pages were made on.",
     "- QMIX on EPyMARL's protocol (2M environment steps, 100 greedy test episodes every 50k)",
     "  against Papoudakis et al. 2021 (arXiv 2006.07869, Table 3): the table's QMIX numbers are not",
     "  transcribed here yet. Cost on this machine, measured at 200k steps (docs/benchmarks.md):",
