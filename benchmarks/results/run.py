@@ -36,6 +36,7 @@ training-episode returns side by side with each run's wall time (compile and tra
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -398,6 +399,7 @@ def sklearn_baselines(dataset: str, seed: int) -> dict[str, float]:
 GRAPH_BINS = 100
 
 
+@functools.cache  # the same for every seed: generated from the split seed, fitted deterministically
 def graph_baselines() -> dict[str, float]:
     """Test MSE (of the standardised energy) on ddprl's graph_energy split (its default options):
     the training mean, and a linear model on what the energy is a function of, the number of
@@ -430,8 +432,12 @@ def graph_baselines() -> dict[str, float]:
     }
 
 
-def curve(metrics: Path, key: str = EVAL) -> list[tuple[int, float]]:
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+def read_rows(metrics: Path) -> list[dict]:
+    """The rows of a run's metrics.jsonl."""
+    return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+
+
+def curve(rows: list[dict], key: str = EVAL) -> list[tuple[int, float]]:
     return [(int(r["step"]), float(r[key])) for r in rows if key in r]
 
 
@@ -449,11 +455,11 @@ def window_mean(points: list[tuple[int, float]], steps: int) -> float | None:
     return statistics.mean(window) if window else None
 
 
-def measure(metrics: Path, ref: Reference) -> float | None:
-    """ddprl's number to set beside ``ref``, measured as ``ref`` is."""
+def measure(rows: list[dict], ref: Reference) -> float | None:
+    """ddprl's number to set beside ``ref``, measured as ``ref`` is (``rows``: a run's metrics)."""
     if ref.metric == TRAIN:
-        return window_mean(curve(metrics, TRAIN), ref.steps)
-    return at_steps(curve(metrics, ref.metric), ref.steps)
+        return window_mean(curve(rows, TRAIN), ref.steps)
+    return at_steps(curve(rows, ref.metric), ref.steps)
 
 
 def train_and_keep(keys: tuple[str, ...], seed: int, keep: Path, what: str, env: dict | None = None) -> float:
@@ -484,7 +490,7 @@ def run_row(name: str, seeds: int) -> dict:
         keep = out / f"seed{seed}"
         wall = train_and_keep(row.keys, seed, keep, f"{name} seed {seed}")
         if isinstance(row, SupervisedRow):
-            final = json.loads((keep / "metrics.jsonl").read_text().splitlines()[-1])
+            final = read_rows(keep / "metrics.jsonl")[-1]
             results.append(
                 {
                     "seed": seed,
@@ -494,7 +500,8 @@ def run_row(name: str, seeds: int) -> dict:
                 }
             )
         else:
-            evals = curve(keep / "metrics.jsonl")
+            rows = read_rows(keep / "metrics.jsonl")
+            evals = curve(rows)
             results.append(
                 {
                     "seed": seed,
@@ -502,7 +509,7 @@ def run_row(name: str, seeds: int) -> dict:
                     "final": evals[-1][1],
                     "final_step": evals[-1][0],
                     "best": max(r for _, r in evals),
-                    "at_reference": [measure(keep / "metrics.jsonl", ref) for ref in row.references],
+                    "at_reference": [measure(rows, ref) for ref in row.references],
                 }
             )
         print(f"{name} seed {seed}: {results[-1]}", flush=True)
@@ -555,7 +562,7 @@ def run_purejaxrl(config: dict, seed: int, keep: Path, checkout: Path, python: s
 def peer_measures(keep: Path, impl: str, wall: float, steps: int) -> dict:
     """One run's numbers for the page: the training episodes' return over the last 5 % of
     ``steps``, ddprl's last greedy evaluation, and its times (end to end, compile, training)."""
-    rows = [json.loads(line) for line in (keep / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_rows(keep / "metrics.jsonl")
     if impl == "purejaxrl":
         result = json.loads((keep / "result.json").read_text())
         compile_s, train_s = result["compile_s"], result["train_s"]
@@ -563,12 +570,12 @@ def peer_measures(keep: Path, impl: str, wall: float, steps: int) -> dict:
         compile_s, train_s = rows[0].get("time/compile_s"), sum(r["time/iteration_s"] for r in rows)
     else:  # the torch engine compiles nothing here (compile=false)
         compile_s, train_s = None, sum(r["time/rollout_s"] + r["time/update_s"] for r in rows)
-    evals = curve(keep / "metrics.jsonl")
+    evals = curve(rows)
     return {
         "wall_s": wall,
         "compile_s": None if compile_s is None else round(compile_s, 1),
         "train_s": round(train_s, 1),
-        "train_return": window_mean(curve(keep / "metrics.jsonl", TRAIN), steps),
+        "train_return": window_mean(curve(rows, TRAIN), steps),
         "eval_return": evals[-1][1] if evals else None,
         "final_step": rows[-1]["step"],
     }
