@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import socket
 import subprocess
@@ -285,6 +286,41 @@ def test_failure_report_round_trip(tmp_path, monkeypatch):
     assert failures.read_report(str(tmp_path / "none.json"), 1) is None
     assert not failures.is_consequence(ValueError("Connection closed by peer"))  # not a collective's error
     assert failures.summary(UsageError("bad\nmore")) == "ddprl.errors.UsageError: bad"
+
+
+class _ExitingProcess:
+    """A process whose sentinel is ready at once but whose exit code shows only from its
+    ``reaped_at``-th read on: a rank that has closed its files but is not yet reaped."""
+
+    def __init__(self, code, reaped_at):
+        self.read_end, self.write_end = os.pipe()
+        os.close(self.write_end)  # ready: end of file
+        self.sentinel, self.code, self.reads, self.reaped_at = self.read_end, code, 0, reaped_at
+
+    @property
+    def exitcode(self):
+        self.reads += 1
+        return self.code if self.reads >= self.reaped_at else None
+
+
+def test_launcher_counts_ranks_reaped_between_two_looks():
+    """Two preempted ranks (exit 75) that become reapable while the launcher looks at them are
+    both counted as ended; the job then exits 75 instead of returning as if it had finished."""
+    launch_module = importlib.import_module("ddprl.runtime.launch")  # the package exports launch(), the function
+
+    processes = [_ExitingProcess(75, reaped_at=2), _ExitingProcess(75, reaped_at=2)]
+    try:
+        ended = launch_module._wait_until_all_end_or_one_fails(processes)
+    finally:
+        for p in processes:
+            os.close(p.read_end)
+    assert sorted(ended) == [0, 1]
+    failed = [_ExitingProcess(1, reaped_at=1), _ExitingProcess(0, reaped_at=10**6)]
+    try:
+        assert list(launch_module._wait_until_all_end_or_one_fails(failed)) == [0]  # a failure: stop waiting
+    finally:
+        for p in failed:
+            os.close(p.read_end)
 
 
 def test_usage_error_inside_a_rank_exits_2(tmp_path, monkeypatch):

@@ -242,19 +242,7 @@ def spawn(child: Callable[..., None], args: tuple, nprocs: int, stop_grace_s: fl
                         pass
 
         previous = {sig: signal.signal(sig, forward) for sig in preemption.STOP_SIGNALS}
-        # Preempted ranks leave together (after a barrier), some an instant before the others:
-        # wait for all of them rather than stop the late ones as if they had failed.
-        ended_at: dict[int, float] = {}  # process index -> when this launcher saw it end
-        pending = list(range(nprocs))
-        while pending:
-            multiprocessing.connection.wait([processes[i].sentinel for i in pending])
-            now = time.monotonic()
-            for i in pending:
-                if processes[i].exitcode is not None:
-                    ended_at[i] = now
-            pending = [i for i in pending if processes[i].exitcode is None]
-            if any(_failed(processes[i].exitcode) for i in ended_at):
-                break
+        ended_at = _wait_until_all_end_or_one_fails(processes)
         # Who ended unasked, and how: a process that failed without a report (killed by a signal,
         # os._exit) is a root cause candidate at the time it was seen to end.
         unasked = {i: processes[i].exitcode for i in ended_at}
@@ -279,6 +267,30 @@ def spawn(child: Callable[..., None], args: tuple, nprocs: int, stop_grace_s: fl
         if preemption.received() is None:  # else keep forwarding (to nobody): a repeat must not kill us
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def _wait_until_all_end_or_one_fails(processes: list[Any]) -> dict[int, float]:
+    """Wait until every process has ended, or one has failed; returns {index: when this launcher
+    saw it end} for those that ended.
+
+    Preempted ranks leave together (after a barrier), some an instant before the others: wait for
+    all of them rather than stop the late ones as if they had failed. Each exit code is read once
+    per pass: a process's sentinel can be ready before the process can be reaped, and one reaped
+    between two reads must still be counted as ended (it was not, once: two ranks preempted
+    together went unseen, and the job returned as if it had finished).
+    """
+    ended_at: dict[int, float] = {}
+    pending = list(range(len(processes)))
+    while pending:
+        multiprocessing.connection.wait([processes[i].sentinel for i in pending])
+        now = time.monotonic()
+        for i in pending:
+            if processes[i].exitcode is not None:
+                ended_at[i] = now
+        pending = [i for i in pending if i not in ended_at]
+        if any(_failed(processes[i].exitcode) for i in ended_at):
+            break
+    return ended_at
 
 
 def _failed(exitcode: int | None) -> bool:
