@@ -5,6 +5,7 @@ ddprl's metrics rows. Nothing here runs PureJaxRL or trains."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -102,3 +103,28 @@ def test_five_tuple_step_merges_terminated_and_truncated():
     obs, state, reward, done, info = env.step(None, 0, 0)
     assert (obs, state, reward, bool(done), info) == ("obs", 1, 1.0, True, {"info": 0})
     assert env.name == "fake"  # everything else is the env's own
+
+
+def test_a_row_keeps_each_finished_seed_and_resumes_with_the_others(run, tmp_path, monkeypatch):
+    """A long row stopped part-way (here: seed 2 fails) keeps seed 1 in its summary; ``--resume``
+    trains seeds 2 and 3 only. No training: train_and_keep is replaced by a fake run."""
+    trained = []
+
+    def fake_train(keys, seed, keep, what, env=None):
+        trained.append(seed)
+        if seed == 2 and trained.count(2) == 1:
+            raise SystemExit(f"{what}: ddprl train exited 1")
+        keep.mkdir(parents=True)
+        rows = [{"step": 50_000, "eval/return_mean": 100.0 * seed}, {"step": 100_000, "eval/return_mean": 200.0 * seed}]
+        (keep / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return 1.0
+
+    monkeypatch.setattr(run, "RUNS", tmp_path)
+    monkeypatch.setattr(run, "train_and_keep", fake_train)
+    with pytest.raises(SystemExit):
+        run.run_row("ppo-cartpole", 3)
+    kept = json.loads((tmp_path / "ppo-cartpole" / "summary.json").read_text())
+    assert [s["seed"] for s in kept["seeds"]] == [1] and kept["seeds"][0]["final"] == 200.0
+    summary = run.run_row("ppo-cartpole", 3, resume=True)
+    assert trained == [1, 2, 2, 3]
+    assert [s["final"] for s in summary["seeds"]] == [200.0, 400.0, 600.0]

@@ -1,6 +1,7 @@
 """Published results, reproduced: run one row of docs/results.md, or rebuild the page.
 
     python benchmarks/results/run.py ROW [--seeds 3]      # train each seed, keep its curve, summarise
+    python benchmarks/results/run.py ROW --resume         # only the seeds the row's summary lacks
     python benchmarks/results/run.py --page               # docs/results.md and its PNGs from what is kept
     python benchmarks/results/run.py --list               # the rows and their commands
 
@@ -9,7 +10,9 @@ its ``metrics.jsonl`` and ``config.yaml`` are kept under ``benchmarks/results/ru
 (small, committed, so anyone can re-plot), checkpoints and TensorBoard files are not.
 ``summary.json`` beside them holds what the page shows: per seed the evaluation return at the
 reference's step count, the best and the final one, the wall time and the machine. The page is
-built only from those files, so its numbers are the ones the runs printed.
+built only from those files, so its numbers are the ones the runs printed. The summary is
+rewritten after each seed: a row stopped part-way keeps the seeds it finished, and ``--resume``
+trains the missing ones later (a row too long for one sitting).
 
 Peer rows (``jax-cartpole``, ``jax-acrobot``) run another library here, on the same machine:
 per seed, PureJaxRL's own PPO, then ddprl ``engine=jax`` on 1 and on 2 simulated CPU devices,
@@ -480,13 +483,22 @@ def train_and_keep(keys: tuple[str, ...], seed: int, keep: Path, what: str, env:
     return round(time.time() - start, 1)
 
 
-def run_row(name: str, seeds: int) -> dict:
-    from machine import cpu_model
-
+def run_row(name: str, seeds: int, resume: bool = False) -> dict:
+    """Train seeds 1..``seeds`` of a row, keep each run and rewrite ``summary.json`` after each
+    seed (a row stopped part-way keeps the seeds it finished). ``resume``: keep the seeds the
+    summary already holds and train only the others (a long row across several sittings)."""
     row = ROWS.get(name) or SUPERVISED_ROWS[name]
     out = RUNS / name
     results = []
+    if resume and (out / "summary.json").exists():
+        done = json.loads((out / "summary.json").read_text())
+        if done["command"] != row.command():
+            raise SystemExit(f"{name}: the kept seeds ran `{done['command']}`, the row now runs `{row.command()}`")
+        results = [s for s in done["seeds"] if s["seed"] <= seeds and (out / f"seed{s['seed']}").is_dir()]
     for seed in range(1, seeds + 1):
+        if any(s["seed"] == seed for s in results):
+            print(f"{name} seed {seed}: kept from an earlier sitting", flush=True)
+            continue
         keep = out / f"seed{seed}"
         wall = train_and_keep(row.keys, seed, keep, f"{name} seed {seed}")
         if isinstance(row, SupervisedRow):
@@ -513,12 +525,20 @@ def run_row(name: str, seeds: int) -> dict:
                 }
             )
         print(f"{name} seed {seed}: {results[-1]}", flush=True)
+        results.sort(key=lambda s: s["seed"])
+        summary = write_summary(out, name, row.command(), results)
+    return summary
+
+
+def write_summary(out: Path, name: str, command: str, seeds: list[dict]) -> dict:
+    from machine import cpu_model
+
     summary = {
         "row": name,
-        "command": row.command(),
+        "command": command,
         "machine": f"{cpu_model()}, {os.cpu_count()} cores",
         "date": time.strftime("%Y-%m-%d"),
-        "seeds": results,
+        "seeds": seeds,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
@@ -920,6 +940,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("row", nargs="?", choices=sorted({**ROWS, **SUPERVISED_ROWS, **PEER_ROWS}))
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument(
+        "--resume", action="store_true", help="keep the seeds this row's summary already holds, train the others"
+    )
     parser.add_argument("--page", action="store_true", help="rebuild docs/results.md from the kept runs")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--purejaxrl", type=Path, help=f"peer rows: a checkout of PureJaxRL ({PUREJAXRL_CLONE})")
@@ -940,13 +963,15 @@ def main() -> int:
             print(f"{name:26s} {row.command()}")
         return 0
     if args.row in PEER_ROWS:
+        if args.resume:
+            parser.error("--resume is for the other rows: a peer row's seeds run again whole")
         if args.purejaxrl is None:
             parser.error(f"{args.row} runs PureJaxRL too: --purejaxrl DIR, a checkout made with {PUREJAXRL_CLONE}")
         run_peer_row(args.row, args.seeds, args.purejaxrl.resolve(), args.purejaxrl_python, args.steps)
     elif args.steps:
         parser.error("--steps shortens peer rows only")
     elif args.row:
-        run_row(args.row, args.seeds)
+        run_row(args.row, args.seeds, args.resume)
     if args.page or args.row:
         PAGE.write_text(page())
         print(f"wrote {PAGE}")
