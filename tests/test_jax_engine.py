@@ -33,6 +33,8 @@ SMALL = [
     "progress=false",
 ]
 
+SMALL_MINIBATCHES = [k for k in SMALL if not k.startswith("batch_size=")] + ["minibatches=2"]
+
 
 def run_devices(args, tmp_path, devices: int, timeout: float = 300):
     """The CLI with ``devices`` simulated CPU devices visible."""
@@ -59,13 +61,15 @@ def test_run_directory_checkpoints_eval_and_play(tmp_path):
     run = tmp_path / "r"
     _ok(
         run_cli(
-            ["train", *SMALL, "devices=4", "steps=1024", "eval_freq=512", "checkpoint_freq=512", f"run_dir={run}"],
+            # minibatches=2: each device's 2 envs x 32 steps in minibatches of 32
+            ["train", *SMALL_MINIBATCHES, "devices=4", "steps=1024", "eval_freq=512", "checkpoint_freq=512"]
+            + [f"run_dir={run}"],
             cwd=tmp_path,
         )
     )
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [256, 512, 768, 1024]
-    assert all(r["time/global_fps"] > 0 and r["train/effective_batch_size"] == 64 * 4 for r in rows)
+    assert all(r["time/global_fps"] > 0 and r["train/effective_batch_size"] == 32 * 4 for r in rows)
     assert "time/compile_s" in rows[0] and "time/compile_s" not in rows[1]
     assert [r["step"] for r in rows if "eval/return_mean" in r] == [512, 1024]
     assert list((run / "tb").glob("events.out.tfevents.*"))
@@ -164,6 +168,7 @@ def _bad(tmp_path, args, message, devices=4):
         (["engine=jaxx"], r"unknown engine 'jaxx' \(did you mean jax\?\); choose from torch, jax"),
         (["precision=bf16"], r"engine=jax trains in fp32 only"),
         (["batch_size=4096"], r"batch_size=4096 is larger than the per-device rollout"),
+        (["minibatches=3"], r"minibatches=3 does not divide the rollout of each rank \(or JAX device\), 512 samples"),
         (["env_kwargs={gravity_x: 1}"], r"env_kwargs \['gravity_x'\] are not parameters of CartPole-v1"),
     ],
 )

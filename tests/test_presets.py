@@ -14,6 +14,7 @@ from conftest import run_cli
 from ddprl.cli import main
 from ddprl.config import CONFIG_DIR, load_config, save_yaml, to_dict
 from ddprl.errors import UsageError
+from ddprl.runtime import resolved_config
 
 GYMNASIUM_PRESETS = [
     "Pendulum-v1",
@@ -69,7 +70,36 @@ def test_preset_values_apply_and_the_users_keys_win():
 def test_mujoco_presets_share_one_base_file():
     hopper, ant = load_config(["task=Hopper-v5"]), load_config(["task=Ant-v5"])
     assert to_dict(hopper) | {"task": "Ant-v5"} == to_dict(ant)
-    assert (hopper.n_steps, hopper.batch_size, hopper.lr, hopper.num_envs) == (2048, 64, 3e-4, None)
+    assert (hopper.n_steps, hopper.minibatches, hopper.lr, hopper.num_envs) == (2048, 32, 3e-4, None)
+    assert hopper.resolved(1).batch_size == 64  # the paper's minibatch
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_a_presets_minibatch_and_optimizer_steps_do_not_depend_on_the_world_size(world_size):
+    """LunarLander's zoo values (16 envs x 1024 steps in minibatches of 64) on 1, 2 or 4 ranks:
+    batch_size per rank follows, the global minibatch and the steps per epoch stay the zoo's."""
+    cfg = resolved_config(load_config(["task=LunarLander-v3", f"world_size={world_size}"]))
+    assert cfg.minibatches == 256 and cfg.batch_size == 64 // world_size
+    assert cfg.effective_batch_size(world_size) == 64
+    assert cfg.local_num_envs(world_size) * cfg.n_steps // cfg.batch_size == 256  # optimizer steps per epoch
+    assert cfg.sources["batch_size"] == "from minibatches"
+
+
+def test_batch_size_and_minibatches_the_later_layer_wins():
+    mine = resolved_config(load_config(["task=LunarLander-v3", "world_size=2", "batch_size=100"]))
+    assert (mine.batch_size, mine.minibatches) == (100, None)  # yours over the preset's minibatches
+    assert mine.sources["minibatches"] == "command line"
+    snake = resolved_config(load_config(["task=snake", "world_size=2", "minibatches=2", "device=cpu"]))
+    assert snake.batch_size == 128 * 128 // 2  # yours over the preset's batch_size (4096)
+    with pytest.raises(UsageError, match="batch_size=32 and minibatches=8 .command line. set the same size two ways"):
+        load_config(["batch_size=32", "minibatches=8"])
+    with pytest.raises(UsageError, match="minibatches=100 does not divide the rollout of each rank .* 4096 samples"):
+        resolved_config(load_config(["task=LunarLander-v3", "world_size=4", "minibatches=100"]))
+    # A resumed run: the checkpoint's config holds both (batch_size derived on its world size);
+    # minibatches wins and batch_size follows the new world size.
+    saved = to_dict(resolved_config(load_config(["task=LunarLander-v3", "world_size=2"])))
+    resumed = resolved_config(load_config(["world_size=4"], resumed=saved))
+    assert (resumed.minibatches, resumed.batch_size) == (256, 16)
 
 
 def test_a_base_that_names_no_file_is_refused(tmp_path, monkeypatch):

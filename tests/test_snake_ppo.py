@@ -113,3 +113,13 @@ def test_autoscale_keeps_user_values(tmp_path):
 
     saved = yaml.safe_load((tmp_path / "a" / "config.yaml").read_text())
     assert (saved["num_envs"], saved["n_steps"]) == (32, 8)  # what the user set won
+
+
+def test_autoscale_leaves_batch_size_to_minibatches_when_given():
+    from ddprl.algos.ppo.autoscale import prepare
+    from ddprl.runtime import resolved_config
+
+    overrides = ["task=snake", "world_size=2", "device=cpu", "autoscale=true", "minibatches=4"]
+    cfg = prepare(resolved_config(load_config(overrides)), overrides, None, resuming=False)
+    assert cfg.minibatches == 4 and cfg.sources["batch_size"] == "from minibatches"
+    assert cfg.batch_size == cfg.local_num_envs(2) * cfg.n_steps // 4  # from the sizes autoscale chose

@@ -207,7 +207,30 @@ def load_config(
             raise cause from None
         raise UsageError(str(e).splitlines()[0]) from None
     resolved.sources = sources
+    for plain, alternative in getattr(schema, "ALTERNATIVES", ()):
+        _settle(resolved, plain, alternative)
     return resolved
+
+
+LAYERS = ("default", "task preset", "config file", "checkpoint", "command line")  # later wins
+
+
+def _settle(cfg: Any, plain: str, alternative: str) -> None:
+    """Two keys that set one size two ways (``batch_size``, or ``minibatches`` from which it is
+    derived; ``alternative`` is null when unused): the one from the later layer wins, so a
+    ``batch_size=`` of yours replaces a preset's ``minibatches`` and the other way round. Both
+    from one layer: refused, except a checkpoint's (its plain value was derived)."""
+    if getattr(cfg, alternative) is None:
+        return
+    plain_from, alternative_from = cfg.sources[plain], cfg.sources[alternative]
+    if LAYERS.index(plain_from) > LAYERS.index(alternative_from):
+        setattr(cfg, alternative, None)
+        cfg.sources[alternative] = plain_from
+    elif plain_from == alternative_from and plain_from != "checkpoint":
+        raise UsageError(
+            f"{plain}={getattr(cfg, plain)} and {alternative}={getattr(cfg, alternative)} ({plain_from}) set "
+            f"the same size two ways: give one"
+        )
 
 
 def _is_dict_entry(schema: type, key: str) -> bool:

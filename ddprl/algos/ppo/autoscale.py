@@ -32,6 +32,8 @@ def prepare(cfg: Any, overrides: list[str], config_name: str | None, resuming: b
     fixed = {k: getattr(cfg, k) for k in ("num_envs", "n_steps", "batch_size") if k in user_keys}
     chosen = autoscale_ppo(cfg, obs_shape, cfg.world_size, local_world_size, fixed=fixed)
     auto = {k: v for k, v in chosen.items() if k not in user_keys}  # what the user set wins
+    if cfg.minibatches is not None:  # batch_size follows from the sizes chosen here
+        auto.pop("batch_size", None)
     if os.environ.get("RANK", "0") == "0":
         print("ddprl: autoscale set " + " ".join(f"{k}={v}" for k, v in auto.items()), file=sys.stderr, flush=True)
     return load_config(

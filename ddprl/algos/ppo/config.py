@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from ddprl.config.schema import RLConfig, _check, key
 
@@ -11,6 +12,10 @@ from ddprl.config.schema import RLConfig, _check, key
 @dataclass(kw_only=True)
 class PPOConfig(RLConfig):
     n_steps: int = key("rollout length per env between updates")
+    minibatches: Optional[int] = key(
+        "minibatches per epoch (CleanRL's num_minibatches): batch_size becomes each rank's rollout / this, "
+        "so the global minibatch and the optimizer steps stay the same on any world_size (null: batch_size as given)"
+    )
     epochs: int = key("passes over each rollout")
     lr: float = key("Adam learning rate")
     anneal_lr: bool = key("anneal the learning rate linearly to 0 over the budget")
@@ -37,9 +42,15 @@ class PPOConfig(RLConfig):
         "(a divisor of n_steps; more steps per graph: fewer launches, longer compile)"
     )
 
+    # batch_size and minibatches set one size two ways: the one from the later layer wins.
+    ALTERNATIVES: ClassVar[tuple[tuple[str, str], ...]] = (("batch_size", "minibatches"),)
+
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.n_steps >= 1, f"n_steps={self.n_steps} must be >= 1")
+        _check(
+            self.minibatches is None or self.minibatches >= 1, f"minibatches={self.minibatches} must be >= 1 or null"
+        )
         _check(self.epochs >= 1, f"epochs={self.epochs} must be >= 1")
         _check(self.lr > 0, f"lr={self.lr} must be > 0")
         _check(0 <= self.gamma <= 1, f"gamma={self.gamma} must be in [0, 1]")
@@ -55,6 +66,27 @@ class PPOConfig(RLConfig):
         _check(self.policy_width >= 1, f"policy_width={self.policy_width} must be >= 1")
         _check(self.policy_depth >= 1, f"policy_depth={self.policy_depth} must be >= 1")
         _check(self.compile_unroll >= 1, f"compile_unroll={self.compile_unroll} must be >= 1")
+
+    def resolved(self, world_size: int) -> PPOConfig:
+        cfg = super().resolved(world_size)
+        return cfg.with_minibatches(cfg.local_num_envs(world_size) * cfg.n_steps)
+
+    def with_minibatches(self, local_rollout: int) -> PPOConfig:
+        """``batch_size`` derived from ``minibatches`` (when set): each rank's rollout of
+        ``local_rollout`` samples in ``minibatches`` equal parts. With ``num_envs`` global the
+        global minibatch is then the same on 1 or N ranks, as are the optimizer steps per epoch;
+        a per-rank ``batch_size`` would make N times larger minibatches and N times fewer steps."""
+        m = self.minibatches
+        if m is None:
+            return self
+        _check(
+            local_rollout % m == 0,
+            f"minibatches={m} does not divide the rollout of each rank (or JAX device), {local_rollout} "
+            f"samples: give a divisor of {local_rollout}, or batch_size instead",
+        )
+        return dataclasses.replace(
+            self, batch_size=local_rollout // m, sources={**self.sources, "batch_size": "from minibatches"}
+        )
 
     def check(self) -> list[str]:
         """Checks across keys that training needs (after autoscale; eval and play skip them)."""

@@ -107,6 +107,7 @@ def train(rt: Any, cfg: Any) -> None:
     """Train PPO on ``cfg.task`` for ``cfg.steps`` global agent steps (runs on every rank)."""
     # -- sizes: global in, local derived (docs/distributed.md) ---------------------------------
     local_num_envs = cfg.local_num_envs(rt.world_size)
+    cfg = cfg.with_minibatches(cfg.n_steps * local_num_envs)  # done already by the CLI; not by every caller
     steps_per_iteration = cfg.n_steps * local_num_envs * rt.world_size  # global
     num_iterations = math.ceil(cfg.steps / steps_per_iteration)
 

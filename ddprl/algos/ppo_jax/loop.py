@@ -90,6 +90,7 @@ def train(rt: Any, cfg: Any) -> None:
             f"num_envs is global, use a multiple of {num_devices} (or set devices=)"
         )
     local_num_envs = num_envs // num_devices
+    cfg = cfg.with_minibatches(cfg.n_steps * local_num_envs)  # per device, as batch_size is
     if cfg.batch_size > cfg.n_steps * local_num_envs:
         raise UsageError(
             f"batch_size={cfg.batch_size} is larger than the per-device rollout (num_envs/devices x "
