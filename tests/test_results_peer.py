@@ -128,3 +128,27 @@ def test_a_row_keeps_each_finished_seed_and_resumes_with_the_others(run, tmp_pat
     summary = run.run_row("ppo-cartpole", 3, resume=True)
     assert trained == [1, 2, 2, 3]
     assert [s["final"] for s in summary["seeds"]] == [200.0, 400.0, 600.0]
+
+
+def test_a_row_without_a_transcribed_reference_shows_ours_at_the_end_and_best(run, tmp_path, monkeypatch):
+    """The QMIX rows (Papoudakis et al.'s table not transcribed): the page gives the final and the
+    best evaluation over seeds, at LBF's two decimals, and draws the curves."""
+
+    def fake_train(keys, seed, keep, what, env=None):
+        keep.mkdir(parents=True)
+        rows = [{"step": 50_000, "eval/return_mean": 0.2 * seed}, {"step": 100_000, "eval/return_mean": 0.1 * seed}]
+        (keep / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return 60.0
+
+    monkeypatch.setattr(run, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(run, "IMAGES", tmp_path / "images")
+    monkeypatch.setattr(run, "PAGE", tmp_path / "results.md")
+    monkeypatch.setattr(run, "train_and_keep", fake_train)
+    run.run_row("qmix-lbf-8x8-2p-2f-coop", 2)
+    page = run.page()
+    assert (
+        "| QMIX, Foraging-8x8-2p-2f-coop-v3 | not transcribed | 100,000 | 0.15 ± 0.07 | 0.30 ± 0.14 | 2 | 1.0 min |"
+        in page
+    )
+    assert "| QMIX, Foraging-10x10-3p-3f-v3 | not transcribed | | not run yet |" in page
+    assert (tmp_path / "images" / "qmix-lbf-8x8-2p-2f-coop.png").exists()
