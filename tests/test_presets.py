@@ -67,6 +67,14 @@ def test_preset_values_apply_and_the_users_keys_win():
     assert load_config(["algo=tdmpc2", "task=Pendulum-v1"]).sources["steps"] == "default"
 
 
+def test_a_gymnax_port_gets_the_preset_of_its_gymnasium_task():
+    bare = load_config(["engine=jax", "task=Acrobot-v1"])
+    spelt = load_config(["engine=jax", "task=gymnax/Acrobot-v1"])
+    assert to_dict(spelt) | {"task": "Acrobot-v1"} == to_dict(bare)
+    assert spelt.sources["minibatches"] == "task preset" and spelt.num_envs == 16
+    assert load_config(["engine=jax", "task=brax/ant"]).sources["steps"] == "default"  # no Ant-v5 preset for brax
+
+
 def test_mujoco_presets_share_one_base_file():
     hopper, ant = load_config(["task=Hopper-v5"]), load_config(["task=Ant-v5"])
     assert to_dict(hopper) | {"task": "Ant-v5"} == to_dict(ant)

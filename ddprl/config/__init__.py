@@ -78,9 +78,15 @@ def _parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
 
 
 def task_preset_file(task: Any) -> Path | None:
-    """The preset file of a task (``ddprl/config/task/<task>.yaml``), None when it has none."""
-    path = CONFIG_DIR / "task" / f"{task}.yaml"
-    return path if task is not None and "/" not in str(task) and path.exists() else None
+    """The preset file of a task (``ddprl/config/task/<task>.yaml``), None when it has none.
+
+    ``gymnax/<id>`` is gymnax's port of the Gymnasium task ``<id>`` (on engine=jax the bare id
+    names it too): one environment, one preset, however it is spelt."""
+    if task is None:
+        return None
+    name = str(task).removeprefix("gymnax/")
+    path = CONFIG_DIR / "task" / f"{name}.yaml"
+    return path if "/" not in name and path.exists() else None
 
 
 def _task_preset(path: Path, algo: str, algorithms: Iterable[str]) -> dict[str, Any]:
