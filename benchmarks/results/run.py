@@ -93,6 +93,9 @@ CLEANRL = (
     "1M steps; the training episodes' return at the end of training, ± over 3 seeds)"
 )
 ZOO = "SB3 zoo `benchmark.md` (rl-baselines3-zoo, one trained agent; ± over its evaluation episodes)"
+LUNARLANDER_ZOO = (
+    Reference(ZOO + " (LunarLander-v2: the same task before Gymnasium's fixes)", 242.119, 31.823, 1_000_000),
+)
 ROWS: dict[str, Row] = {
     "ppo-cartpole": Row(
         "PPO, CartPole-v1",
@@ -121,21 +124,21 @@ ROWS: dict[str, Row] = {
     "ppo-lunarlander": Row(
         "PPO, LunarLander-v3",
         ("task=LunarLander-v3", "world_size=2"),
-        (Reference(ZOO + " (LunarLander-v2: the same task before Gymnasium's fixes)", 242.119, 31.823, 1_000_000),),
+        LUNARLANDER_ZOO,
         note="The preset gives the zoo's minibatch as minibatches=256 (of the 16 x 1024 rollout): batch_size "
         "64 on one rank, 32 on two, the zoo's minibatch of 64 and its optimizer steps on any world size.",
     ),
     "ppo-lunarlander-minibatch64": Row(
         "PPO, LunarLander-v3, the zoo's minibatch",
         ("task=LunarLander-v3", "world_size=2", "batch_size=32"),
-        (Reference(ZOO + " (LunarLander-v2: the same task before Gymnasium's fixes)", 242.119, 31.823, 1_000_000),),
+        LUNARLANDER_ZOO,
         note="batch_size=32 per rank on 2 ranks: the zoo's minibatch of 64, given by hand before the preset said "
         "minibatches. Wall time: the test suite ran on the same 2 cores during these runs (not timed alone).",
     ),
     "ppo-lunarlander-batch64-per-rank": Row(
         "PPO, LunarLander-v3, minibatch 64 per rank",
         ("task=LunarLander-v3", "world_size=2", "batch_size=64"),
-        (Reference(ZOO + " (LunarLander-v2: the same task before Gymnasium's fixes)", 242.119, 31.823, 1_000_000),),
+        LUNARLANDER_ZOO,
         note="The preset before it said minibatches: batch_size 64 per rank, so minibatches of 128 on 2 ranks "
         "and half the zoo's optimizer steps per epoch. These runs were made as `ddprl train task=LunarLander-v3 "
         "world_size=2` under that preset; the command shown runs the same keys today. This gap is why presets "
