@@ -130,6 +130,13 @@ def test_config_yaml_names_the_source_of_each_value_set(tmp_path):
     assert yaml.safe_load(text) == to_dict(cfg)  # comments only: the file reads back the same
 
 
+def test_keys_of_a_task_say_batch_size_follows_its_minibatches(capsys):
+    assert main(["keys", "algo=ppo", "task=LunarLander-v3"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^batch_size\s+int\s+from minibatches\s+preset\s", out, re.M)
+    assert re.search(r"^minibatches\s+int \| null\s+256\s+preset\s", out, re.M)
+
+
 def test_keys_of_a_task_show_which_values_its_preset_sets(capsys):
     assert main(["keys", "algo=ppo", "task=Pendulum-v1"]) == 0
     out = capsys.readouterr().out
