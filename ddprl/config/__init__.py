@@ -225,14 +225,15 @@ def _settle(cfg: Any, plain: str, alternative: str) -> None:
     """Two keys that set one size two ways (``batch_size``, or ``minibatches`` from which it is
     derived; ``alternative`` is null when unused): the one from the later layer wins, so a
     ``batch_size=`` of yours replaces a preset's ``minibatches`` and the other way round. Both
-    from one layer: refused, except a checkpoint's (its plain value was derived)."""
+    from one layer: refused, except from the defaults (the schema's ``batch_size`` is no choice)
+    and from a checkpoint (its plain value was derived): there the alternative wins."""
     if getattr(cfg, alternative) is None:
         return
     plain_from, alternative_from = cfg.sources[plain], cfg.sources[alternative]
     if LAYERS.index(plain_from) > LAYERS.index(alternative_from):
         setattr(cfg, alternative, None)
         cfg.sources[alternative] = plain_from
-    elif plain_from == alternative_from and plain_from != "checkpoint":
+    elif plain_from == alternative_from and plain_from not in ("default", "checkpoint"):
         raise UsageError(
             f"{plain}={getattr(cfg, plain)} and {alternative}={getattr(cfg, alternative)} ({plain_from}) set "
             f"the same size two ways: give one"
