@@ -17,7 +17,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddprl.runtime.compat import compiled_inner, ddp_buffer_kwargs, functional_all_gather, functional_all_reduce
+from ddprl.runtime.compat import (
+    compiled_inner,
+    ddp_buffer_kwargs,
+    functional_all_gather,
+    functional_all_reduce,
+    is_compiling,
+)
 from ddprl.runtime.placement import Placement
 from ddprl.runtime.seeding import Seeds
 
@@ -195,7 +201,15 @@ class Runtime:
         """
         if self.world_size == 1:
             return tensor
-        return (functional_all_reduce(tensor.float(), "sum", self._group()) / self.world_size).to(tensor.dtype)
+        if is_compiling():
+            total = functional_all_reduce(tensor.float(), "sum", self._group())
+        else:
+            # Run eagerly (compile=false, or a region fallen back): the in-place collective. The
+            # functional one costs more per call outside a graph (gloo, 9k floats, 2 ranks
+            # interleaved: 1.8 ms against 1.0 ms median), and PPO calls this every minibatch.
+            total = tensor.to(torch.float32, copy=True)
+            dist.all_reduce(total, group=self._group())
+        return (total / self.world_size).to(tensor.dtype)
 
     def region_all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Every rank's ``tensor`` concatenated along dim 0 in rank order, traceable (see
