@@ -345,15 +345,14 @@ def algo_keys(choice: dict[str, str]) -> tuple[str, list[tuple[str, ...]], str]:
     if getattr(cfg, "task", None) is not None:
         title += f" with task={cfg.task}"
     origin = {"task preset": "preset", "command line": "given"}
-    rows = [(k, t, d, origin.get(cfg.sources[k], "default"), h) for k, t, d, h in key_rows(cfg)]
-    for plain, alternative in getattr(cfg, "ALTERNATIVES", ()):  # batch_size that minibatches will derive
-        if getattr(cfg, alternative) is not None:
-            rows = [
-                (k, t, f"from {alternative}", origin.get(cfg.sources[alternative], "default"), h)
-                if k == plain
-                else (k, t, d, o, h)
-                for k, t, d, o, h in rows
-            ]
+    # a key another will derive (batch_size from minibatches) shows where it will come from
+    derived = {plain: alt for plain, alt in getattr(cfg, "ALTERNATIVES", ()) if getattr(cfg, alt) is not None}
+    rows = [
+        (k, t, f"from {derived[k]}", origin.get(cfg.sources[derived[k]], "default"), h)
+        if k in derived
+        else (k, t, d, origin.get(cfg.sources[k], "default"), h)
+        for k, t, d, h in key_rows(cfg)
+    ]
     preset = task_preset_file(cfg.task) if "task preset" in cfg.sources.values() else None
     return title, rows, str(preset or "")
 

@@ -560,11 +560,11 @@ def run_row(name: str, seeds: int, resume: bool = False) -> dict:
             )
         print(f"{name} seed {seed}: {results[-1]}", flush=True)
         results.sort(key=lambda s: s["seed"])
-        summary = write_summary(out, name, row.command(), results)
-    return summary
+        write_summary(out, name, row.command(), results)
+    return json.loads((out / "summary.json").read_text())  # also when every seed was kept
 
 
-def write_summary(out: Path, name: str, command: str, seeds: list[dict]) -> dict:
+def write_summary(out: Path, name: str, command: str, seeds: list[dict]) -> None:
     from machine import cpu_model
 
     summary = {
@@ -575,7 +575,6 @@ def write_summary(out: Path, name: str, command: str, seeds: list[dict]) -> dict
         "seeds": seeds,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    return summary
 
 
 def check_purejaxrl(checkout: Path, python: str | None) -> None:

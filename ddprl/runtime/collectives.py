@@ -17,13 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddprl.runtime.compat import (
-    compiled_inner,
-    ddp_buffer_kwargs,
-    functional_all_gather,
-    functional_all_reduce,
-    is_compiling,
-)
+from ddprl.runtime.compat import compiled_inner, ddp_buffer_kwargs, functional_all_gather, functional_all_reduce
 from ddprl.runtime.placement import Placement
 from ddprl.runtime.seeding import Seeds
 
@@ -201,7 +195,7 @@ class Runtime:
         """
         if self.world_size == 1:
             return tensor
-        if is_compiling():
+        if torch.compiler.is_compiling():  # public since torch 2.3 (the floor is 2.4)
             total = functional_all_reduce(tensor.float(), "sum", self._group())
         else:
             # Run eagerly (compile=false, or a region fallen back): the in-place collective. The

@@ -69,15 +69,6 @@ def _funcol() -> Any:
     return funcol
 
 
-def is_compiling() -> bool:
-    """Whether this code is being traced by torch.compile (public since torch 2.3; Dynamo's own
-    function before that)."""
-    public = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-    if public is not None:
-        return public()
-    return torch._dynamo.is_compiling()
-
-
 def functional_all_reduce(tensor: torch.Tensor, op: str, group: Any) -> torch.Tensor:
     """All-reduce that returns a new tensor (traceable: it can sit inside a compiled graph)."""
     return _funcol().all_reduce(tensor, op, group)
