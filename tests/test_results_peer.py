@@ -128,6 +128,7 @@ def test_a_row_keeps_each_finished_seed_and_resumes_with_the_others(run, tmp_pat
     summary = run.run_row("ppo-cartpole", 3, resume=True)
     assert trained == [1, 2, 2, 3]
     assert [s["final"] for s in summary["seeds"]] == [200.0, 400.0, 600.0]
+    assert run.run_row("ppo-cartpole", 3, resume=True) == summary and trained == [1, 2, 2, 3]  # all kept
 
 
 def test_a_row_without_a_transcribed_reference_shows_ours_at_the_end_and_best(run, tmp_path, monkeypatch):
