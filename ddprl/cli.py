@@ -23,7 +23,7 @@ from typing import Any
 
 from ddprl import registry
 from ddprl.errors import UsageError
-from ddprl.prepare import NOT_RESUMED, first_process, key_values, launcher_overrides, prepare_train
+from ddprl.prepare import first_process, key_values, launcher_overrides, prepare_train, saved_config
 
 Row = tuple[str, str, str, str]  # (key, type, default, help) of a command's key
 KEY_COLUMNS = ("key", "type", "default", "from", "help")  # of training's keys: `ddprl keys`, `ddprl train --help`
@@ -129,7 +129,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         check_video_path(kv["video"])
         headless_rendering()  # before the ranks start: they inherit it
-    saved = {k: v for k, v in ckpt["config"].items() if k not in NOT_RESUMED}
+    saved = saved_config(ckpt["config"])
     # One process: a checkpoint from any number of ranks (and machines) evaluates here.
     extra = [
         "world_size=1",
@@ -217,7 +217,7 @@ def cmd_play(args: argparse.Namespace) -> int:
         check_video_path(kv["video"])
     headless_rendering()  # before an env library is imported: making the actor imports them
     ckpt = load_checkpoint(_checkpoint_file(kv["checkpoint"]))
-    saved = {k: v for k, v in ckpt["config"].items() if k not in NOT_RESUMED}
+    saved = saved_config(ckpt["config"])
     cfg = load_config(
         ["world_size=1", f"device={device}", "progress=false"] + _deterministic_override(kv, ckpt, "play"),
         resumed=saved,

@@ -19,6 +19,17 @@ from ddprl.errors import UsageError
 NOT_RESUMED = ("master_port", "master_addr", "node_rank", "resume", "run_dir")
 
 
+def saved_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's ``config`` as the layer that a resumed, evaluated or played job builds on:
+    without the interrupted job's own settings (NOT_RESUMED), and with every architecture key the
+    checkpoint predates at the algorithm's default, the network its weights were made with (not
+    at what a task preset might set today)."""
+    algorithm = registry.get(config.get("algo"), str(config.get("engine", registry.DEFAULT_ENGINE)))
+    defaults = algorithm.default_values()
+    older = {k: defaults[k] for k in algorithm.architecture_keys if k not in config and k in defaults}
+    return {**older, **{k: v for k, v in config.items() if k not in NOT_RESUMED}}
+
+
 def key_values(args: list[str], allowed: dict[str, Callable[[str], Any]], command: str) -> dict[str, Any]:
     """Parse ``key=value`` arguments of the small commands (eval, doctor)."""
     import difflib
@@ -72,9 +83,8 @@ def prepare_train(
     algorithm = registry.get(cfg.algo, cfg.engine)
     ckpt_path = resolve_resume(cfg.resume, cfg.run_dir, cfg.algo)
     if ckpt_path is not None:
-        saved = load_checkpoint(ckpt_path, expect_algo=cfg.algo)["config"]
-        resumed = {k: v for k, v in saved.items() if k not in NOT_RESUMED}
-        cfg = load_config(overrides, config_name, resumed=resumed, values=values)
+        saved = saved_config(load_checkpoint(ckpt_path, expect_algo=cfg.algo)["config"])
+        cfg = load_config(overrides, config_name, resumed=saved, values=values)
         if getattr(cfg, "task", None) != saved.get("task"):
             raise UsageError(f"resume: checkpoint {ckpt_path} is for task={saved['task']}, not task={cfg.task}")
         for key in algorithm.architecture_keys:

@@ -208,3 +208,32 @@ def test_loss_and_distributions_match_the_torch_engine(discrete):
     _, terms = ppo_loss(params, mb, cfg, discrete)
     for name in ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac"):
         np.testing.assert_allclose(float(terms[name]), float(expected[name]), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_networks_compute_what_the_torch_engine_computes(activation):
+    """The same weights give the same logits and values on both engines, for either activation
+    (the key PureJaxRL's configurations call ACTIVATION)."""
+    import gymnasium as gym
+
+    from ddprl.algos.ppo.networks import ActorCritic
+
+    torch.manual_seed(0)
+    net = ActorCritic(gym.spaces.Box(-1, 1, (5,)), gym.spaces.Discrete(3), hidden_sizes=[16, 8], activation=activation)
+    params = nets.init_params(jax.random.PRNGKey(0), 5, 3, [16, 8], True)
+
+    def copied(seq):  # torch Linear layers (out, in) -> the JAX layers' (in, out)
+        linear = [m for m in seq if hasattr(m, "weight")]
+        return [
+            {"w": jnp.asarray(m.weight.detach().T.numpy()), "b": jnp.asarray(m.bias.detach().numpy())} for m in linear
+        ]
+
+    params = {"actor": copied(net.actor), "critic": copied(net.critic)}
+    obs = np.random.default_rng(0).normal(size=(7, 5)).astype(np.float32) * 2
+    with torch.no_grad():
+        logits = net.actor(torch.from_numpy(obs)).numpy()
+        values = net.value(torch.from_numpy(obs)).numpy()
+    np.testing.assert_allclose(np.asarray(nets.policy_head(params, jnp.asarray(obs), activation)), logits, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(nets.value(params, jnp.asarray(obs), activation)), values, atol=1e-5)
+    other = "relu" if activation == "tanh" else "tanh"  # the check can fail: the other activation differs
+    assert not np.allclose(np.asarray(nets.value(params, jnp.asarray(obs), other)), values, atol=1e-3)

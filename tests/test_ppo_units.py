@@ -94,6 +94,38 @@ def test_actor_critic_shapes_and_scoring():
         ActorCritic(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2), policy="cnn")
 
 
+def test_activation_key_picks_the_mlp_hidden_layers_and_is_refused_for_cnn():
+    from ddprl.config import load_config
+    from ddprl.errors import UsageError
+
+    def hidden_activations(net):
+        return {type(m).__name__ for m in net.modules() if isinstance(m, (torch.nn.Tanh, torch.nn.ReLU))}
+
+    spaces = (gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2))
+    assert hidden_activations(ActorCritic(*spaces, hidden_sizes=[8])) == {"Tanh"}
+    assert hidden_activations(ActorCritic(*spaces, hidden_sizes=[8], activation="relu")) == {"ReLU"}
+    assert load_config([]).activation == "tanh"
+    with pytest.raises(UsageError, match="activation='gelu' is not tanh or relu"):
+        load_config(["activation=gelu"])
+    cnn = load_config(["task=snake", "policy=cnn", "activation=relu", "world_size=1"])
+    with pytest.raises(UsageError, match="policy=cnn is relu throughout"):
+        cnn.check()
+    load_config(["task=snake", "policy=cnn", "world_size=1"]).check()  # the default says nothing: accepted
+
+
+def test_a_checkpoint_older_than_an_architecture_key_loads_with_that_keys_default():
+    """A checkpoint written before ``activation`` existed has a tanh policy: eval, play and
+    resume rebuild that network, and not what a layer of today would set."""
+    from ddprl.prepare import saved_config
+
+    old = {"algo": "ppo", "task": "CartPole-v1", "policy": "mlp", "hidden_sizes": [8], "run_dir": "runs/x"}
+    layer = saved_config(old)
+    assert layer["activation"] == "tanh" and "run_dir" not in layer  # the interrupted job's own setting dropped
+    assert {k: layer[k] for k in old if k != "run_dir"} == {k: v for k, v in old.items() if k != "run_dir"}
+    new = {**old, "activation": "relu", "engine": "jax"}
+    assert saved_config(new)["activation"] == "relu"  # a key the checkpoint has is kept
+
+
 @pytest.mark.parametrize("policy", ["mlp", "cnn"])
 def test_output_heads_stay_fp32_under_bf16_autocast(policy):
     # A value of ~100.3 would be rounded to 100.5 by a bf16 head (8 significant bits).

@@ -11,7 +11,7 @@ ALGORITHM = Algorithm(
     train="ddprl.algos.ppo.loop:train",
     load_actor="ddprl.algos.ppo.loop:load_actor",
     defaults=Path(__file__).with_name("defaults.yaml"),
-    architecture_keys=("policy", "hidden_sizes", "policy_width", "policy_depth"),
+    architecture_keys=("policy", "hidden_sizes", "activation", "policy_width", "policy_depth"),
     prepare="ddprl.algos.ppo.autoscale:prepare",
     description="PPO with vectorised environments (Gymnasium, DMC, Snake on device)",
 )

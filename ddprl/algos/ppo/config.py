@@ -32,6 +32,9 @@ class PPOConfig(RLConfig):
     norm_reward: bool = key("divide rewards by the std of the discounted return (all ranks), clip to +-10")
     policy: str = key("mlp | cnn (cnn for image-like C x H x W observations)")
     hidden_sizes: list[int] = key("dense layer widths (of the MLPs; after the convs for cnn)")
+    activation: str = key(
+        "hidden-layer activation of policy=mlp: tanh (CleanRL, PureJaxRL's default) | relu (the cnn policy is relu)"
+    )
     policy_width: int = key("CNN channels")
     policy_depth: int = key("CNN conv layers")
     env_kwargs: dict[str, Any] = key("extra keyword arguments for the environment constructor")
@@ -59,6 +62,7 @@ class PPOConfig(RLConfig):
         _check(self.max_grad_norm >= 0, f"max_grad_norm={self.max_grad_norm} must be >= 0")
         _check(self.target_kl is None or self.target_kl > 0, f"target_kl={self.target_kl} must be > 0 or null")
         _check(self.policy in ("mlp", "cnn"), f"policy={self.policy!r} is not mlp or cnn")
+        _check(self.activation in ("tanh", "relu"), f"activation={self.activation!r} is not tanh or relu")
         _check(
             all(isinstance(h, int) and h >= 1 for h in self.hidden_sizes),
             f"hidden_sizes={self.hidden_sizes} must be widths >= 1, e.g. [64, 64]",
@@ -105,6 +109,10 @@ class PPOConfig(RLConfig):
         _check(
             isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)),
             f"ppo acts in Discrete or Box action spaces; {self.task} has {action_space}",
+        )
+        _check(
+            self.policy != "cnn" or self.sources.get("activation", "default") == "default",
+            f"activation={self.activation} sets the mlp policy's activation; policy=cnn is relu throughout",
         )
         _check(
             self.policy != "cnn" or len(obs_space.shape or ()) == 3,

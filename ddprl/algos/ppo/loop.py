@@ -41,6 +41,7 @@ def build_agent(cfg: Any, env: Any) -> ActorCritic:
         hidden_sizes=list(cfg.hidden_sizes),
         policy_width=cfg.policy_width,
         policy_depth=cfg.policy_depth,
+        activation=cfg.activation,
     )
 
 

@@ -32,10 +32,13 @@ def _layer(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -> nn
     return layer
 
 
-def mlp(in_dim: int, hidden: list[int], out_dim: int, out_std: float) -> nn.Sequential:
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}  # the mlp policy's hidden activation (key ``activation``)
+
+
+def mlp(in_dim: int, hidden: list[int], out_dim: int, out_std: float, activation: str = "tanh") -> nn.Sequential:
     layers: list[nn.Module] = []
     for width in hidden:
-        layers += [_layer(nn.Linear(in_dim, width)), nn.Tanh()]
+        layers += [_layer(nn.Linear(in_dim, width)), ACTIVATIONS[activation]()]
         in_dim = width
     layers.append(_layer(OutputLinear(in_dim, out_dim), std=out_std))
     return nn.Sequential(*layers)
@@ -82,6 +85,7 @@ class ActorCritic(nn.Module):
         hidden_sizes: list[int] = (64, 64),
         policy_width: int = 32,
         policy_depth: int = 2,
+        activation: str = "tanh",
     ):
         super().__init__()
         obs_shape = tuple(obs_space.shape)
@@ -100,8 +104,8 @@ class ActorCritic(nn.Module):
             in_dim = int(np.prod(obs_shape))
             self.trunk = nn.Flatten()
             # Separate actor and critic MLPs: the usual choice for low-dimensional control.
-            self.actor = mlp(in_dim, list(hidden_sizes), n_out, out_std=0.01)
-            self.critic = mlp(in_dim, list(hidden_sizes), 1, out_std=1.0)
+            self.actor = mlp(in_dim, list(hidden_sizes), n_out, out_std=0.01, activation=activation)
+            self.critic = mlp(in_dim, list(hidden_sizes), 1, out_std=1.0, activation=activation)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.zeros(n_out))
 

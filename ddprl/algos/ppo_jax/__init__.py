@@ -20,6 +20,6 @@ ALGORITHM = Algorithm(
     train="ddprl.algos.ppo_jax.loop:train",
     load_actor="ddprl.algos.ppo_jax.loop:load_actor",
     defaults=_PPO_DEFAULTS,
-    architecture_keys=("policy", "hidden_sizes"),
+    architecture_keys=("policy", "hidden_sizes", "activation"),
     description="PPO compiled whole in JAX: envs sharded over devices (gymnax, brax/MJX)",
 )

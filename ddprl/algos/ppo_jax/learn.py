@@ -138,9 +138,9 @@ def gae(rollout: dict[str, jax.Array], next_values: jax.Array, gamma: float, lam
 
 def ppo_loss(params: nets.Params, mb: dict[str, jax.Array], cfg: Any, discrete: bool):
     """The torch engine's ``ppo_loss`` (clipped surrogate, clipped value loss, entropy bonus)."""
-    head = nets.policy_head(params, mb["obs"])
+    head = nets.policy_head(params, mb["obs"], cfg.activation)
     log_prob, entropy = nets.log_prob_entropy(params, head, mb["action"], discrete)
-    value = nets.value(params, mb["obs"])
+    value = nets.value(params, mb["obs"], cfg.activation)
     log_ratio = log_prob - mb["log_prob"]
     ratio = jnp.exp(log_ratio)
     adv = mb["advantage"]
@@ -190,15 +190,15 @@ def make_iteration(
             # One key per global env and step: the same draws however the envs are sharded.
             keys = jax.vmap(lambda i: jax.random.split(jax.random.fold_in(jax.random.fold_in(key, t), i)))(env_ids)
             nobs = normalize(obs_rms, obs, cfg.norm_obs)
-            head = nets.policy_head(params, nobs)
-            value = nets.value(params, nobs)
+            head = nets.policy_head(params, nobs, cfg.activation)
+            value = nets.value(params, nobs, cfg.activation)
             action = jax.vmap(lambda kk, h: nets.sample(kk, params, h[None], discrete)[0])(keys[:, 0], head)
             log_prob, _ = nets.log_prob_entropy(params, head, action, discrete)
             env_action = action if discrete else jnp.clip(action, low, high)
             env_state, next_obs, reward, terminated, truncated, final_obs = jax.vmap(env.step)(
                 keys[:, 1], env_state, env_action
             )
-            final_value = nets.value(params, normalize(obs_rms, final_obs, cfg.norm_obs))
+            final_value = nets.value(params, normalize(obs_rms, final_obs, cfg.norm_obs), cfg.activation)
             ep_return, ep_length = ep_return + reward, ep_length + 1
             done = terminated | truncated
             ret_sum = ret_sum + jnp.where(done, ep_return, 0.0).sum()
@@ -282,7 +282,7 @@ def make_iteration(
         key, k_rollout, k_learn = jax.random.split(c["key"], 3)
         c = {**c, "key": key, "opt": _with_lr(c["opt"], lr)}
         c, data, ret_sum, ret_count = rollout(c, env_ids, k_rollout)
-        next_values = nets.value(c["params"], normalize(c["obs_rms"], c["obs"], cfg.norm_obs))
+        next_values = nets.value(c["params"], normalize(c["obs_rms"], c["obs"], cfg.norm_obs), cfg.activation)
         rewards = data["reward"]
         if cfg.norm_reward:
             # Statistics first (this rollout's discounted returns over every device), then the scaling.
@@ -346,7 +346,7 @@ def make_evaluator(env: JaxEnv, cfg: Any, episodes: int, deterministic: bool) ->
         def one_step(s, t):
             state, obs, ret, length, alive = s
             keys = jax.random.split(jax.random.fold_in(key, t + 1), 2 * episodes).reshape(episodes, 2, -1)
-            head = nets.policy_head(params, normalize(obs_rms, obs, cfg.norm_obs))
+            head = nets.policy_head(params, normalize(obs_rms, obs, cfg.norm_obs), cfg.activation)
             if deterministic:
                 action = nets.mode(head, discrete)
             else:

@@ -217,7 +217,7 @@ def load_actor(cfg: Any, state: dict[str, Any], device: torch.device) -> Actor:
 
     @jax.jit
     def policy(obs: jax.Array, key: jax.Array) -> jax.Array:
-        head = nets.policy_head(params, normalize(obs_rms, obs, cfg.norm_obs))
+        head = nets.policy_head(params, normalize(obs_rms, obs, cfg.norm_obs), cfg.activation)
         if cfg.eval_deterministic:
             return nets.mode(head, env.discrete)
         return nets.sample(key, params, head, env.discrete)

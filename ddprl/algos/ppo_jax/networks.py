@@ -1,8 +1,9 @@
 """PPO's actor-critic in plain JAX: the torch engine's MLP policy, as a pytree of arrays.
 
-Separate actor and critic tanh MLPs with orthogonal init (gain sqrt(2); 0.01 for the policy
-head, 1.0 for the value head), zero biases, a state-independent log-std for continuous
-actions — the same network as ``ddprl.algos.ppo.networks.ActorCritic(policy="mlp")``.
+Separate actor and critic MLPs (tanh or relu hidden layers: key ``activation``) with orthogonal
+init (gain sqrt(2); 0.01 for the policy head, 1.0 for the value head), zero biases, a
+state-independent log-std for continuous actions — the same network as
+``ddprl.algos.ppo.networks.ActorCritic(policy="mlp")``.
 """
 
 from __future__ import annotations
@@ -27,9 +28,13 @@ def _mlp_init(key: jax.Array, sizes: list[int], out_gain: float) -> list[dict[st
     return layers
 
 
-def _mlp(layers: list[dict[str, jax.Array]], x: jax.Array) -> jax.Array:
+ACTIVATIONS = {"tanh": jnp.tanh, "relu": jax.nn.relu}
+
+
+def _mlp(layers: list[dict[str, jax.Array]], x: jax.Array, activation: str) -> jax.Array:
+    act = ACTIVATIONS[activation]
     for layer in layers[:-1]:
-        x = jnp.tanh(x @ layer["w"] + layer["b"])
+        x = act(x @ layer["w"] + layer["b"])
     return x @ layers[-1]["w"] + layers[-1]["b"]
 
 
@@ -44,14 +49,14 @@ def init_params(key: jax.Array, obs_dim: int, action_dim: int, hidden: list[int]
     return params
 
 
-def value(params: Params, obs: jax.Array) -> jax.Array:
+def value(params: Params, obs: jax.Array, activation: str = "tanh") -> jax.Array:
     """V(obs) for a batch (B, ...) → (B,)."""
-    return _mlp(params["critic"], obs.reshape(obs.shape[0], -1))[:, 0]
+    return _mlp(params["critic"], obs.reshape(obs.shape[0], -1), activation)[:, 0]
 
 
-def policy_head(params: Params, obs: jax.Array) -> jax.Array:
+def policy_head(params: Params, obs: jax.Array, activation: str = "tanh") -> jax.Array:
     """Logits (discrete) or the Gaussian mean (continuous), (B, A)."""
-    return _mlp(params["actor"], obs.reshape(obs.shape[0], -1))
+    return _mlp(params["actor"], obs.reshape(obs.shape[0], -1), activation)
 
 
 def sample(key: jax.Array, params: Params, head: jax.Array, discrete: bool) -> jax.Array:
