@@ -31,8 +31,12 @@ def run():
     return load("run")
 
 
-@pytest.mark.parametrize("row", ["jax-cartpole", "jax-acrobot"])
-@pytest.mark.parametrize("impl", ["jax1", "jax", "torch"])
+PEER_RUNS = [(row, impl) for row in ("jax-cartpole", "jax-acrobot") for impl in ("jax1", "jax", "torch")] + [
+    (row, impl) for row in ("jax-breakout", "jax-spaceinvaders") for impl in ("jax1", "jax")
+]
+
+
+@pytest.mark.parametrize("row,impl", PEER_RUNS)
 def test_keys_resolve_to_purejaxrl_sizes(run, row, impl):
     peer = run.PEER_ROWS[row]
     config = peer.config()
@@ -41,11 +45,13 @@ def test_keys_resolve_to_purejaxrl_sizes(run, row, impl):
     devices = cfg.devices if cfg.engine == "jax" else cfg.world_size
     assert devices == run.DEVICES[impl] == (1 if impl == "jax1" else run.PEER_DEVICES)
     rollout = cfg.num_envs * cfg.n_steps  # num_envs is global
-    assert rollout == config["NUM_ENVS"] * config["NUM_STEPS"] == 512
-    assert cfg.steps // rollout == int(config["TOTAL_TIMESTEPS"]) // rollout == 976  # same updates, same anneal
+    sizes = {"jax-breakout": (8192, 1220, 1024), "jax-spaceinvaders": (8192, 1220, 1024)}  # MinAtar's notebook
+    size, updates, minibatch = sizes.get(row, (512, 976, 128))  # ppo.py's configuration
+    assert rollout == config["NUM_ENVS"] * config["NUM_STEPS"] == size
+    assert cfg.steps // rollout == int(config["TOTAL_TIMESTEPS"]) // rollout == updates  # same updates, same anneal
     assert cfg.steps % rollout == 0
     # the global minibatch and the optimizer steps per epoch are PureJaxRL's
-    assert cfg.effective_batch_size(devices) == rollout // config["NUM_MINIBATCHES"] == 128
+    assert cfg.effective_batch_size(devices) == rollout // config["NUM_MINIBATCHES"] == minibatch
     assert (rollout // devices) // cfg.batch_size == config["NUM_MINIBATCHES"]
     expected = {
         "epochs": config["UPDATE_EPOCHS"],
@@ -63,6 +69,7 @@ def test_keys_resolve_to_purejaxrl_sizes(run, row, impl):
         "norm_reward": False,
         "target_kl": None,
         "hidden_sizes": [64, 64],
+        "activation": config["ACTIVATION"],
         "policy": "mlp",
     }
     assert {k: getattr(cfg, k) for k in expected} == expected
@@ -70,9 +77,13 @@ def test_keys_resolve_to_purejaxrl_sizes(run, row, impl):
     assert [k for k, source in cfg.sources.items() if source == "task preset"] in ([], ["checkpoint_freq"])
 
 
-def test_relu_has_no_ddprl_counterpart(run):
-    with pytest.raises(ValueError, match="tanh"):
-        run.ddprl_ppo_keys({**run.PUREJAXRL_PPO, "ACTIVATION": "relu"})
+def test_minatar_rows_run_the_notebooks_relu_configuration_on_jax_only(run):
+    for name in ("jax-breakout", "jax-spaceinvaders"):
+        row = run.PEER_ROWS[name]
+        assert row.impls == ("purejaxrl", "jax1", "jax")  # MinAtar is a gymnax task: no torch run
+        assert row.config()["ACTIVATION"] == "relu" and row.config()["ENV_NAME"].endswith("-MinAtar")
+        assert "eval_freq=500000" in row.keys("jax")
+    assert run.PEER_ROWS["jax-cartpole"].impls == tuple(run.IMPLS)
 
 
 def test_purejaxrl_curve_rows():

@@ -258,6 +258,17 @@ PUREJAXRL_PPO = {
     "ANNEAL_LR": True,
     "DEBUG": False,  # its __main__ says True: a host callback printing every episode, not timed here
 }
+# The configuration of its `examples/brax_minatar.ipynb` ("briefly tuned to do well on Gymnax's
+# MinAtar environments"), which runs the same make_train as ppo.py (the same code, its wrappers
+# imported from gymnax): 64 envs x 128 steps, 8 minibatches, relu, 1e7 steps.
+PUREJAXRL_MINATAR = {
+    **PUREJAXRL_PPO,
+    "LR": 5e-3,
+    "NUM_ENVS": 64,
+    "TOTAL_TIMESTEPS": 10_000_000,
+    "NUM_MINIBATCHES": 8,
+    "ACTIVATION": "relu",
+}
 PEER_DEVICES = 2  # ddprl's JAX engine on 2 simulated CPU devices, its torch engine on 2 ranks
 PEER_EVAL_FREQ = 50_000  # ddprl's greedy evaluations (10 episodes), outside the training time
 # The runs of a peer row: PureJaxRL (one device), ddprl jax on one device (the engine against
@@ -272,7 +283,7 @@ DEVICES = {"purejaxrl": 1, "jax1": 1, "jax": PEER_DEVICES, "torch": PEER_DEVICES
 DDPRL_IMPLS = ("jax1", "jax", "torch")
 
 
-def ddprl_ppo_keys(config: dict, devices: int = PEER_DEVICES) -> tuple[str, ...]:
+def ddprl_ppo_keys(config: dict, devices: int = PEER_DEVICES, eval_freq: int = PEER_EVAL_FREQ) -> tuple[str, ...]:
     """PureJaxRL's PPO ``config`` as ddprl's keys, for either engine on ``devices`` devices or ranks.
 
     ``num_envs`` is global in ddprl and ``batch_size`` per device or rank, so PureJaxRL's
@@ -281,8 +292,6 @@ def ddprl_ppo_keys(config: dict, devices: int = PEER_DEVICES) -> tuple[str, ...]
     TOTAL_TIMESTEPS down to whole updates, ddprl rounds ``steps`` up: ``steps`` is given as the
     whole updates, so that both run as many and anneal the learning rate over the same count.
     """
-    if config["ACTIVATION"] != "tanh":
-        raise ValueError("ddprl's mlp policy is tanh: a relu config has no ddprl counterpart")
     rollout = config["NUM_ENVS"] * config["NUM_STEPS"]
     minibatch, rest = divmod(rollout, config["NUM_MINIBATCHES"])
     if rest or minibatch % devices or config["NUM_ENVS"] % devices:
@@ -310,9 +319,10 @@ def ddprl_ppo_keys(config: dict, devices: int = PEER_DEVICES) -> tuple[str, ...]
         "norm_adv=true",  # ppo.py normalises per minibatch, ddprl over the whole rollout: PEER_NOTES
         "norm_obs=false",
         "norm_reward=false",
-        "policy=mlp",  # separate tanh actor and critic, orthogonal init (sqrt 2, 0.01, 1), as ppo.py
+        "policy=mlp",  # separate actor and critic, orthogonal init (sqrt 2, 0.01, 1), as ppo.py
         "hidden_sizes=[64,64]",
-        f"eval_freq={PEER_EVAL_FREQ}",
+        f"activation={config['ACTIVATION']}",
+        f"eval_freq={eval_freq}",
         "eval_episodes=10",
         "eval_deterministic=true",
     )
@@ -325,12 +335,19 @@ class PeerRow:
 
     title: str
     task: str  # gymnax id: PureJaxRL's ENV_NAME and ddprl jax's task=gymnax/<id>
-    torch_task: str  # the same task in Gymnasium, for ddprl's torch engine
+    torch_task: str | None  # the same task in Gymnasium, for ddprl's torch engine (None: gymnax only)
     note: str = ""
+    base: tuple[tuple[str, object], ...] = tuple(PUREJAXRL_PPO.items())  # PureJaxRL's configuration
+    eval_freq: int = PEER_EVAL_FREQ
+
+    @property
+    def impls(self) -> tuple[str, ...]:
+        """The runs of each seed: every one of IMPLS, less ddprl torch for a gymnax-only task."""
+        return tuple(impl for impl in IMPLS if impl != "torch" or self.torch_task)
 
     def config(self, steps: int | None = None) -> dict:
         """PureJaxRL's config of this row (``steps``: a shorter TOTAL_TIMESTEPS, for a smoke run)."""
-        return {**PUREJAXRL_PPO, "ENV_NAME": self.task, **({"TOTAL_TIMESTEPS": steps} if steps else {})}
+        return {**dict(self.base), "ENV_NAME": self.task, **({"TOTAL_TIMESTEPS": steps} if steps else {})}
 
     def keys(self, impl: str, steps: int | None = None) -> tuple[str, ...]:
         """The ``ddprl train`` keys of one of DDPRL_IMPLS."""
@@ -339,7 +356,7 @@ class PeerRow:
             engine = ("engine=jax", f"devices={devices}", f"task=gymnax/{self.task}")
         else:
             engine = ("engine=torch", f"world_size={devices}", f"task={self.torch_task}")
-        return engine + ddprl_ppo_keys(self.config(steps), devices)
+        return engine + ddprl_ppo_keys(self.config(steps), devices, self.eval_freq)
 
     def command(self) -> str:
         return "ddprl train " + " ".join(self.keys("jax"))
@@ -354,21 +371,36 @@ PEER_ROWS: dict[str, PeerRow] = {
         note="ppo.py's configuration is CartPole's; PureJaxRL publishes no Acrobot one, so this row runs "
         "the same values on Acrobot (ddprl's Acrobot-v1 preset is overridden key by key).",
     ),
+    **{
+        f"jax-{game.lower()}": PeerRow(
+            f"PPO, {game}-MinAtar",
+            f"{game}-MinAtar",
+            None,
+            note="The configuration of PureJaxRL's `examples/brax_minatar.ipynb` (relu MLP on the flattened "
+            "10 x 10 planes). MinAtar is a gymnax task only: no ddprl torch run. ddprl evaluates greedily "
+            "(10 episodes) every 500k steps.",
+            base=tuple(PUREJAXRL_MINATAR.items()),
+            eval_freq=500_000,
+        )
+        for game in ("Breakout", "SpaceInvaders")
+    },
 }
 # What differs between PureJaxRL's and ddprl's runs of a peer row, and why it stays (on the page).
 PEER_NOTES = (
-    "Advantages: PureJaxRL normalises them in each minibatch of 128 (its loss function), ddprl "
+    "Advantages: PureJaxRL normalises them in each minibatch (its loss function), ddprl "
     "once over the whole rollout of every device (`norm_adv=true`); ddprl has no per-minibatch option.",
-    "Time limits: PureJaxRL's `done` ends an episode at gymnax's 500-step limit like a termination "
+    "Time limits: PureJaxRL's `done` ends an episode at gymnax's step limit (500 for CartPole and Acrobot, "
+    "1,000 for the MinAtar games) like a termination "
     "(no bootstrap: the value target past it is 0); ddprl bootstraps a truncated episode from the "
     "value of its last observation. ddprl has no key to treat truncation as termination.",
-    "Minibatches: PureJaxRL shuffles the whole rollout of 512 samples, as ddprl jax on one device does; "
-    "on 2 devices (ranks) each shuffles its own 256 and they average the gradients of their 64-sample "
-    "halves, which is the gradient of a 128-sample minibatch drawn half from each device's environments.",
-    "Environments: PureJaxRL and ddprl jax step gymnax 1.0.1's CartPole-v1 and Acrobot-v1; ddprl torch "
-    "steps Gymnasium's (the tasks gymnax ports, float64 physics). gymnax 1.0 returns terminated and "
-    "truncated apart, PureJaxRL (written for gymnax < 1.0) reads one `done`: the runner hands it "
-    "`terminated | truncated` through an adapter around `gymnax.make` (purejaxrl_ppo.py), its code unchanged.",
+    "Minibatches: PureJaxRL shuffles the whole rollout, as ddprl jax on one device does; on 2 devices "
+    "(ranks) each shuffles its own half and they average the gradients of their half-minibatches, which "
+    "is the gradient of one minibatch drawn half from each device's environments.",
+    "Environments: PureJaxRL and ddprl jax step gymnax 1.0.1's tasks; ddprl torch steps Gymnasium's "
+    "CartPole-v1 and Acrobot-v1 (the tasks gymnax ports, float64 physics) and has no MinAtar. gymnax 1.0 "
+    "returns terminated and truncated apart, PureJaxRL (written for gymnax < 1.0) reads one `done`: the "
+    "runner hands it `terminated | truncated` through an adapter around `gymnax.make` (purejaxrl_ppo.py), "
+    "its code unchanged.",
     "Metric: PureJaxRL's curve is its `returned_episode_returns` where `returned_episode`, the mean "
     "of the episodes that ended in each update, as ddprl's `train/episode_return`. (PureJaxRL's own plots "
     "average `returned_episode_returns` over every step and env, which repeats each env's last finished "
@@ -650,7 +682,7 @@ def run_peer_row(name: str, seeds: int, checkout: Path, python: str | None, step
         keep = out / f"purejaxrl-seed{seed}"
         wall = run_purejaxrl(config, seed, keep, checkout, python)
         result["purejaxrl"] = peer_measures(keep, "purejaxrl", wall, budget)
-        for impl in DDPRL_IMPLS:
+        for impl in row.impls[1:]:  # the ddprl runs
             keep = out / f"{impl}-seed{seed}"
             env = jax_env(DEVICES[impl]) if impl.startswith("jax") else {}
             wall = train_and_keep(row.keys(impl, steps), seed, keep, f"{name} {impl} seed {seed}", env)
@@ -667,7 +699,7 @@ def run_peer_row(name: str, seeds: int, checkout: Path, python: str | None, step
             )
             + " ddprl train "
             + " ".join(row.keys(impl, steps))
-            for impl in DDPRL_IMPLS
+            for impl in row.impls[1:]
         },
         "purejaxrl": {"commit": PUREJAXRL_COMMIT, "config": config, "versions": versions},
         "machine": f"{cpu_model()}, {os.cpu_count()} cores",
@@ -807,7 +839,7 @@ def draw_peer(name: str, row: PeerRow, seeds: list[int], steps: int) -> Path:
     bins (one update's value is the mean of the few episodes that ended in it: noisy)."""
     from ddprl.plot import figure, load_runs
 
-    runs = load_runs([RUNS / name / f"{impl}-seed{seed}" for impl in IMPLS for seed in seeds])
+    runs = load_runs([RUNS / name / f"{impl}-seed{seed}" for impl in row.impls for seed in seeds])
     fig = figure(runs, [TRAIN])
     ax = fig.axes[0]
     colours = {impl: f"C{i}" for i, impl in enumerate(IMPLS)}
@@ -818,12 +850,12 @@ def draw_peer(name: str, row: PeerRow, seeds: list[int], steps: int) -> Path:
     fig.legends.clear()  # figure()'s legend names each run; one entry per implementation instead
     width = steps / 50
     handles = []
-    for impl in IMPLS:
+    for impl in row.impls:
         per_seed = [binned_mean(runs[f"{impl}-seed{seed}"], TRAIN, width) for seed in seeds]
         common = sorted(set.intersection(*(set(b) for b in per_seed)))
         mean = [statistics.mean(b[i] for b in per_seed) for i in common]
         handles += ax.plot([(i + 0.5) * width for i in common], mean, color=colours[impl], linewidth=2)
-    ax.legend(handles, list(IMPLS.values()), loc="lower right", fontsize=8)
+    ax.legend(handles, [IMPLS[impl] for impl in row.impls], loc="lower right", fontsize=8)
     ax.set_title(f"{row.title}: {METRIC_NAMES[TRAIN]}, {len(seeds)} seed(s) each", fontsize=10)
     IMAGES.mkdir(parents=True, exist_ok=True)
     path = IMAGES / f"{name}.png"
@@ -833,7 +865,7 @@ def draw_peer(name: str, row: PeerRow, seeds: list[int], steps: int) -> Path:
 
 def across(seeds: list[dict], impl: str, key: str) -> list[float]:
     """``key`` of ``impl``'s run of every seed of a peer row's summary, where it has one."""
-    return [s[impl][key] for s in seeds if s[impl][key] is not None]
+    return [s[impl][key] for s in seeds if impl in s and s[impl][key] is not None]
 
 
 def seconds(value: float | None) -> str:
@@ -844,6 +876,8 @@ def seconds(value: float | None) -> str:
 
 def wall_cell(runs: list[dict]) -> str:
     """Mean end-to-end seconds per seed, with the compile and the training alone after it."""
+    if not runs:  # an implementation the row does not run
+        return "—"
     wall = statistics.mean(r["wall_s"] for r in runs)
     compiles = [r["compile_s"] for r in runs if r["compile_s"] is not None]
     compiled = f"compile {seconds(statistics.mean(compiles))}, " if compiles else ""
@@ -858,7 +892,8 @@ def peer_section() -> tuple[list[str], list[str]]:
         "",
         f"PureJaxRL's PPO ({PUREJAXRL_REPO}, `purejaxrl/ppo.py` at commit `{PUREJAXRL_COMMIT[:7]}`), run",
         "here beside ddprl's two engines (the JAX one on one device, as PureJaxRL, and on two), every",
-        "run with the hyperparameters of that file's own configuration. Each cell is the mean return",
+        "run with PureJaxRL's own hyperparameters (ppo.py's configuration; for MinAtar, its",
+        "`examples/brax_minatar.ipynb`'s, which calls the same code). Each cell is the mean return",
         "of the training episodes (sampled actions) over the last 5 % of the steps, what PureJaxRL",
         "logs; ddprl's greedy evaluation (10 episodes) at the end is its own column. Wall time per",
         "seed: end to end (start-up, compile, evaluations), then the compile and the training alone.",
@@ -884,7 +919,7 @@ def peer_section() -> tuple[list[str], list[str]]:
         image = draw_peer(name, row, [s["seed"] for s in seeds], summary["steps"]).relative_to(PAGE.parent)
         cells = [mean_std(across(seeds, impl, "train_return")) for impl in IMPLS]
         evals = " / ".join(mean_std(across(seeds, impl, "eval_return")) for impl in DDPRL_IMPLS)
-        walls = " / ".join(wall_cell([s[impl] for s in seeds]) for impl in IMPLS)
+        walls = " / ".join(wall_cell([s[impl] for s in seeds if impl in s]) for impl in IMPLS)
         lines.append(
             f"| {row.title} | {summary['steps']:,} | {' | '.join(cells)} | {evals} | {walls} | {len(seeds)} "
             f"| [png]({image}) |"
@@ -906,7 +941,7 @@ def peer_section() -> tuple[list[str], list[str]]:
                 + ", ".join(
                     f"{impl} {fmt(s[impl]['train_return'])} / {fmt(s[impl]['eval_return'])} / "
                     f"{seconds(s[impl]['wall_s'])}, {seconds(s[impl]['compile_s'])}, {seconds(s[impl]['train_s'])}"
-                    for impl in IMPLS
+                    for impl in row.impls
                 )
                 for s in seeds
             ),
@@ -929,10 +964,12 @@ def peer_section() -> tuple[list[str], list[str]]:
         ),
         "```",
         "",
-        "How PureJaxRL's configuration maps onto ddprl's keys: `num_envs` is global (4), `batch_size` is",
-        f"per device or rank (128 on one, 64 on {PEER_DEVICES}: PureJaxRL's minibatch of 128, 4 optimizer",
-        "steps per epoch), `steps` is PureJaxRL's 976 whole updates of 512 steps (it rounds 500k down, ddprl would",
-        "round up), and the other keys carry its values (`ddprl_ppo_keys` in benchmarks/results/run.py).",
+        "How PureJaxRL's configuration maps onto ddprl's keys: `num_envs` is global (NUM_ENVS), `batch_size`",
+        "is per device or rank (PureJaxRL's minibatch, NUM_ENVS x NUM_STEPS / NUM_MINIBATCHES, on one device,",
+        f"its 1/{PEER_DEVICES} on {PEER_DEVICES}: the same minibatch and optimizer steps per epoch), `steps` is",
+        "PureJaxRL's whole updates (for ppo.py's 500k, 976 updates of 512 steps: it rounds down, ddprl would",
+        "round up), `activation` is its ACTIVATION, and the other keys carry its values (`ddprl_ppo_keys` in",
+        "benchmarks/results/run.py).",
         "What still differs:",
         "",
         *(f"- {note}" for note in PEER_NOTES),
