@@ -159,8 +159,24 @@ def test_a_row_without_a_transcribed_reference_shows_ours_at_the_end_and_best(ru
     run.run_row("qmix-lbf-8x8-2p-2f-coop", 2)
     page = run.page()
     assert (
-        "| QMIX, Foraging-8x8-2p-2f-coop-v3 | not transcribed | 100,000 | 0.15 ± 0.07 | 0.30 ± 0.14 | 2 | 1.0 min |"
-        in page
+        "| QMIX, Foraging-8x8-2p-2f-coop-v3 | not transcribed | 100,000 | 0.15 ± 0.07 "
+        "| 0.30 ± 1.27 (95 % CI) at 50,000 | 2 | 1.0 min |" in page  # the mean over seeds peaks at 50k
     )
+    assert "maximum returns 0.30 ± 1.27" in page and "average returns over all evaluations 0.23 ± 0.95" in page
     assert "| QMIX, Foraging-10x10-3p-3f-v3 | not transcribed | | not run yet |" in page
     assert (tmp_path / "images" / "qmix-lbf-8x8-2p-2f-coop.png").exists()
+
+
+def test_papoudakis_returns_peak_where_the_mean_over_seeds_does(run):
+    """Maximum returns: the step of the highest mean over seeds (not each seed's own best);
+    average returns: each seed's mean over its evaluations; steps some seed lacks left out."""
+    curves = [
+        [(50, 0.0), (100, 1.0), (150, 0.2)],
+        [(50, 0.6), (100, 0.2), (150, 0.7), (200, 1.0)],  # 200: only this seed reached it
+        [(50, 0.0), (100, 0.9), (150, 0.6)],
+    ]
+    out = run.papoudakis_returns(curves)
+    assert out["max_step"] == 100 and out["max_mean"] == pytest.approx(0.7)
+    # each seed's best is 1.0, 0.7 (without step 200), 0.9: their mean would be 0.87
+    assert out["max_ci95"] == pytest.approx(4.302653 * np.std([1.0, 0.2, 0.9], ddof=1) / 3**0.5, rel=1e-6)
+    assert out["average_mean"] == pytest.approx(np.mean([0.4, 0.5, 0.5]))

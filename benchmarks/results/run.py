@@ -82,6 +82,7 @@ class Row:
     references: tuple[Reference, ...]
     note: str = ""  # why ddprl differs from the reference, where it does by design
     digits: int = 1  # decimals of the page's numbers (LBF returns lie in [0, 1])
+    papoudakis: bool = False  # also show Papoudakis et al.'s maximum and average returns (papoudakis_returns)
 
     def command(self) -> str:
         return "ddprl train " + " ".join(self.keys)
@@ -170,13 +171,17 @@ ROWS: dict[str, Row] = {
     ),
 }
 # QMIX on EPyMARL's protocol (Papoudakis et al. 2021): 2M env steps (ddprl's QMIX defaults run
-# 2.05M), 100 greedy test episodes every 50k, the team return; the paper's Table 3 gives each
-# algorithm's maximum return (per seed the best evaluation, as this page's "ddprl best" column).
+# 2.05M), 100 greedy test episodes every 50k, the team return. The paper's Table 3 gives each
+# algorithm's "maximum returns": the evaluation step at which the mean over seeds is highest, and
+# the mean and 95 % confidence interval over seeds at that step; and its "average returns", over
+# all evaluations of training (papoudakis_returns computes both from the kept runs).
 PAPOUDAKIS_NOTE = (
-    "Reference: Papoudakis et al. 2021 (arXiv 2006.07869) Table 3, QMIX column (maximum returns, "
-    "i.e. each seed's best evaluation: compare with 'ddprl best'); its numbers are not transcribed on "
-    "this page yet. ddprl's QMIX defaults are EPyMARL's QMIX values except 8 environments in the job "
-    "and standardised mixer states (docs/qmix.md)."
+    "Reference: Papoudakis et al. 2021 (arXiv 2006.07869) Table 3, QMIX column, whose numbers are not "
+    "transcribed here: no copy of the table was reachable from the machine these rows ran on (the stored "
+    "copies of the paper hold its first page). 'ddprl best' is the paper's own measure, its maximum "
+    "returns: the evaluation step where the mean over seeds is highest, the mean ± 95 % confidence "
+    "interval over seeds there (the paper has 5 seeds). ddprl's QMIX defaults are EPyMARL's QMIX values "
+    "except 8 environments in the job and standardised mixer states (docs/qmix.md)."
 )
 QMIX_TASKS = {
     "qmix-lbf-8x8-2p-2f-coop": "Foraging-8x8-2p-2f-coop-v3",
@@ -186,7 +191,14 @@ QMIX_TASKS = {
 }
 ROWS.update(
     {
-        name: Row(f"QMIX, {task}", ("algo=qmix", f"task={task}", "world_size=2"), (), PAPOUDAKIS_NOTE, digits=2)
+        name: Row(
+            f"QMIX, {task}",
+            ("algo=qmix", f"task={task}", "world_size=2"),
+            (),
+            PAPOUDAKIS_NOTE,
+            digits=2,
+            papoudakis=True,
+        )
         for name, task in QMIX_TASKS.items()
     }
 )
@@ -524,6 +536,31 @@ def window_mean(points: list[tuple[int, float]], steps: int) -> float | None:
     return statistics.mean(window) if window else None
 
 
+def confidence95(values: list[float]) -> float:
+    """Half the width of the 95 % confidence interval of the mean of ``values`` (Student's t)."""
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5)
+
+
+def papoudakis_returns(curves: list[list[tuple[int, float]]]) -> dict:
+    """Papoudakis et al. 2021's two measures of a row's runs (each seed's evaluation curve):
+    maximum returns, the evaluation step at which the mean over seeds is highest, with the mean
+    and its 95 % confidence interval there; average returns, each seed's mean over all its
+    evaluations, then the mean and interval of those. Steps every seed evaluated at only."""
+    steps = sorted(set.intersection(*(set(dict(c)) for c in curves)))
+    at = {step: [dict(c)[step] for c in curves] for step in steps}
+    best = max(steps, key=lambda step: statistics.mean(at[step]))
+    averages = [statistics.mean(r for step, r in c if step in at) for c in curves]
+    return {
+        "max_step": best,
+        "max_mean": statistics.mean(at[best]),
+        "max_ci95": confidence95(at[best]),
+        "average_mean": statistics.mean(averages),
+        "average_ci95": confidence95(averages),
+    }
+
+
 def measure(rows: list[dict], ref: Reference) -> float | None:
     """ddprl's number to set beside ``ref``, measured as ``ref`` is (``rows``: a run's metrics)."""
     if ref.metric == TRAIN:
@@ -794,8 +831,17 @@ def page() -> str:
                 f"| {ref.steps:,} | {mean_std(ours)} | {mean_std([s['best'] for s in seeds])} "
                 f"| {len(seeds)} | {wall / 60:.1f} min | [png]({image}) |"
             )
+        paper = None
+        if row.papoudakis and len(seeds) > 1:
+            paper = papoudakis_returns(
+                [curve(read_rows(RUNS / name / f"seed{s['seed']}" / "metrics.jsonl")) for s in seeds]
+            )
         if not row.references:  # ours at the end of the budget
-            final, best = (mean_std([s[k] for s in seeds], row.digits) for k in ("final", "best"))
+            final = mean_std([s["final"] for s in seeds], row.digits)
+            best = mean_std([s["best"] for s in seeds], row.digits)
+            if paper:
+                d = row.digits
+                best = f"{paper['max_mean']:.{d}f} ± {paper['max_ci95']:.{d}f} (95 % CI) at {paper['max_step']:,}"
             lines.append(
                 f"| {row.title} | not transcribed | {seeds[0]['final_step']:,} | {final} | {best} "
                 f"| {len(seeds)} | {wall / 60:.1f} min | [png]({image}) |"
@@ -814,6 +860,14 @@ def page() -> str:
                 for s in seeds
             ),
         ]
+        if paper:
+            d = row.digits
+            details.append(
+                f"- Papoudakis et al.'s measures over these {len(seeds)} seeds: maximum returns "
+                f"{paper['max_mean']:.{d}f} ± {paper['max_ci95']:.{d}f} (mean ± 95 % confidence interval at step "
+                f"{paper['max_step']:,}, the evaluation with the highest mean); average returns over all "
+                f"evaluations {paper['average_mean']:.{d}f} ± {paper['average_ci95']:.{d}f}"
+            )
         if row.note:
             details.append(f"- {row.note}")
         details += ["", f"![{row.title}]({image})", ""]
