@@ -180,3 +180,12 @@ def test_papoudakis_returns_peak_where_the_mean_over_seeds_does(run):
     # each seed's best is 1.0, 0.7 (without step 200), 0.9: their mean would be 0.87
     assert out["max_ci95"] == pytest.approx(4.302653 * np.std([1.0, 0.2, 0.9], ddof=1) / 3**0.5, rel=1e-6)
     assert out["average_mean"] == pytest.approx(np.mean([0.4, 0.5, 0.5]))
+
+
+def test_every_row_command_is_a_valid_configuration(run):
+    """A row's keys resolve (no unknown key or bad value waits for a sitting to be found)."""
+    for name, row in {**run.ROWS, **run.SUPERVISED_ROWS}.items():
+        cfg = load_config(list(row.keys))
+        assert cfg.world_size == 2, name
+    epymarl = load_config(list(run.ROWS["qmix-lbf-8x8-2p-2f-coop-epymarl"].keys))
+    assert (epymarl.batch_size * 2, epymarl.standardise_state, epymarl.bootstrap_truncated) == (32, False, False)

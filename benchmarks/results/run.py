@@ -83,6 +83,7 @@ class Row:
     note: str = ""  # why ddprl differs from the reference, where it does by design
     digits: int = 1  # decimals of the page's numbers (LBF returns lie in [0, 1])
     papoudakis: bool = False  # also show Papoudakis et al.'s maximum and average returns (papoudakis_returns)
+    agents: int = 1  # the page divides returns by this (MPE: per agent, as Papoudakis et al. report them)
 
     def command(self) -> str:
         return "ddprl train " + " ".join(self.keys)
@@ -183,25 +184,43 @@ PAPOUDAKIS_NOTE = (
     "interval over seeds there (the paper has 5 seeds). ddprl's QMIX defaults are EPyMARL's QMIX values "
     "except 8 environments in the job and standardised mixer states (docs/qmix.md)."
 )
-QMIX_TASKS = {
-    "qmix-lbf-8x8-2p-2f-coop": "Foraging-8x8-2p-2f-coop-v3",
-    "qmix-lbf-2s-8x8-2p-2f-coop": "Foraging-2s-8x8-2p-2f-coop-v3",
-    "qmix-lbf-10x10-3p-3f": "Foraging-10x10-3p-3f-v3",
-    "qmix-rware-tiny-2ag": "rware-tiny-2ag-v2",
+QMIX_TASKS = {  # row: (task, agents the page divides the team return by)
+    "qmix-lbf-8x8-2p-2f-coop": ("Foraging-8x8-2p-2f-coop-v3", 1),
+    "qmix-lbf-2s-8x8-2p-2f-coop": ("Foraging-2s-8x8-2p-2f-coop-v3", 1),
+    "qmix-lbf-10x10-3p-3f": ("Foraging-10x10-3p-3f-v3", 1),
+    "qmix-rware-tiny-2ag": ("rware-tiny-2ag-v2", 1),
+    "qmix-mpe-simple-spread": ("simple_spread_v3", 3),
 }
-ROWS.update(
-    {
-        name: Row(
-            f"QMIX, {task}",
-            ("algo=qmix", f"task={task}", "world_size=2"),
+MPE_NOTE = (
+    " The page shows simple_spread's return per agent, the team return (the sum of the 3 agents' rewards, "
+    "what ddprl logs and the curve shows) divided by 3: Papoudakis et al.'s MPE returns are 'divided by the "
+    "number of agents' (the authors' answer in github.com/uoe-agents/epymarl issue 29). Episodes of 25 steps "
+    "(mpe2's default, EPyMARL's time_limit for MPE). mpe2's simple_spread_v3 gives each agent half its own "
+    "collision penalty and half the shared distance term (local_ratio=0.5, its default); the paper's MPE "
+    "version is not checked to weigh them alike, so its scale may differ."
+)
+# EPyMARL's QMIX settings on ddprl: its raw mixer states and unbootstrapped time limits, and its
+# 32 episodes per update (16 on each of 2 ranks); ddprl's defaults differ in these only (and run
+# 8 envs where EPyMARL's episode runner has one, which changes no update: one per 50 env steps).
+EPYMARL_KEYS = ("batch_size=16", "standardise_state=false", "bootstrap_truncated=false")
+EPYMARL_NOTE = (
+    " This row: EPyMARL's QMIX settings (raw mixer states, time limits not bootstrapped, 32 episodes per "
+    "update: 16 per rank); the row without 'EPyMARL's settings' runs ddprl's defaults."
+)
+for name, (task, agents) in QMIX_TASKS.items():
+    for suffix, title, extra, note in (
+        ("", f"QMIX, {task}", (), ""),
+        ("-epymarl", f"QMIX, {task}, EPyMARL's settings", EPYMARL_KEYS, EPYMARL_NOTE),
+    ):
+        ROWS[name + suffix] = Row(
+            title,
+            ("algo=qmix", f"task={task}", "world_size=2", *extra),
             (),
-            PAPOUDAKIS_NOTE,
+            PAPOUDAKIS_NOTE + (MPE_NOTE if agents > 1 else "") + note,
             digits=2,
             papoudakis=True,
+            agents=agents,
         )
-        for name, task in QMIX_TASKS.items()
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -831,14 +850,14 @@ def page() -> str:
                 f"| {ref.steps:,} | {mean_std(ours)} | {mean_std([s['best'] for s in seeds])} "
                 f"| {len(seeds)} | {wall / 60:.1f} min | [png]({image}) |"
             )
+        per = row.agents  # returns on the page: divided by this
         paper = None
         if row.papoudakis and len(seeds) > 1:
-            paper = papoudakis_returns(
-                [curve(read_rows(RUNS / name / f"seed{s['seed']}" / "metrics.jsonl")) for s in seeds]
-            )
+            curves = [curve(read_rows(RUNS / name / f"seed{s['seed']}" / "metrics.jsonl")) for s in seeds]
+            paper = papoudakis_returns([[(step, r / per) for step, r in c] for c in curves])
         if not row.references:  # ours at the end of the budget
-            final = mean_std([s["final"] for s in seeds], row.digits)
-            best = mean_std([s["best"] for s in seeds], row.digits)
+            final = mean_std([s["final"] / per for s in seeds], row.digits)
+            best = mean_std([s["best"] / per for s in seeds], row.digits)
             if paper:
                 d = row.digits
                 best = f"{paper['max_mean']:.{d}f} ± {paper['max_ci95']:.{d}f} (95 % CI) at {paper['max_step']:,}"
@@ -856,7 +875,7 @@ def page() -> str:
             "at step): "
             + "; ".join(
                 f"seed {s['seed']}: {' and '.join(fmt(v) for v in s['at_reference']) or '—'} "
-                f"/ {s['best']:.{row.digits}f} / {s['final']:.{row.digits}f} at {s['final_step']:,}"
+                f"/ {s['best'] / per:.{row.digits}f} / {s['final'] / per:.{row.digits}f} at {s['final_step']:,}"
                 for s in seeds
             ),
         ]
@@ -1092,7 +1111,7 @@ def main() -> int:
         RUNS, PAGE, IMAGES = args.runs, args.runs / "results.md", args.runs / "results"
     if args.list:
         for name, row in {**ROWS, **SUPERVISED_ROWS, **PEER_ROWS}.items():
-            print(f"{name:26s} {row.command()}")
+            print(f"{name:34s} {row.command()}")
         return 0
     if args.row in PEER_ROWS:
         if args.resume:
