@@ -111,7 +111,8 @@ class PPOConfig(RLConfig):
             f"ppo acts in Discrete or Box action spaces; {self.task} has {action_space}",
         )
         _check(
-            self.policy != "cnn" or self.sources.get("activation", "default") == "default",
+            # chosen in a layer of yours (a checkpoint only repeats the default it was saved with)
+            self.policy != "cnn" or self.sources.get("activation", "default") in ("default", "checkpoint"),
             f"activation={self.activation} sets the mlp policy's activation; policy=cnn is relu throughout",
         )
         _check(
