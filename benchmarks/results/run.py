@@ -39,6 +39,7 @@ training-episode returns side by side with each run's wall time (compile and tra
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -416,6 +417,15 @@ PEER_ROWS: dict[str, PeerRow] = {
         for game in ("Breakout", "SpaceInvaders")
     },
 }
+PEER_ROWS["jax-breakout"] = dataclasses.replace(
+    PEER_ROWS["jax-breakout"],
+    note=PEER_ROWS["jax-breakout"].note
+    + " Not explained yet: ddprl jax on one device ends far above PureJaxRL and above itself on two devices "
+    "(3 seeds each, the ranges apart; on Acrobot two devices also end a little lower). The engine's update on N "
+    "devices is tested equal to one device's for a minibatch of each device's whole share; with several "
+    "minibatches each device shuffles its own half, and PureJaxRL normalises advantages per minibatch and "
+    "ends episodes at the time limit (the notes below). More seeds and a per-minibatch option would tell.",
+)
 # What differs between PureJaxRL's and ddprl's runs of a peer row, and why it stays (on the page).
 PEER_NOTES = (
     "Advantages: PureJaxRL normalises them in each minibatch (its loss function), ddprl "
@@ -449,28 +459,25 @@ NOT_YET = [
     "",
     "## Not reproduced yet",
     "",
-    "- PPO on Hopper-v5 and Walker2d-v5: the rows above hold the seeds finished so far (`--resume`",
-    "  adds the others); Ant-v5 and Humanoid-v5 not run. 20 to 25 min per seed of 1M MuJoCo steps",
-    "  with CleanRL's minibatch on 2 ranks on the 2-core machine these pages were made on when it is",
-    "  otherwise idle, about 50 min beside the test suite.",
-    "- QMIX on EPyMARL's protocol (2M environment steps, 100 greedy test episodes every 50k; the QMIX",
-    "  rows above, commands ready, `--resume` adds seeds across sittings) against Papoudakis et al.",
-    "  2021 (arXiv 2006.07869, Table 3): the table's QMIX numbers are not transcribed here yet. Cost on",
-    "  this machine, measured at 200k steps (docs/benchmarks.md): ddprl's defaults (2 ranks x 4 envs)",
-    "  about 45 min per seed and task, EPyMARL itself (one environment) about 100 min; four tasks x 3",
-    "  seeds x (ddprl, EPyMARL) is about 29 hours. simple_spread (MPE) is not among the rows yet.",
+    "- PPO on Walker2d-v5 not run; Ant-v5 and Humanoid-v5 not among the rows. 20 to 25 min per seed of",
+    "  1M MuJoCo steps with CleanRL's minibatch on 2 ranks on the 2-core machine these pages were made on",
+    "  when it is otherwise idle, 36 to 50 min beside another job (Hopper's three seeds).",
+    "- QMIX on EPyMARL's protocol (2M environment steps, 100 greedy test episodes every 50k): ddprl's",
+    "  defaults and EPyMARL's settings on five tasks are rows above, commands ready (`--resume` adds seeds",
+    "  across sittings); only Foraging-8x8-2p-2f-coop-v3 with ddprl's defaults has run (36 to 38 min per",
+    "  seed here beside other jobs). Papoudakis et al. 2021 (arXiv 2006.07869) Table 3 is not transcribed:",
+    "  no copy of the table was reachable from this machine. The reference that remains is EPyMARL run",
+    "  here on the same tasks (benchmarks/qmix_learning.py runs it; about 100 min per 2M-step seed and",
+    "  task on this machine, from its speed at 200k steps in docs/benchmarks.md): not run at 2M yet.",
     "- TD-MPC2 at 100k environment steps (50k agent steps, action repeat 2) against the official",
     "  per-task CSVs (github.com/nicklashansen/tdmpc2, `results/tdmpc2/`, 3 seeds, at 100k:",
     "  cartpole-swingup 789.8 / 867.9 / 860.5, reacher-easy 972.8 / 977.9 / 859.9, finger-spin",
     "  985.6 / 937.3 / 919.6): at model_size 1 this CPU makes about 2.4 agent steps per second",
     "  (docs/benchmarks.md), about 6 hours per seed; a GPU's work (`benchmarks/gpu_session.sh returns`).",
     "  docs/benchmarks.md has the 30k-step cartpole-swingup run made so far.",
-    "- PureJaxRL's MinAtar PPO (Breakout-MinAtar, SpaceInvaders-MinAtar; the configuration of its",
-    "  `examples/brax_minatar.ipynb`: 64 envs x 128 steps, 8 minibatches, lr 5e-3, relu, 1e7 steps), not run:",
-    "  measured from 20-update runs on the 2-core machine while other jobs loaded it (load average",
-    "  about 5), about 6.5 min (Breakout) and 8.5 min (SpaceInvaders) per seed for PureJaxRL and",
-    "  5 and 4 min for ddprl jax on 2 devices, plus 10-13 s of compile. ddprl's torch engine has no",
-    "  MinAtar environment, and ddprl's JAX policy is a tanh MLP where that configuration uses relu.",
+    "- The MinAtar peer rows (PureJaxRL's `examples/brax_minatar.ipynb` configuration: 64 envs x 128",
+    "  steps, 8 minibatches, lr 5e-3, relu, 1e7 steps) where the table above says not run yet. ddprl's",
+    "  torch engine has no MinAtar environment: those rows compare PureJaxRL with ddprl's JAX engine.",
 ]
 
 
