@@ -142,6 +142,47 @@ def test_a_row_keeps_each_finished_seed_and_resumes_with_the_others(run, tmp_pat
     assert run.run_row("ppo-cartpole", 3, resume=True) == summary and trained == [1, 2, 2, 3]  # all kept
 
 
+def test_a_peer_row_keeps_each_finished_seed_and_resumes_with_the_others(run, tmp_path, monkeypatch):
+    """A peer row stopped part-way keeps its finished seeds; ``--resume`` runs PureJaxRL and ddprl
+    for the missing seeds only, and refuses kept seeds that ran another configuration. Nothing
+    trains: PureJaxRL's and ddprl's runs are replaced by fakes writing one metrics row each."""
+    ran, failed = [], []
+
+    def fake_purejaxrl(config, seed, keep, checkout, python):
+        ran.append(("purejaxrl", seed))
+        keep.mkdir(parents=True, exist_ok=True)  # as purejaxrl_ppo.py: a seed stopped part-way runs again
+        (keep / "metrics.jsonl").write_text(json.dumps({"step": 16384, "train/episode_return": float(seed)}) + "\n")
+        (keep / "result.json").write_text(json.dumps({"compile_s": 1.0, "train_s": 2.0, "versions": {"jax": "x"}}))
+        return 3.0
+
+    def fake_train(keys, seed, keep, what, env=None):
+        impl = what.split()[1]
+        if impl == "jax" and seed == 2 and not failed:  # the first sitting stops here
+            failed.append(seed)
+            raise SystemExit(f"{what}: ddprl train exited 1")
+        ran.append((impl, seed))
+        keep.mkdir(parents=True, exist_ok=True)
+        row = {"step": 16384, "train/episode_return": 10.0 * seed, "time/iteration_s": 1.0, "time/compile_s": 0.5}
+        (keep / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+        return 2.0
+
+    monkeypatch.setattr(run, "RUNS", tmp_path)
+    monkeypatch.setattr(run, "check_purejaxrl", lambda checkout, python: None)
+    monkeypatch.setattr(run, "run_purejaxrl", fake_purejaxrl)
+    monkeypatch.setattr(run, "train_and_keep", fake_train)
+    with pytest.raises(SystemExit):
+        run.run_peer_row("jax-breakout", 3, tmp_path, "python", steps=8192 * 2)
+    kept = json.loads((tmp_path / "jax-breakout" / "summary.json").read_text())
+    assert [s["seed"] for s in kept["seeds"]] == [1] and kept["seeds"][0]["jax"]["train_return"] == 10.0
+    ran.clear()
+    summary = run.run_peer_row("jax-breakout", 3, tmp_path, "python", steps=8192 * 2, resume=True)
+    assert [s["seed"] for s in summary["seeds"]] == [1, 2, 3]
+    assert ran == [(impl, seed) for seed in (2, 3) for impl in ("purejaxrl", "jax1", "jax")]
+    assert summary["seeds"][2]["purejaxrl"]["train_return"] == 3.0
+    with pytest.raises(SystemExit, match="other commands"):  # another budget: the kept seeds do not count
+        run.run_peer_row("jax-breakout", 4, tmp_path, "python", steps=8192 * 4, resume=True)
+
+
 def test_a_row_without_a_transcribed_reference_shows_ours_at_the_end_and_best(run, tmp_path, monkeypatch):
     """The QMIX rows (Papoudakis et al.'s table not transcribed): the page gives the final and the
     best evaluation over seeds, at LBF's two decimals, and draws the curves."""

@@ -732,8 +732,12 @@ def peer_measures(keep: Path, impl: str, wall: float, steps: int) -> dict:
     }
 
 
-def run_peer_row(name: str, seeds: int, checkout: Path, python: str | None, steps: int | None = None) -> dict:
-    """Each seed: PureJaxRL, then ddprl jax (1, then 2 devices), then ddprl torch, one at a time."""
+def run_peer_row(
+    name: str, seeds: int, checkout: Path, python: str | None, steps: int | None = None, resume: bool = False
+) -> dict:
+    """Each seed: PureJaxRL, then ddprl jax (1, then 2 devices), then ddprl torch, one at a time;
+    ``summary.json`` rewritten after each seed. ``resume``: keep the seeds the summary already
+    holds when it ran the same commands, and run only the others (``--seeds 6`` adds 4 to 6)."""
     from machine import cpu_model
 
     check_purejaxrl(checkout, python)
@@ -742,8 +746,29 @@ def run_peer_row(name: str, seeds: int, checkout: Path, python: str | None, step
     rollout = config["NUM_ENVS"] * config["NUM_STEPS"]
     budget = int(config["TOTAL_TIMESTEPS"]) // rollout * rollout  # whole updates, for every run
     out = RUNS / name
+    commands = {
+        impl: " ".join(f"{k}={v}" for k, v in (jax_env(DEVICES[impl]) if impl.startswith("jax") else {}).items() if v)
+        + " ddprl train "
+        + " ".join(row.keys(impl, steps))
+        for impl in row.ddprl_impls
+    }
     results = []
+    if resume and (out / "summary.json").exists():
+        done = json.loads((out / "summary.json").read_text())
+        if (done["commands"], done["purejaxrl"]["config"], done["steps"]) != (commands, config, budget):
+            raise SystemExit(
+                f"{name}: the kept seeds ran other commands than the row now gives; run it without --resume"
+            )
+        impls = ("purejaxrl", *row.ddprl_impls)
+        results = [
+            s
+            for s in done["seeds"]
+            if s["seed"] <= seeds and all((out / f"{impl}-seed{s['seed']}").is_dir() for impl in impls)
+        ]
     for seed in range(1, seeds + 1):
+        if any(s["seed"] == seed for s in results):
+            print(f"{name} seed {seed}: kept from an earlier sitting", flush=True)
+            continue
         result: dict = {"seed": seed}
         keep = out / f"purejaxrl-seed{seed}"
         wall = run_purejaxrl(config, seed, keep, checkout, python)
@@ -753,27 +778,21 @@ def run_peer_row(name: str, seeds: int, checkout: Path, python: str | None, step
             env = jax_env(DEVICES[impl]) if impl.startswith("jax") else {}
             wall = train_and_keep(row.keys(impl, steps), seed, keep, f"{name} {impl} seed {seed}", env)
             result[impl] = peer_measures(keep, impl, wall, budget)
-        results.append(result)
         print(f"{name} seed {seed}: {result}", flush=True)
-    versions = json.loads((out / "purejaxrl-seed1" / "result.json").read_text())["versions"]
-    summary = {
-        "row": name,
-        "steps": budget,
-        "commands": {
-            impl: " ".join(
-                f"{k}={v}" for k, v in (jax_env(DEVICES[impl]) if impl.startswith("jax") else {}).items() if v
-            )
-            + " ddprl train "
-            + " ".join(row.keys(impl, steps))
-            for impl in row.ddprl_impls
-        },
-        "purejaxrl": {"commit": PUREJAXRL_COMMIT, "config": config, "versions": versions},
-        "machine": f"{cpu_model()}, {os.cpu_count()} cores",
-        "date": time.strftime("%Y-%m-%d"),
-        "seeds": results,
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    return summary
+        results = sorted([*results, result], key=lambda s: s["seed"])
+        first = results[0]["seed"]
+        versions = json.loads((out / f"purejaxrl-seed{first}" / "result.json").read_text())["versions"]
+        summary = {
+            "row": name,
+            "steps": budget,
+            "commands": commands,
+            "purejaxrl": {"commit": PUREJAXRL_COMMIT, "config": config, "versions": versions},
+            "machine": f"{cpu_model()}, {os.cpu_count()} cores",
+            "date": time.strftime("%Y-%m-%d"),
+            "seeds": results,
+        }
+        (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return json.loads((out / "summary.json").read_text())  # also when every seed was kept
 
 
 def mean_std(values: list[float], digits: int = 1) -> str:
@@ -1124,11 +1143,9 @@ def main() -> int:
             print(f"{name:34s} {row.command()}")
         return 0
     if args.row in PEER_ROWS:
-        if args.resume:
-            parser.error("--resume is for the other rows: a peer row's seeds run again whole")
         if args.purejaxrl is None:
             parser.error(f"{args.row} runs PureJaxRL too: --purejaxrl DIR, a checkout made with {PUREJAXRL_CLONE}")
-        run_peer_row(args.row, args.seeds, args.purejaxrl.resolve(), args.purejaxrl_python, args.steps)
+        run_peer_row(args.row, args.seeds, args.purejaxrl.resolve(), args.purejaxrl_python, args.steps, args.resume)
     elif args.steps:
         parser.error("--steps shortens peer rows only")
     elif args.row:
