@@ -210,6 +210,23 @@ def test_loss_and_distributions_match_the_torch_engine(discrete):
         np.testing.assert_allclose(float(terms[name]), float(expected[name]), rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+def test_init_keys_draw_as_the_torch_engine_does():
+    """``log_std_init`` and ``ortho_init=false`` on the JAX engine: the log std starts there, and
+    weights and biases are spread as torch's nn.Linear draws them (uniform in +-1/sqrt(fan_in))."""
+    ortho = nets.init_params(jax.random.PRNGKey(0), 256, 3, [256], False)
+    plain = nets.init_params(jax.random.PRNGKey(0), 256, 3, [256], False, log_std_init=-2.0, ortho_init=False)
+    np.testing.assert_array_equal(np.asarray(plain["log_std"]), np.full(3, -2.0, np.float32))
+    np.testing.assert_array_equal(np.asarray(ortho["log_std"]), np.zeros(3, np.float32))
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(256, 256)
+    for name, torch_std in (("w", reference.weight.std().item()), ("b", reference.bias.std().item())):
+        drawn = np.asarray(plain["critic"][0][name])
+        assert np.abs(drawn).max() <= 1 / 16 and abs(drawn.std() / torch_std - 1) < 0.1, name
+    w = np.asarray(ortho["critic"][0]["w"])
+    assert abs(w.std() / reference.weight.std().item() - 1) > 0.5  # orthogonal (gain sqrt 2) is spread wider
+    assert not np.asarray(ortho["critic"][0]["b"]).any()
+
+
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
 def test_networks_compute_what_the_torch_engine_computes(activation):
     """The same weights give the same logits and values on both engines, for either activation

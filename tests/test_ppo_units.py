@@ -113,6 +113,38 @@ def test_activation_key_picks_the_mlp_hidden_layers_and_is_refused_for_cnn():
     load_config(["task=snake", "policy=cnn", "world_size=1"]).check()  # the default says nothing: accepted
 
 
+def test_log_std_init_and_ortho_init_set_the_networks_starting_point():
+    """The SB3 zoo's MuJoCo keys (log_std_init=-2, ortho_init=False): the log std starts where
+    asked; without orthogonal init every layer is torch's own nn.Linear draw, biases included."""
+    from types import SimpleNamespace
+
+    from ddprl.algos.ppo.loop import build_agent
+    from ddprl.config import load_config
+
+    spaces = (gym.spaces.Box(-1, 1, (6,)), gym.spaces.Box(-1, 1, (2,)))
+    env = SimpleNamespace(single_observation_space=spaces[0], single_action_space=spaces[1])
+    default = load_config(["task=Pendulum-v1"])
+    assert (default.log_std_init, default.ortho_init) == (0.0, True)
+    torch.manual_seed(0)
+    ortho = build_agent(default, env)
+    first = ortho.actor[0].weight.detach()  # (hidden, 6)
+    torch.testing.assert_close(first.T @ first, 2.0 * torch.eye(6), atol=1e-5, rtol=0)  # orthogonal, gain sqrt 2
+    assert not ortho.actor[0].bias.any() and not ortho.log_std.any()
+
+    zoo = load_config(["task=Pendulum-v1", "log_std_init=-2", "ortho_init=false", "hidden_sizes=[32,32]"])
+    torch.manual_seed(0)
+    net = build_agent(zoo, env)
+    torch.testing.assert_close(net.log_std.detach(), torch.full((2,), -2.0))
+    torch.manual_seed(0)
+    plain = torch.nn.Linear(6, 32)  # the first layer ActorCritic makes, drawn from the same stream
+    torch.testing.assert_close(net.actor[0].weight, plain.weight)
+    torch.testing.assert_close(net.actor[0].bias, plain.bias)
+    w = net.actor[0].weight.detach()
+    assert not torch.allclose(w.T @ w, 2.0 * torch.eye(6), atol=0.1)  # the check above can fail
+    with pytest.raises(Exception, match="log_std_init"):
+        load_config(["log_std_init=nan"])
+
+
 def test_a_checkpoint_older_than_an_architecture_key_loads_with_that_keys_default():
     """A checkpoint written before ``activation`` existed has a tanh policy: eval, play and
     resume rebuild that network, and not what a layer of today would set."""

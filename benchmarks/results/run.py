@@ -154,6 +154,41 @@ ROWS: dict[str, Row] = {
         "(rl-baselines3-zoo hyperparams/ppo.yml: other network, learning rate, clipping and epochs), so its "
         "number is a reference for the task, not for these settings.",
     ),
+    "ppo-halfcheetah-zoo": Row(
+        "PPO, HalfCheetah-v5, the zoo's tuned keys",
+        (
+            "task=HalfCheetah-v5",
+            "world_size=1",
+            "num_envs=1",
+            "n_steps=512",
+            "batch_size=64",
+            "epochs=20",
+            "lr=2.0633e-05",
+            "anneal_lr=false",
+            "gamma=0.98",
+            "gae_lambda=0.92",
+            "clip_coef=0.1",
+            "clip_vloss=false",
+            "vf_coef=1.16192",
+            "ent_coef=0.000401762",
+            "max_grad_norm=0.8",
+            "norm_obs=true",
+            "norm_reward=true",
+            "hidden_sizes=[256,256]",
+            "activation=relu",
+            "log_std_init=-2",
+            "ortho_init=false",
+        ),
+        (Reference(ZOO + ", HalfCheetah-v3, the keys this row runs", 5819.099, 663.530, 1_000_000),),
+        note="rl-baselines3-zoo hyperparams/ppo.yml's HalfCheetah-v3 entry as ddprl keys: one env on one rank, "
+        "512 steps, minibatches of 64, 20 epochs, constant lr 2.0633e-05, clip 0.1 and no value clipping "
+        "(clip_range_vf unset), separate 256-256 ReLU networks with PyTorch's own init and log std -2, "
+        "observations and rewards normalised with gamma 0.98 (the zoo gives VecNormalize the algorithm's "
+        "gamma). SB3's value loss is the squared error and ddprl's half of it, so vf_coef is twice the zoo's "
+        "0.58096. What still differs: SB3 normalises advantages in each minibatch, ddprl over the rollout; "
+        "the zoo's number is one trained agent's evaluation episodes on HalfCheetah-v3, ddprl's the mean "
+        "over seeds on v5.",
+    ),
     "ppo-hopper": Row(
         "PPO, Hopper-v5",
         ("task=Hopper-v5", "world_size=2", "n_steps=1024", "batch_size=32"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
@@ -35,6 +36,11 @@ class PPOConfig(RLConfig):
     activation: str = key(
         "hidden-layer activation of policy=mlp: tanh (CleanRL, PureJaxRL's default) | relu (the cnn policy is relu)"
     )
+    log_std_init: float = key("continuous actions: the policy's log std at the start (SB3's log_std_init)")
+    ortho_init: bool = key(
+        "orthogonal init (gain sqrt 2; 0.01 policy head, 1 value head; zero biases); false: the framework's "
+        "default init of each layer (SB3's ortho_init=False)"
+    )
     policy_width: int = key("CNN channels")
     policy_depth: int = key("CNN conv layers")
     env_kwargs: dict[str, Any] = key("extra keyword arguments for the environment constructor")
@@ -63,6 +69,7 @@ class PPOConfig(RLConfig):
         _check(self.target_kl is None or self.target_kl > 0, f"target_kl={self.target_kl} must be > 0 or null")
         _check(self.policy in ("mlp", "cnn"), f"policy={self.policy!r} is not mlp or cnn")
         _check(self.activation in ("tanh", "relu"), f"activation={self.activation!r} is not tanh or relu")
+        _check(math.isfinite(self.log_std_init), f"log_std_init={self.log_std_init} must be a finite number")
         _check(
             all(isinstance(h, int) and h >= 1 for h in self.hidden_sizes),
             f"hidden_sizes={self.hidden_sizes} must be widths >= 1, e.g. [64, 64]",

@@ -42,6 +42,8 @@ def build_agent(cfg: Any, env: Any) -> ActorCritic:
         policy_width=cfg.policy_width,
         policy_depth=cfg.policy_depth,
         activation=cfg.activation,
+        log_std_init=cfg.log_std_init,
+        ortho_init=cfg.ortho_init,
     )
 
 

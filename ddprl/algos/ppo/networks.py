@@ -25,22 +25,26 @@ class PolicyOutput(NamedTuple):
     value: torch.Tensor  # (B,)
 
 
-def _layer(layer: nn.Module, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Module:
-    # Orthogonal init (Engstrom et al. 2020 list it among PPO's code-level choices that matter).
-    nn.init.orthogonal_(layer.weight, std)
-    nn.init.constant_(layer.bias, bias)
+def _layer(layer: nn.Module, std: float = math.sqrt(2), ortho: bool = True) -> nn.Module:
+    # Orthogonal init (Engstrom et al. 2020 list it among PPO's code-level choices that matter);
+    # ortho=False keeps torch's own init, as SB3's ortho_init=False (the zoo's MuJoCo keys).
+    if ortho:
+        nn.init.orthogonal_(layer.weight, std)
+        nn.init.zeros_(layer.bias)
     return layer
 
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}  # the mlp policy's hidden activation (key ``activation``)
 
 
-def mlp(in_dim: int, hidden: list[int], out_dim: int, out_std: float, activation: str = "tanh") -> nn.Sequential:
+def mlp(
+    in_dim: int, hidden: list[int], out_dim: int, out_std: float, activation: str = "tanh", ortho: bool = True
+) -> nn.Sequential:
     layers: list[nn.Module] = []
     for width in hidden:
-        layers += [_layer(nn.Linear(in_dim, width)), ACTIVATIONS[activation]()]
+        layers += [_layer(nn.Linear(in_dim, width), ortho=ortho), ACTIVATIONS[activation]()]
         in_dim = width
-    layers.append(_layer(OutputLinear(in_dim, out_dim), std=out_std))
+    layers.append(_layer(OutputLinear(in_dim, out_dim), std=out_std, ortho=ortho))
     return nn.Sequential(*layers)
 
 
@@ -48,18 +52,18 @@ class ConvTrunk(nn.Module):
     """``depth`` 3x3 conv layers of ``width`` channels (same padding, so small boards keep every
     cell), then flatten and the dense layers ``hidden`` (ReLU)."""
 
-    def __init__(self, obs_shape: tuple[int, ...], width: int, depth: int, hidden: list[int]):
+    def __init__(self, obs_shape: tuple[int, ...], width: int, depth: int, hidden: list[int], ortho: bool = True):
         super().__init__()
         c, h, w = obs_shape
         convs: list[nn.Module] = []
         for _ in range(depth):
-            convs += [_layer(nn.Conv2d(c, width, 3, padding=1)), nn.ReLU()]
+            convs += [_layer(nn.Conv2d(c, width, 3, padding=1), ortho=ortho), nn.ReLU()]
             c = width
         self.convs = nn.Sequential(*convs)
         dense: list[nn.Module] = [nn.Flatten()]
         in_dim = width * h * w
         for units in hidden:
-            dense += [_layer(nn.Linear(in_dim, units)), nn.ReLU()]
+            dense += [_layer(nn.Linear(in_dim, units), ortho=ortho), nn.ReLU()]
             in_dim = units
         self.head = nn.Sequential(*dense)
         self.out_dim = in_dim
@@ -86,6 +90,8 @@ class ActorCritic(nn.Module):
         policy_width: int = 32,
         policy_depth: int = 2,
         activation: str = "tanh",
+        log_std_init: float = 0.0,
+        ortho_init: bool = True,
     ):
         super().__init__()
         obs_shape = tuple(obs_space.shape)
@@ -96,18 +102,18 @@ class ActorCritic(nn.Module):
             if len(obs_shape) != 3:
                 raise ValueError(f"policy=cnn needs C x H x W observations, got shape {obs_shape}")
             # A shared conv trunk: the expensive part is computed once for actor and critic.
-            self.trunk: nn.Module = ConvTrunk(obs_shape, policy_width, policy_depth, list(hidden_sizes))
+            self.trunk: nn.Module = ConvTrunk(obs_shape, policy_width, policy_depth, list(hidden_sizes), ortho_init)
             feat = self.trunk.out_dim
-            self.actor = _layer(OutputLinear(feat, n_out), std=0.01)
-            self.critic = _layer(OutputLinear(feat, 1), std=1.0)
+            self.actor = _layer(OutputLinear(feat, n_out), std=0.01, ortho=ortho_init)
+            self.critic = _layer(OutputLinear(feat, 1), std=1.0, ortho=ortho_init)
         else:
             in_dim = int(np.prod(obs_shape))
             self.trunk = nn.Flatten()
             # Separate actor and critic MLPs: the usual choice for low-dimensional control.
-            self.actor = mlp(in_dim, list(hidden_sizes), n_out, out_std=0.01, activation=activation)
-            self.critic = mlp(in_dim, list(hidden_sizes), 1, out_std=1.0, activation=activation)
-        if not self.discrete:
-            self.log_std = nn.Parameter(torch.zeros(n_out))
+            self.actor = mlp(in_dim, list(hidden_sizes), n_out, 0.01, activation, ortho_init)
+            self.critic = mlp(in_dim, list(hidden_sizes), 1, 1.0, activation, ortho_init)
+        if not self.discrete:  # a state-independent log std, log_std_init at the start
+            self.log_std = nn.Parameter(torch.full((n_out,), float(log_std_init)))
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """V(obs), shape (B,)."""

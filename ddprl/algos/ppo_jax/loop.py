@@ -46,7 +46,15 @@ def initial_carry(
 ) -> dict[str, Any]:
     """Fresh parameters, optimizer, statistics (replicated) and reset envs (sharded over ``dev``)."""
     k_init, k_train = jax.random.split(key)
-    params = nets.init_params(k_init, int(np.prod(env.obs_shape)), env.action_dim, list(cfg.hidden_sizes), env.discrete)
+    params = nets.init_params(
+        k_init,
+        int(np.prod(env.obs_shape)),
+        env.action_dim,
+        list(cfg.hidden_sizes),
+        env.discrete,
+        cfg.log_std_init,
+        cfg.ortho_init,
+    )
     replicated = {
         "params": params,
         "opt": make_optimizer(cfg).init(params),

@@ -2,8 +2,9 @@
 
 Separate actor and critic MLPs (tanh or relu hidden layers: key ``activation``) with orthogonal
 init (gain sqrt(2); 0.01 for the policy head, 1.0 for the value head), zero biases, a
-state-independent log-std for continuous actions — the same network as
-``ddprl.algos.ppo.networks.ActorCritic(policy="mlp")``.
+state-independent log-std for continuous actions starting at ``log_std_init`` — the same
+network as ``ddprl.algos.ppo.networks.ActorCritic(policy="mlp")``. ``ortho_init=False``
+draws weights and biases as torch's ``nn.Linear`` does, uniform in +-1/sqrt(fan_in).
 """
 
 from __future__ import annotations
@@ -18,13 +19,20 @@ Params = dict[str, Any]
 LOG_2PI = math.log(2 * math.pi)
 
 
-def _mlp_init(key: jax.Array, sizes: list[int], out_gain: float) -> list[dict[str, jax.Array]]:
+def _mlp_init(key: jax.Array, sizes: list[int], out_gain: float, ortho: bool) -> list[dict[str, jax.Array]]:
     layers = []
     keys = jax.random.split(key, len(sizes) - 1)
     for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
-        gain = out_gain if i == len(sizes) - 2 else math.sqrt(2)
-        w = jax.nn.initializers.orthogonal(gain)(keys[i], (n_in, n_out), jnp.float32)
-        layers.append({"w": w, "b": jnp.zeros((n_out,), jnp.float32)})
+        if ortho:
+            gain = out_gain if i == len(sizes) - 2 else math.sqrt(2)
+            w = jax.nn.initializers.orthogonal(gain)(keys[i], (n_in, n_out), jnp.float32)
+            b = jnp.zeros((n_out,), jnp.float32)
+        else:  # torch's nn.Linear init: kaiming_uniform(a=sqrt 5) is uniform in +-1/sqrt(fan_in), as is the bias
+            k_w, k_b = jax.random.split(keys[i])
+            bound = 1.0 / math.sqrt(n_in)
+            w = jax.random.uniform(k_w, (n_in, n_out), jnp.float32, -bound, bound)
+            b = jax.random.uniform(k_b, (n_out,), jnp.float32, -bound, bound)
+        layers.append({"w": w, "b": b})
     return layers
 
 
@@ -38,14 +46,22 @@ def _mlp(layers: list[dict[str, jax.Array]], x: jax.Array, activation: str) -> j
     return x @ layers[-1]["w"] + layers[-1]["b"]
 
 
-def init_params(key: jax.Array, obs_dim: int, action_dim: int, hidden: list[int], discrete: bool) -> Params:
+def init_params(
+    key: jax.Array,
+    obs_dim: int,
+    action_dim: int,
+    hidden: list[int],
+    discrete: bool,
+    log_std_init: float = 0.0,
+    ortho_init: bool = True,
+) -> Params:
     k_actor, k_critic = jax.random.split(key)
     params: Params = {
-        "actor": _mlp_init(k_actor, [obs_dim, *hidden, action_dim], 0.01),
-        "critic": _mlp_init(k_critic, [obs_dim, *hidden, 1], 1.0),
+        "actor": _mlp_init(k_actor, [obs_dim, *hidden, action_dim], 0.01, ortho_init),
+        "critic": _mlp_init(k_critic, [obs_dim, *hidden, 1], 1.0, ortho_init),
     }
     if not discrete:
-        params["log_std"] = jnp.zeros((action_dim,), jnp.float32)
+        params["log_std"] = jnp.full((action_dim,), log_std_init, jnp.float32)
     return params
 
 
