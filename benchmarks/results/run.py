@@ -152,10 +152,10 @@ ROWS: dict[str, Row] = {
         ),
         note="ddprl runs the paper's values, as CleanRL does; the zoo's agent has its own tuned keys "
         "(rl-baselines3-zoo hyperparams/ppo.yml: other network, learning rate, clipping and epochs), so its "
-        "number is a reference for the task, not for these settings.",
+        "number is a reference for the task, not for these settings. The next row runs the zoo's keys.",
     ),
     "ppo-halfcheetah-zoo": Row(
-        "PPO, HalfCheetah-v5, the zoo's tuned keys",
+        "PPO, HalfCheetah-v5, zoo keys",
         (
             "task=HalfCheetah-v5",
             "world_size=1",
@@ -485,7 +485,7 @@ PEER_NOTES = (
     "average `returned_episode_returns` over every step and env, which repeats each env's last finished "
     "episode until its next one ends: smoother, and late by an episode.)",
     "Randomness: seed K is `jax.random.PRNGKey(K)` for PureJaxRL and ddprl's `seed=K`; the streams "
-    "differ, so the seeds are three draws each, not the same three runs.",
+    "differ, so the seeds are independent draws for each, not the same runs.",
     "Timing: PureJaxRL's training is one compiled call (compile timed apart with `jax.jit(...).lower()"
     ".compile()`), with no evaluation and no logging on the way; ddprl's training time is the sum of "
     "its iterations' times (rollout and update), its evaluations and logging outside it. PureJaxRL "
@@ -497,9 +497,11 @@ NOT_YET = [
     "",
     "## Not reproduced yet",
     "",
-    "- PPO on Walker2d-v5 not run; Ant-v5 and Humanoid-v5 not among the rows. 20 to 25 min per seed of",
-    "  1M MuJoCo steps with CleanRL's minibatch on 2 ranks on the 2-core machine these pages were made on",
-    "  when it is otherwise idle, 36 to 50 min beside another job (Hopper's three seeds).",
+    "- PPO on Ant-v5 and Humanoid-v5: not among the rows. 1M MuJoCo steps with CleanRL's minibatch on 2",
+    "  ranks take 20 to 25 min per seed on the 2-core machine these pages were made on when it is otherwise",
+    "  idle, 36 to 50 min beside another job (Hopper's and Walker2d's seeds ran beside other jobs).",
+    "- The zoo's HalfCheetah keys (`ppo-halfcheetah-zoo`): one seed so far, 50 min beside the Walker2d runs",
+    "  (one env on one rank, 20 epochs of 256-256 networks); `--seeds 3 --resume` adds the other two.",
     "- QMIX on EPyMARL's protocol (2M environment steps, 100 greedy test episodes every 50k): ddprl's",
     "  defaults and EPyMARL's settings on five tasks are rows above, commands ready (`--resume` adds seeds",
     "  across sittings); only Foraging-8x8-2p-2f-coop-v3 with ddprl's defaults has run (36 to 38 min per",
