@@ -335,7 +335,7 @@ PUREJAXRL_MINATAR = {
     "NUM_MINIBATCHES": 8,
     "ACTIVATION": "relu",
 }
-# What the kept runs of a MinAtar row showed that is not understood yet (said on the page with them).
+# What the kept runs of a MinAtar row showed, and what was checked about it (said on the page with them).
 MINATAR_FINDINGS = {
     "Breakout": " The outcome of a run is bimodal: it stays on a plateau near 25 or leaves it for 40 to 95, "
     "at a step that differs by seed. Seeds 1 to 3 had put ddprl on one device far above PureJaxRL and above "
@@ -736,6 +736,11 @@ def jax_env(devices: int) -> dict[str, str]:
     return {"XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"}
 
 
+def impl_env(impl: str) -> dict[str, str]:
+    """The environment variables a ddprl run of a peer row sets (its JAX devices; none for torch)."""
+    return jax_env(DEVICES[impl]) if impl.startswith("jax") else {}
+
+
 def run_purejaxrl(config: dict, seed: int, keep: Path, checkout: Path, python: str) -> float:
     """PureJaxRL's ``make_train(config)`` with PRNGKey(seed), in its own environment; its
     metrics.jsonl and result.json kept under ``keep``. Returns the command's wall time."""
@@ -786,7 +791,7 @@ def run_peer_row(
     budget = int(config["TOTAL_TIMESTEPS"]) // rollout * rollout  # whole updates, for every run
     out = RUNS / name
     commands = {
-        impl: " ".join(f"{k}={v}" for k, v in (jax_env(DEVICES[impl]) if impl.startswith("jax") else {}).items() if v)
+        impl: " ".join(f"{k}={v}" for k, v in impl_env(impl).items() if v)
         + " ddprl train "
         + " ".join(row.keys(impl, steps))
         for impl in row.ddprl_impls
@@ -814,8 +819,7 @@ def run_peer_row(
         result["purejaxrl"] = peer_measures(keep, "purejaxrl", wall, budget)
         for impl in row.ddprl_impls:
             keep = out / f"{impl}-seed{seed}"
-            env = jax_env(DEVICES[impl]) if impl.startswith("jax") else {}
-            wall = train_and_keep(row.keys(impl, steps), seed, keep, f"{name} {impl} seed {seed}", env)
+            wall = train_and_keep(row.keys(impl, steps), seed, keep, f"{name} {impl} seed {seed}", impl_env(impl))
             result[impl] = peer_measures(keep, impl, wall, budget)
         print(f"{name} seed {seed}: {result}", flush=True)
         results = sorted([*results, result], key=lambda s: s["seed"])
