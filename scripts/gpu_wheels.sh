@@ -2,8 +2,10 @@
 # Wheels that ddprl needs on a GPU machine which has PyTorch, a CUDA JAX (with flax, optax,
 # chex), tensorboard, tqdm, imageio, matplotlib, seaborn and nvidia-ml-py but no package index:
 # Python 3.12, manylinux x86-64. Writes them to .whl/ (git-ignored), small enough to travel with
-# the working tree (< 64 MiB): dm_control's locomotion and test assets (meshes, textures;
-# ~40 MB) are left out of its wheel — the Control Suite does not use them. Versions are the
+# the working tree (64 MiB together with the tracked files, which the kept result runs make
+# ~27 MB). Left out of the wheels, as the Control Suite and the benchmarks never load them:
+# dm_control's locomotion and test assets (~40 MB), MuJoCo's experimental "studio" viewer
+# (16 MB) and labmaze's maze textures (5 MB). Versions are the
 # ones the dev extras resolve to here (gymnasium 1.3: gymnax 1.0.1 pins it below 1.4).
 #
 #   bash scripts/gpu_wheels.sh            # then, on the GPU machine: bash benchmarks/gpu_session.sh ...
@@ -26,26 +28,31 @@ done
 "$PY" -m pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3 vmas==1.5.2 gym==0.26.2
 
 "$PY" - <<'EOF'
-"""Repack dm_control's wheel without the assets the Control Suite never loads."""
+"""Repack wheels without the data files ddprl never loads (their Python files stay)."""
 import base64, glob, hashlib, os, zipfile
 
-DROP = ("dm_control/locomotion/", "dm_control/mujoco/testing/", "dm_control/mjcf/test_assets/",
-        "dm_control/blender/")
-src = glob.glob(".whl/dm_control-*.whl")[0]
-tmp = src + ".tmp"
-with zipfile.ZipFile(src) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zout:
-    record_name = next(n for n in zin.namelist() if n.endswith(".dist-info/RECORD"))
-    kept = []
-    for info in zin.infolist():
-        name = info.filename
-        if name == record_name or (name.startswith(DROP) and not name.endswith(".py")):
-            continue
-        data = zin.read(name)
-        zout.writestr(info, data)
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        kept.append(f"{name},sha256={digest},{len(data)}")
-    zout.writestr(record_name, "\n".join(kept + [f"{record_name},,"]) + "\n")
-os.replace(tmp, src)
+DROP = {
+    "dm_control-*.whl": ("dm_control/locomotion/", "dm_control/mujoco/testing/", "dm_control/mjcf/test_assets/",
+                         "dm_control/blender/"),
+    "mujoco-3*.whl": ("mujoco/experimental/",),
+    "labmaze-*.whl": ("labmaze/assets/",),
+}
+for pattern, prefixes in DROP.items():
+    src = glob.glob(".whl/" + pattern)[0]
+    tmp = src + ".tmp"
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zout:
+        record_name = next(n for n in zin.namelist() if n.endswith(".dist-info/RECORD"))
+        kept = []
+        for info in zin.infolist():
+            name = info.filename
+            if name == record_name or (name.startswith(prefixes) and not name.endswith(".py")):
+                continue
+            data = zin.read(name)
+            zout.writestr(info, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            kept.append(f"{name},sha256={digest},{len(data)}")
+        zout.writestr(record_name, "\n".join(kept + [f"{record_name},,"]) + "\n")
+    os.replace(tmp, src)
 EOF
 du -sh .whl
 ls .whl

@@ -286,7 +286,7 @@ def ppo_learn_compiled(rt, cfg, out: str, batch_path: str, steps: int = 1, backe
     from ddprl.algos.ppo.update import UpdateStep, learn
 
     if backend != "inductor":
-        ppo_update.compile_region = lambda fn, device, world_size=1, name=None: torch.compile(
+        ppo_update.compile_region = lambda fn, device, world_size=1, name=None, compile_cache=True: torch.compile(
             fn, fullgraph=True, dynamic=False, backend=backend
         )
 

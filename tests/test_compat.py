@@ -219,6 +219,24 @@ def test_a_skipped_cuda_graph_is_reported_once_and_the_region_stays_compiled(ddp
     ]
 
 
+def test_a_training_region_with_cuda_graphs_is_compiled_afresh_not_loaded_from_the_compile_caches(ddprl_log):
+    """``compile_cache=False`` (the update regions; Region's docstring says what was measured on
+    an H100): with CUDA graphs asked, a region compiled again after a reset reads neither of
+    torch's compile caches, where a region with them on loads its graph from there."""
+
+    def cache_hits(compile_cache: bool) -> int:
+        compat.compiler_reset()
+        before = compat.compile_cache_hits()
+        region = Region(affine, mode="reduce-overhead", name="affine", compile_cache=compile_cache)
+        assert torch.equal(region(torch.ones(3)), affine(torch.ones(3)))
+        assert region.graphs == 1 and not region.eager
+        return compat.compile_cache_hits() - before
+
+    cache_hits(True)  # the caches hold affine's graph from here on
+    assert cache_hits(True) > 0
+    assert cache_hits(False) == 0
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_skipped_cuda_graph_is_reported_once_with_the_reason(ddprl_log):

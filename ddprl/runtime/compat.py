@@ -13,11 +13,12 @@ doing without (a report without its reason, a tensor not marked static), never t
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import inspect
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -137,6 +138,12 @@ def cudagraph_skip_count() -> int:
     return _counters()["inductor"]["cudagraph_skips"]
 
 
+def compile_cache_hits() -> int:
+    """Graphs loaded from inductor's FX graph cache or AOTAutograd's cache in this process (tests)."""
+    counters = _counters()
+    return counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
+
+
 def code_of(fn: Callable) -> Any | None:
     """The code object Dynamo compiles for ``fn`` (a function, a bound method, a callable object)."""
     for candidate in (fn, getattr(fn, "__func__", None), getattr(type(fn), "__call__", None)):  # noqa: B004 (the method, not a test)
@@ -196,6 +203,20 @@ def _limit_config() -> tuple[Any, str]:
         if hasattr(dynamo_config, key):
             return dynamo_config, key
     raise AttributeError("this torch has no Dynamo recompile limit")
+
+
+@contextlib.contextmanager
+def no_compile_cache() -> Iterator[None]:
+    """Inductor's FX graph cache and AOTAutograd's cache off for what compiles inside (those of
+    them this torch has): a graph is compiled afresh rather than loaded from a cache entry."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    with contextlib.ExitStack() as stack:
+        for config, key in ((inductor_config, "fx_graph_cache"), (functorch_config, "enable_autograd_cache")):
+            if hasattr(config, key):
+                stack.enter_context(config.patch(**{key: False}))
+        yield
 
 
 @functools.cache

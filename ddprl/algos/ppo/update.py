@@ -95,8 +95,12 @@ class UpdateStep:
         self.params = {names[id(p)]: p for p in self.adam.params}  # the optimizer's order
         mark_static(*self.adam.tensors(), *batch.values())
         self.grad_and_terms = grad_with_aux(self.loss, self.functional)
+        # compile_cache=False as for TD-MPC2's update (graphs.Region), whose slowdown from a warm
+        # cache was measured; this one, built the same way, was not measured with a warm cache
         self.region = (
-            compile_region(self.step_eager, device, rt.world_size, name="ppo update") if compile else self.step_eager
+            compile_region(self.step_eager, device, rt.world_size, name="ppo update", compile_cache=False)
+            if compile
+            else self.step_eager
         )
 
     def loss(self, params: dict[str, torch.Tensor], idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

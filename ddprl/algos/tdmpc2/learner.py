@@ -257,7 +257,11 @@ def build_learner(rt: Any, cfg: Any, obs_dim: int, action_dim: int, state: dict[
         pi_optim.load_state_dict(state["pi_optimizer"])
         scale.load_state_dict(state["scale"])
     eager = UpdateStep(rt, model, scale, wm_optim, pi_optim, cfg, functional=cfg.compile)
-    step = compile_region(eager, rt.device, rt.world_size, name="tdmpc2 update") if cfg.compile else eager
+    step = (
+        compile_region(eager, rt.device, rt.world_size, name="tdmpc2 update", compile_cache=False)
+        if cfg.compile
+        else eager
+    )
     return Learner(model, scale, wm_optim, pi_optim, step, eager.names)
 
 
