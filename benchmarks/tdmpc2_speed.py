@@ -9,8 +9,10 @@ Measures the pieces of one agent step of the training loop with the paper's sett
 ``Acting`` call (encode + MPPI with warm start) on one env, and the env's own step.
 ``agent steps/s`` = 1000 / (update + act + env step) ms: what one rank sustains after
 seeding, one update per agent step. ``compile on``: the update is one compiled region and
-the act three (the MPPI iteration one graph, replayed; CUDA graphs on a GPU); compile time
-is excluded (warm-up) and printed apart.
+the act three (the MPPI iteration one graph, replayed; CUDA graphs on a GPU); ``compile
+whole``: the same update, the act compiled as ONE graph with every MPPI iteration unrolled
+(what the official code does; not a training option: slower to compile, fewer launches, to
+compare on a GPU). Compile time is excluded (warm-up) and printed apart.
 
 References (the official code, model_size 5; docs/references.md#speed-of-the-official-code):
 2-core CPU, walker-run, no compile: 484 ms per update, 496 ms per act. One H100, torch 2.11,
@@ -41,7 +43,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(rt, cfg, threads: int, updates: int, acts: int, result: dict) -> None:
+def measure(rt, cfg, threads: int, updates: int, acts: int, result: dict, whole_act: bool = False) -> None:
     """Runs inside ``launch`` (world_size=1): fills ``result`` with timings in ms."""
     from ddprl.algos.tdmpc2.acting import Acting, EpisodeRecorder, make_tdmpc2_env
     from ddprl.algos.tdmpc2.buffer import EpisodeBuffer
@@ -71,7 +73,11 @@ def measure(rt, cfg, threads: int, updates: int, acts: int, result: dict) -> Non
         batch = buffer.sample(cfg.batch_size, cfg.horizon, device=rt.device)
         update(rt, learner, [batch], [draw_noise(shared, learner.model.num_q, rt.device)], cfg, 0.99)
 
-    acting = Acting(learner.model, cfg, discount=0.99, compile=cfg.compile)
+    acting = Acting(learner.model, cfg, discount=0.99, compile=cfg.compile and not whole_act)
+    if whole_act:  # the eager act (its pieces uncompiled) compiled as one region
+        from ddprl.algos.graphs import compile_region
+
+        acting.act_fn = compile_region(acting.act_fn, rt.device, name="tdmpc2 act whole")
     t0 = time.perf_counter()
     for _ in range(2):  # warm-up: compilation, allocator, first-call costs
         one_update()
@@ -99,7 +105,7 @@ def main() -> None:
     parser.add_argument("--task", default="walker-run")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 5])
     parser.add_argument("--devices", nargs="+", default=["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
-    parser.add_argument("--compile", nargs="+", default=["off"], choices=["off", "on"])
+    parser.add_argument("--compile", nargs="+", default=["off"], choices=["off", "on", "whole"])
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--updates", type=int, default=20, help="timed updates per configuration")
     parser.add_argument("--acts", type=int, default=20, help="timed MPPI acts per configuration")
@@ -122,7 +128,7 @@ def main() -> None:
                         "num_envs=1",
                         f"device={device}",
                         f"model_size={size}",
-                        f"compile={comp == 'on'}",
+                        f"compile={comp != 'off'}",
                         f"precision={args.precision}",
                         "progress=false",
                     ]
@@ -130,7 +136,12 @@ def main() -> None:
                 result: dict = {}
                 launch(
                     functools.partial(
-                        measure, threads=args.threads, updates=args.updates, acts=args.acts, result=result
+                        measure,
+                        threads=args.threads,
+                        updates=args.updates,
+                        acts=args.acts,
+                        result=result,
+                        whole_act=comp == "whole",
                     ),
                     cfg,
                 )
@@ -148,7 +159,7 @@ def main() -> None:
         f"{'steps/s':>8} {'warm-up s':>9}  reference (official code)"
     )
     for device, size, comp, r, sps in rows:
-        ref = REFERENCE.get((device, size, comp, args.task))
+        ref = REFERENCE.get((device, size, "on" if comp == "whole" else comp, args.task))
         ref_text = ""
         if ref:
             ref_sps = 1000 / (ref[0] + ref[1] + r["env_ms"])
