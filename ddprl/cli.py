@@ -71,7 +71,7 @@ COMMAND_KEYS: dict[str, list[Row]] = {
         ("devices", "int | auto", "auto", "engine=jax: JAX devices per process"),
     ],
     "plot": [
-        ("RUN_DIR", "path", "(required)", "one or more run directories (each holds metrics.jsonl)"),
+        ("RUN_DIR", "path", "(required)", "one or more run directories (each holds metrics.jsonl or metrics.jsonl.gz)"),
         ("out", "path", "curves.png", "the picture to write: .png, .pdf or .svg"),
         (
             "keys",

@@ -7,6 +7,7 @@ enabled, and a tqdm progress bar on rank 0. Values handed to ``log`` must alread
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import math
@@ -138,7 +139,16 @@ def _drop_rows_after(path: Path, step: int) -> None:
     os.replace(tmp, path)
 
 
+def metrics_path(run_dir: str | Path) -> Path:
+    """A run's metrics file: ``metrics.jsonl``, or ``metrics.jsonl.gz`` where a finished run was
+    kept compressed (the results page's runs are) and the plain file is absent."""
+    plain = Path(run_dir) / "metrics.jsonl"
+    packed = plain.with_name(plain.name + ".gz")
+    return packed if not plain.is_file() and packed.is_file() else plain
+
+
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The records of a run's ``metrics.jsonl`` (for tests, plots and benchmarks)."""
-    with open(Path(run_dir) / "metrics.jsonl") as f:
+    """The records of a run's ``metrics.jsonl`` or ``metrics.jsonl.gz`` (for tests, plots and benchmarks)."""
+    path = metrics_path(run_dir)
+    with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
         return [json.loads(line) for line in f if line.strip()]

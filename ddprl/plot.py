@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ddprl.errors import UsageError
-from ddprl.metrics import read_metrics
+from ddprl.metrics import metrics_path, read_metrics
 
 # What a glance at a run asks first: does it learn (return), how fast (fps); losses follow.
 HEADLINE_KEYS = ("eval/return_mean", "train/episode_return", "time/global_fps")
@@ -185,14 +185,15 @@ def load_runs(run_dirs: list[str | Path]) -> dict[str, list[dict[str, Any]]]:
     names = [p.resolve().name for p in paths]
     runs: dict[str, list[dict[str, Any]]] = {}
     for path, name in zip(paths, names, strict=True):
-        if not (path / "metrics.jsonl").is_file():
+        metrics = metrics_path(path)
+        if not metrics.is_file():
             raise UsageError(f"{path} has no metrics.jsonl: is it a ddprl run directory?")
         try:
             records = read_metrics(path)
         except json.JSONDecodeError as e:
-            raise UsageError(f"{path / 'metrics.jsonl'} holds a line that is not JSON ({e.msg})") from None
+            raise UsageError(f"{metrics} holds a line that is not JSON ({e.msg})") from None
         if not records:
-            raise UsageError(f"{path / 'metrics.jsonl'} is empty: the run has logged nothing yet")
+            raise UsageError(f"{metrics} is empty: the run has logged nothing yet")
         offset, last = 0.0, None
         for r in records:
             if "wall_time" in r:

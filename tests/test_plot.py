@@ -264,3 +264,23 @@ def test_plot_cli(two_runs, tmp_path):
     res = run_cli(["plot", str(two_runs[0]), str(two_runs[1]), f"out={png}"], timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     assert png.is_file()
+
+
+def test_a_run_kept_gzipped_reads_and_draws_as_the_plain_one(two_runs, tmp_path):
+    """The results page keeps its runs as ``metrics.jsonl.gz`` (benchmarks/results/run.py): the
+    same records, the same picture; a directory with neither file is still refused."""
+    import gzip
+    import shutil
+
+    plain, _ = two_runs
+    packed = tmp_path / "packed" / plain.name
+    packed.mkdir(parents=True)
+    with open(plain / "metrics.jsonl", "rb") as src, gzip.open(packed / "metrics.jsonl.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    assert load_runs([packed]) == load_runs([plain])
+    a = read_image(plot_runs([plain], out=tmp_path / "plain.png"))
+    b = read_image(plot_runs([packed], out=tmp_path / "packed.png"))
+    assert np.array_equal(a, b)
+    (packed / "metrics.jsonl.gz").unlink()
+    with pytest.raises(UsageError, match="has no metrics.jsonl"):
+        load_runs([packed])

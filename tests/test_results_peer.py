@@ -233,3 +233,19 @@ def test_every_row_command_is_a_valid_configuration(run):
     zoo = load_config(list(run.ROWS["ppo-halfcheetah-zoo"].keys))  # hyperparams/ppo.yml's HalfCheetah-v3
     assert (zoo.num_envs, zoo.n_steps, zoo.batch_size, zoo.epochs, zoo.hidden_sizes) == (1, 512, 64, 20, [256, 256])
     assert (zoo.log_std_init, zoo.ortho_init, zoo.activation, zoo.anneal_lr) == (-2.0, False, "relu", False)
+
+
+def test_a_kept_run_is_packed_the_same_bytes_every_time_and_reads_back(run, tmp_path):
+    """Kept runs travel gzipped (run.pack): the rows read back unchanged, and packing the same
+    file twice gives the same bytes (no time stamp inside), so a rerun page does not churn git."""
+    rows = [{"step": 512 * i, "eval/return_mean": 1.5 * i} for i in range(1, 4)]
+    packed = []
+    for name in ("a", "b"):
+        keep = tmp_path / name
+        keep.mkdir()
+        (keep / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        run.pack(keep)
+        assert not (keep / "metrics.jsonl").exists()
+        assert run.read_rows(keep) == rows
+        packed.append((keep / "metrics.jsonl.gz").read_bytes())
+    assert packed[0] == packed[1]

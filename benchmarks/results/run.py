@@ -6,7 +6,7 @@
     python benchmarks/results/run.py --list               # the rows and their commands
 
 Each seed trains with ``ddprl train`` (the row's keys, then ``seed=K``) in a scratch directory;
-its ``metrics.jsonl`` and ``config.yaml`` are kept under ``benchmarks/results/runs/<row>/seed<K>/``
+its ``metrics.jsonl`` (gzipped) and ``config.yaml`` are kept under ``benchmarks/results/runs/<row>/seed<K>/``
 (small, committed, so anyone can re-plot), checkpoints and TensorBoard files are not.
 ``summary.json`` beside them holds what the page shows: per seed the evaluation return at the
 reference's step count, the best and the final one, the wall time and the machine. The page is
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gzip
 import json
 import os
 import shutil
@@ -581,9 +582,21 @@ def graph_baselines() -> dict[str, float]:
     }
 
 
-def read_rows(metrics: Path) -> list[dict]:
-    """The rows of a run's metrics.jsonl."""
-    return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+def read_rows(run: Path) -> list[dict]:
+    """The rows of a kept run's metrics (``metrics.jsonl.gz``, or ``metrics.jsonl`` as written)."""
+    from ddprl.metrics import read_metrics
+
+    return read_metrics(run)
+
+
+def pack(keep: Path) -> None:
+    """``keep/metrics.jsonl`` -> ``metrics.jsonl.gz`` (a fifth of the size; ``ddprl plot`` and
+    ``read_metrics`` read either). The kept runs travel with every copy of the repository, the
+    GPU machine's included, whose working tree is limited in size."""
+    plain = keep / "metrics.jsonl"
+    with plain.open("rb") as src, gzip.GzipFile(keep / "metrics.jsonl.gz", "wb", 9, mtime=0) as dst:
+        shutil.copyfileobj(src, dst)
+    plain.unlink()
 
 
 def curve(rows: list[dict], key: str = EVAL) -> list[tuple[int, float]]:
@@ -651,6 +664,7 @@ def train_and_keep(keys: tuple[str, ...], seed: int, keep: Path, what: str, env:
         keep.mkdir(parents=True, exist_ok=True)
         for file in ("metrics.jsonl", "config.yaml"):
             shutil.copy(run_dir / file, keep / file)
+        pack(keep)
     return round(time.time() - start, 1)
 
 
@@ -673,7 +687,7 @@ def run_row(name: str, seeds: int, resume: bool = False) -> dict:
         keep = out / f"seed{seed}"
         wall = train_and_keep(row.keys, seed, keep, f"{name} seed {seed}")
         if isinstance(row, SupervisedRow):
-            final = read_rows(keep / "metrics.jsonl")[-1]
+            final = read_rows(keep)[-1]
             results.append(
                 {
                     "seed": seed,
@@ -683,7 +697,7 @@ def run_row(name: str, seeds: int, resume: bool = False) -> dict:
                 }
             )
         else:
-            rows = read_rows(keep / "metrics.jsonl")
+            rows = read_rows(keep)
             evals = curve(rows)
             results.append(
                 {
@@ -751,13 +765,14 @@ def run_purejaxrl(config: dict, seed: int, keep: Path, checkout: Path, python: s
     proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **jax_env(1)})
     if proc.returncode != 0:
         raise SystemExit(f"PureJaxRL seed {seed}: exited {proc.returncode}")
+    pack(keep)
     return round(time.time() - start, 1)
 
 
 def peer_measures(keep: Path, impl: str, wall: float, steps: int) -> dict:
     """One run's numbers for the page: the training episodes' return over the last 5 % of
     ``steps``, ddprl's last greedy evaluation, and its times (end to end, compile, training)."""
-    rows = read_rows(keep / "metrics.jsonl")
+    rows = read_rows(keep)
     if impl == "purejaxrl":
         result = json.loads((keep / "result.json").read_text())
         compile_s, train_s = result["compile_s"], result["train_s"]
@@ -893,7 +908,7 @@ def page() -> str:
         "is the mean of its training episodes' return over the last 5 % of the steps.",
         "`python benchmarks/results/run.py ROW --seeds 3`",
         "reruns a row; `--page` rebuilds this page from the runs kept in `benchmarks/results/runs/`",
-        "(their `metrics.jsonl` files: `ddprl plot benchmarks/results/runs/ROW/seed*` redraws them).",
+        "(their gzipped `metrics.jsonl` files: `ddprl plot benchmarks/results/runs/ROW/seed*` redraws them).",
         "Mean ± standard deviation over seeds; a reference's ± is what its source reports.",
         "",
         "| row | reference | steps | ddprl at those steps | ddprl best | seeds | wall time per seed | curve |",
@@ -925,7 +940,7 @@ def page() -> str:
         per = row.agents  # returns on the page: divided by this
         paper = None
         if row.papoudakis and len(seeds) > 1:
-            curves = [curve(read_rows(RUNS / name / f"seed{s['seed']}" / "metrics.jsonl")) for s in seeds]
+            curves = [curve(read_rows(RUNS / name / f"seed{s['seed']}")) for s in seeds]
             paper = papoudakis_returns([[(step, r / per) for step, r in c] for c in curves])
         if not row.references:  # ours at the end of the budget
             final = mean_std([s["final"] / per for s in seeds], row.digits)
