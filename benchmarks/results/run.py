@@ -505,8 +505,9 @@ NOT_YET = [
     "  idle, 36 to 50 min beside another job (Hopper's and Walker2d's seeds ran beside other jobs).",
     "- QMIX on EPyMARL's protocol (2M environment steps, 100 greedy test episodes every 50k): ddprl's",
     "  defaults and EPyMARL's settings on five tasks are rows above, commands ready (`--resume` adds seeds",
-    "  across sittings); only Foraging-8x8-2p-2f-coop-v3 with ddprl's defaults has run (36 to 38 min per",
-    "  seed here beside other jobs). Papoudakis et al. 2021 (arXiv 2006.07869) Table 3 is not transcribed:",
+    "  across sittings); only Foraging-8x8-2p-2f-coop-v3 has run, with ddprl's defaults (36 to 38 min per",
+    "  seed here beside other jobs) and with EPyMARL's settings (23 min per seed alone, 32 beside the test",
+    "  suite). Papoudakis et al. 2021 (arXiv 2006.07869) Table 3 is not transcribed:",
     "  no copy of the table was reachable from this machine. The reference that remains is EPyMARL run",
     "  here on the same tasks (benchmarks/qmix_learning.py runs it; about 100 min per 2M-step seed and",
     "  task on this machine, from its speed at 200k steps in docs/benchmarks.md): not run at 2M yet.",
@@ -956,7 +957,7 @@ def page() -> str:
             f"### {row.title}",
             "",
             f"- command: `{summary['command']}` (+ `seed=K`)",
-            f"- reference: {'; '.join(r.source for r in row.references)}",
+            *([f"- reference: {'; '.join(r.source for r in row.references)}"] if row.references else []),
             f"- machine: {summary['machine']}, {summary['date']}",
             "- per seed (at each reference's steps, measured as it is / best evaluation / final evaluation "
             "at step): "
