@@ -24,8 +24,8 @@ evaluation step and the wall-clock seconds of the whole run (evaluations include
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import re
 import sys
 import tempfile
 from pathlib import Path
@@ -50,7 +50,9 @@ def task_spec(task: str) -> tuple[str, int]:
     raise SystemExit(f"--task {task}: an LBF (Foraging-...) or RWARE (rware-...) task")
 
 
-def run_epymarl(args: argparse.Namespace, tmp: Path) -> tuple[dict[int, float], float]:
+def epymarl_command(args: argparse.Namespace) -> list[str]:
+    """EPyMARL's QMIX defaults on ``args.task`` through the probe: ``args.steps`` env steps, a
+    greedy test of ``args.eval_episodes`` episodes every ``args.eval_freq``."""
     key, limit = task_spec(args.task)
     cmd = [
         args.epymarl_python,
@@ -72,23 +74,44 @@ def run_epymarl(args: argparse.Namespace, tmp: Path) -> tuple[dict[int, float], 
         f"test_interval={args.eval_freq}",
         f"log_interval={args.eval_freq}",
     ]
-    cmd += [f"{peer}={value}" for _, peer, value in SHARED]
+    return cmd + [f"{peer}={value}" for _, peer, value in SHARED]
+
+
+def epymarl_tests(sacred_dir: Path) -> dict[int, float]:
+    """``{t_env: mean return}`` of every greedy test of the run, from its sacred ``info.json``.
+    Not from its console: PyMARL's ``print_recent_stats`` prints the mean of the last 5 logged
+    values of each stat, so its ``test_return_mean`` lags (a moving average of 5 tests)."""
+    infos = list(sacred_dir.rglob("info.json"))
+    if len(infos) != 1:
+        raise RuntimeError(f"expected one sacred info.json under {sacred_dir}, found {len(infos)}")
+    info = json.loads(infos[0].read_text())
+
+    def number(value: Any) -> float:  # sacred stores numpy floats jsonpickled: {"py/object": ..., "value": x}
+        return float(value["value"] if isinstance(value, dict) else value)
+
+    steps, returns = info.get("test_return_mean_T", []), info.get("test_return_mean", [])
+    return {int(t): number(v) for t, v in zip(steps, returns, strict=True)}
+
+
+def grid_step(step: int, every: int) -> int:
+    """EPyMARL tests at the first ``t_env`` past each interval and counts the next one from there,
+    so its test steps drift by up to an episode per test: the nearest multiple of ``every`` (the
+    drift stays under half an interval over 2M steps, even for RWARE's 500-step episodes)."""
+    return round(step / every) * every
+
+
+def on_grid(curve: dict[int, float], every: int) -> dict[int, float]:
+    """``curve`` with each step set on the nearest multiple of ``every`` (``grid_step``)."""
+    return {grid_step(step, every): value for step, value in curve.items()}
+
+
+def run_epymarl(args: argparse.Namespace, tmp: Path) -> tuple[dict[int, float], float]:
+    """Run EPyMARL (``epymarl_command``); its tests by ``t_env`` and its wall seconds."""
     env = child_env()
     env["EPYMARL_PROBE_OUT"] = str(tmp / "probe.json")
-    log = tmp / "epymarl.log"
-    wall = run_logged(cmd, log, env, Path(args.epymarl), None)
-    # Its console: "Recent Stats | t_env: N | ..." then lines of "name: value" pairs, among them
-    # test_return_mean (the latest test, run when t_env passed a multiple of test_interval).
-    curve: dict[int, float] = {}
-    t_env = None
-    for line in log.read_text(errors="replace").splitlines():
-        m = re.search(r"Recent Stats \| t_env:\s+(\d+)", line)
-        if m:
-            t_env = int(m.group(1))
-        m = re.search(r"test_return_mean:\s+([-\d.]+)", line)
-        if m and t_env is not None:
-            curve[t_env] = float(m.group(1))
-    return curve, wall
+    env["EPYMARL_PROBE_SACRED_DIR"] = str(tmp / "sacred")  # kept until ``tmp`` goes: the tests are read there
+    wall = run_logged(epymarl_command(args), tmp / "epymarl.log", env, Path(args.epymarl), None)
+    return epymarl_tests(tmp / "sacred"), wall
 
 
 def run_ddprl(
@@ -165,11 +188,8 @@ def main() -> None:
     print("| row | " + " | ".join(f"{s // 1000}k" for s in checkpoints) + " | wall s |")
     print("|---|" + "---|" * (len(checkpoints) + 1))
     for name, curve, wall in rows:
-        # EPyMARL tests when t_env passes a multiple of the interval: match the nearest step.
-        cells = []
-        for s in checkpoints:
-            near = [v for k, v in curve.items() if 0 <= k - s <= 2 * task_spec(args.task)[1] + 8]
-            cells.append(f"{near[0]:.2f}" if near else "-")
+        grid = on_grid(curve, args.eval_freq)
+        cells = [f"{grid[s]:.2f}" if s in grid else "-" for s in checkpoints]
         print(f"| {name} | " + " | ".join(cells) + f" | {wall:.0f} |")
 
 

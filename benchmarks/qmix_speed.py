@@ -9,6 +9,14 @@ its Python with timing probes. Every row is a subprocess, run one after the othe
         [--epymarl /work/peers/epymarl] [--epymarl-python /work/peers/epymarl-venv/bin/python]
         [--skip-epymarl | --skip-ddprl] [--peer-no-sacred] [--retries 1] [--report report.md]
 
+EPyMARL's tree and environment (sacred still imports ``pkg_resources``, gone from setuptools 81)::
+
+    git clone https://github.com/uoe-agents/epymarl /work/peers/epymarl
+    git -C /work/peers/epymarl checkout cbc38c0
+    python3.11 -m venv /work/peers/epymarl-venv
+    /work/peers/epymarl-venv/bin/pip install torch sacred pyyaml numpy gymnasium lbforaging rware scipy \
+        'setuptools<81'
+
 Same settings for every row: QMIX with EPyMARL's QMIX defaults, written out on both command
 lines: batch 32 episodes per update (ddprl: 32 / world_size per rank, the same 32 in total),
 buffer 5000 episodes, Adam lr 5e-4, gamma 0.99, hard target update

@@ -17,13 +17,18 @@ from ddprl.config import load_config
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 
-def load(name: str):
+def load(name: str, folder: Path = RESULTS):
     sys.path.insert(0, str(RESULTS.parent))  # run.py imports benchmarks/machine.py
-    spec = importlib.util.spec_from_file_location(f"results_{name}", RESULTS / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"results_{name}", folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     return module
+
+
+def load_module(name: str):
+    """A module of benchmarks/ (beside run.py's folder), loaded afresh."""
+    return load(name, RESULTS.parent)
 
 
 @pytest.fixture(scope="module")
@@ -249,3 +254,98 @@ def test_a_kept_run_is_packed_the_same_bytes_every_time_and_reads_back(run, tmp_
         assert run.read_rows(keep) == rows
         packed.append((keep / "metrics.jsonl.gz").read_bytes())
     assert packed[0] == packed[1]
+
+
+def test_epymarl_tests_are_read_from_sacred_not_from_its_console(tmp_path):
+    """EPyMARL's console prints the mean of the last 5 tests; the per-test values are in sacred's
+    info.json, numpy floats jsonpickled as EPyMARL's logger leaves them (the format of a real run)."""
+    qmix_learning = load_module("qmix_learning")
+    info = tmp_path / "sacred" / "qmix" / "lbforaging:Foraging-8x8-2p-2f-coop-v3" / "1" / "info.json"
+    info.parent.mkdir(parents=True)
+    values = [0.0, 0.25, 0.5]
+    pickled = [{"dtype": "float64", "py/object": "numpy.float64", "value": v} for v in values]
+    info.write_text(json.dumps({"test_return_mean": pickled, "test_return_mean_T": [50, 50_062, 100_101]}))
+    assert qmix_learning.epymarl_tests(tmp_path / "sacred") == {50: 0.0, 50_062: 0.25, 100_101: 0.5}
+    drifted = {50: 0.0, 50_062: 0.25, 2_049_180: 0.5}
+    assert qmix_learning.on_grid(drifted, 50_000) == {0: 0.0, 50_000: 0.25, 2_050_000: 0.5}
+    (info.parent.parent / "2").mkdir()
+    (info.parent.parent / "2" / "info.json").write_text("{}")
+    with pytest.raises(RuntimeError, match="found 2"):  # two runs: which one is this seed's is unknown
+        qmix_learning.epymarl_tests(tmp_path / "sacred")
+
+
+def test_epymarl_run_here_is_the_reference_of_both_qmix_rows_of_its_task(run, tmp_path, monkeypatch):
+    """An EPyMARL row keeps each seed's tests on the 50k grid (and the step each ran at); the two
+    QMIX rows of its task show its final test as their reference, its curve on their PNG and its
+    details. Nothing runs EPyMARL or trains: fakes stand in for both."""
+    qmix_learning = load_module("qmix_learning")
+    ran = []
+
+    def fake_epymarl(args, tmp):
+        ran.append(args.seed)
+        assert (args.task, args.steps, args.eval_freq, args.eval_episodes) == (
+            "Foraging-8x8-2p-2f-coop-v3",
+            2_050_000,
+            50_000,
+            100,
+        )
+        return {50: 0.0, 50_049: 0.1 * args.seed, 100_081: 0.2 * args.seed}, 120.0
+
+    def fake_train(keys, seed, keep, what, env=None):
+        keep.mkdir(parents=True)
+        rows = [{"step": s, "eval/return_mean": r} for s, r in ((0, 0.0), (50_000, 0.3), (100_000, 0.4 * seed))]
+        (keep / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return 60.0
+
+    monkeypatch.setattr(qmix_learning, "run_epymarl", fake_epymarl)
+    monkeypatch.setitem(sys.modules, "qmix_learning", qmix_learning)
+    monkeypatch.setattr(run, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(run, "IMAGES", tmp_path / "images")
+    monkeypatch.setattr(run, "PAGE", tmp_path / "results.md")
+    monkeypatch.setattr(run, "train_and_keep", fake_train)
+    checkout = tmp_path / "epymarl"
+    (checkout / "src").mkdir(parents=True)
+    (checkout / "src" / "main.py").write_text("")
+    (checkout / "COMMIT").write_text("cbc38c09588064eab978501d0f12c2cf58fa7fc2\n")
+    with pytest.raises(SystemExit, match="not an EPyMARL tree"):
+        run.run_epymarl_row("epymarl-lbf-8x8-2p-2f-coop", 2, tmp_path, sys.executable)
+    run.run_epymarl_row("epymarl-lbf-8x8-2p-2f-coop", 2, checkout, sys.executable, jobs=2)  # seeds at once
+    run.run_epymarl_row("epymarl-lbf-8x8-2p-2f-coop", 2, checkout, sys.executable, resume=True)
+    assert sorted(ran) == [1, 2]  # the resumed row had both seeds
+    kept = run.read_rows(tmp_path / "runs" / "epymarl-lbf-8x8-2p-2f-coop" / "seed2")
+    assert kept == [
+        {"step": 0, "t_env": 50, "eval/return_mean": 0.0},
+        {"step": 50_000, "t_env": 50_049, "eval/return_mean": 0.2},
+        {"step": 100_000, "t_env": 100_081, "eval/return_mean": 0.4},
+    ]
+    summary = json.loads((tmp_path / "runs" / "epymarl-lbf-8x8-2p-2f-coop" / "summary.json").read_text())
+    assert summary["epymarl_commit"].startswith("cbc38c0") and "seed=" not in summary["command"]
+    assert "numpy " in summary["epymarl_versions"]  # what EPyMARL's python has (here: the test's own)
+    assert summary["command"].startswith("python src/main.py --config=qmix --env-config=gymma with ")
+    run.run_row("qmix-lbf-8x8-2p-2f-coop", 2)
+    run.run_row("qmix-lbf-8x8-2p-2f-coop-epymarl", 2)
+    page = run.page()
+    for title in ("QMIX, Foraging-8x8-2p-2f-coop-v3", "QMIX, Foraging-8x8-2p-2f-coop-v3, EPyMARL's settings"):
+        assert f"| {title} | EPyMARL run here: 0.30 ± 0.14 | 100,000 | 0.60 ± 0.28 |" in page
+    assert page.count("EPyMARL's maximum returns here 0.30 ± 1.27 (95 % CI, at step 100,000)") == 2
+    assert page.count("2.0 min per seed (up to 2 seeds at once, one core each)") == 2
+    assert "| QMIX, Foraging-10x10-3p-3f-v3 | not transcribed | | not run yet |" in page
+    assert (tmp_path / "images" / "qmix-lbf-8x8-2p-2f-coop.png").exists()
+
+
+def test_a_row_resumed_on_another_machine_gives_each_machine_its_wall_time(run, tmp_path, monkeypatch):
+    """Seeds kept from a summary that named one machine for all keep that machine when the row is
+    resumed elsewhere; the page's wall time is then per machine."""
+    monkeypatch.setattr(run, "RUNS", tmp_path)
+    out = tmp_path / "ppo-cartpole"
+    (out / "seed1").mkdir(parents=True)
+    old = {"command": run.ROWS["ppo-cartpole"].command(), "machine": "AMD EPYC, 2 cores", "date": "2026-11-25"}
+    (out / "summary.json").write_text(json.dumps({**old, "seeds": [{"seed": 1, "wall_s": 600.0}]}))
+    monkeypatch.setattr(run, "this_machine", lambda: "Intel(R) Xeon(R) Processor, 2 cores")
+    kept = run.kept_seeds(out, "ppo-cartpole", old["command"], 3)
+    assert kept == [{"seed": 1, "wall_s": 600.0, "machine": "AMD EPYC, 2 cores"}]
+    new = run.seed_summary(2, 180.0, [(100, 1.0)])
+    summary = {**old, "machine": run.this_machine(), "seeds": [*kept, new]}
+    assert run.wall_per_seed(summary) == "10.0 min (AMD EPYC); 3.0 min (Intel(R) Xeon(R) Processor)"
+    assert run.machine_line(summary).startswith("machines: seed 1: AMD EPYC, 2 cores; seed 2: Intel(R)")
+    assert run.wall_per_seed({**summary, "seeds": [new]}) == "3.0 min"

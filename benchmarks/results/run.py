@@ -34,6 +34,21 @@ Their runs are kept as ``runs/<row>/{purejaxrl,jax1,jax,torch}-seed<K>/`` (PureJ
 converted to ddprl's ``metrics.jsonl``, so ``ddprl plot`` draws them all), and the page sets the
 training-episode returns side by side with each run's wall time (compile and training apart).
 ``--runs DIR`` keeps runs, page and PNGs under DIR instead of the repository (smoke runs).
+
+EPyMARL rows (``epymarl-lbf-8x8-2p-2f-coop``, ...) run EPyMARL's own QMIX here on the task of two
+QMIX rows, on EPyMARL's protocol, and stand as those rows' reference (Papoudakis et al.'s table
+is not transcribed). EPyMARL is not part of ddprl either: its unchanged ``src/main.py`` runs from
+a tree you make, in an environment of its own, through ``benchmarks/epymarl_probe.py``::
+
+    git clone https://github.com/uoe-agents/epymarl && git -C epymarl checkout cbc38c0
+    python3.11 -m venv epymarl-venv
+    epymarl-venv/bin/pip install torch sacred pyyaml numpy gymnasium lbforaging rware scipy 'setuptools<81'
+    python benchmarks/results/run.py epymarl-lbf-8x8-2p-2f-coop --epymarl epymarl \
+        --epymarl-python epymarl-venv/bin/python --seeds 3 --jobs 2
+
+(sacred still imports ``pkg_resources``, gone from setuptools 81.) Each seed's tests are kept as
+``runs/<row>/seed<K>/`` like a ddprl run's evaluations; EPyMARL runs on one core, so ``--jobs N``
+runs N seeds at once.
 """
 
 from __future__ import annotations
@@ -85,6 +100,7 @@ class Row:
     digits: int = 1  # decimals of the page's numbers (LBF returns lie in [0, 1])
     papoudakis: bool = False  # also show Papoudakis et al.'s maximum and average returns (papoudakis_returns)
     agents: int = 1  # the page divides returns by this (MPE: per agent, as Papoudakis et al. report them)
+    epymarl: str = ""  # the EPyMARL_ROWS row run here on the same task: a reference beside the published ones
 
     def command(self) -> str:
         return "ddprl train " + " ".join(self.keys)
@@ -243,6 +259,26 @@ EPYMARL_NOTE = (
     " This row: EPyMARL's QMIX settings (raw mixer states, time limits not bootstrapped, 32 episodes per "
     "update: 16 per rank); the row without 'EPyMARL's settings' runs ddprl's defaults."
 )
+# EPyMARL itself, run here on the QMIX rows' LBF and RWARE tasks: the reference that remains while
+# Papoudakis et al.'s table is not transcribed. Its QMIX defaults (qmix_speed.SHARED writes out its
+# config's values), its protocol (2.05M env steps, a greedy test of 100 episodes every 50k), the
+# tests read from sacred's info.json and kept as ddprl metrics, so the page and `ddprl plot` read
+# them as ddprl's runs. simple_spread is not among them: EPyMARL's MPE tasks are another package.
+QMIX_STEPS = 2_050_000
+QMIX_EVAL_FREQ = 50_000
+QMIX_EVAL_EPISODES = 100
+
+
+def epymarl_row(qmix_row: str) -> str:
+    return "epymarl-" + qmix_row.removeprefix("qmix-")
+
+
+EPYMARL_ROWS = {epymarl_row(row): task for row, (task, agents) in QMIX_TASKS.items() if agents == 1}
+EPYMARL_RECIPE = (
+    "git clone https://github.com/uoe-agents/epymarl && python3.11 -m venv epymarl-venv && "
+    "epymarl-venv/bin/pip install torch sacred pyyaml numpy gymnasium lbforaging rware scipy 'setuptools<81'"
+)
+
 for name, (task, agents) in QMIX_TASKS.items():
     for suffix, title, extra, note in (
         ("", f"QMIX, {task}", (), ""),
@@ -256,6 +292,7 @@ for name, (task, agents) in QMIX_TASKS.items():
             digits=2,
             papoudakis=True,
             agents=agents,
+            epymarl=epymarl_row(name) if epymarl_row(name) in EPYMARL_ROWS else "",
         )
 
 
@@ -625,12 +662,17 @@ def confidence95(values: list[float]) -> float:
     return float(t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5)
 
 
+def common_steps(curves: list[list[tuple[int, float]]]) -> list[int]:
+    """The evaluation steps every one of ``curves`` has."""
+    return sorted(set.intersection(*(set(dict(c)) for c in curves)))
+
+
 def papoudakis_returns(curves: list[list[tuple[int, float]]]) -> dict:
     """Papoudakis et al. 2021's two measures of a row's runs (each seed's evaluation curve):
     maximum returns, the evaluation step at which the mean over seeds is highest, with the mean
     and its 95 % confidence interval there; average returns, each seed's mean over all its
     evaluations, then the mean and interval of those. Steps every seed evaluated at only."""
-    steps = sorted(set.intersection(*(set(dict(c)) for c in curves)))
+    steps = common_steps(curves)
     at = {step: [dict(c)[step] for c in curves] for step in steps}
     best = max(steps, key=lambda step: statistics.mean(at[step]))
     averages = [statistics.mean(r for step, r in c if step in at) for c in curves]
@@ -675,12 +717,7 @@ def run_row(name: str, seeds: int, resume: bool = False) -> dict:
     summary already holds and train only the others (a long row across several sittings)."""
     row = ROWS.get(name) or SUPERVISED_ROWS[name]
     out = RUNS / name
-    results = []
-    if resume and (out / "summary.json").exists():
-        done = json.loads((out / "summary.json").read_text())
-        if done["command"] != row.command():
-            raise SystemExit(f"{name}: the kept seeds ran `{done['command']}`, the row now runs `{row.command()}`")
-        results = [s for s in done["seeds"] if s["seed"] <= seeds and (out / f"seed{s['seed']}").is_dir()]
+    results = kept_seeds(out, name, row.command(), seeds) if resume else []
     for seed in range(1, seeds + 1):
         if any(s["seed"] == seed for s in results):
             print(f"{name} seed {seed}: kept from an earlier sitting", flush=True)
@@ -699,34 +736,137 @@ def run_row(name: str, seeds: int, resume: bool = False) -> dict:
             )
         else:
             rows = read_rows(keep)
-            evals = curve(rows)
-            results.append(
-                {
-                    "seed": seed,
-                    "wall_s": wall,
-                    "final": evals[-1][1],
-                    "final_step": evals[-1][0],
-                    "best": max(r for _, r in evals),
-                    "at_reference": [measure(rows, ref) for ref in row.references],
-                }
-            )
+            at_reference = [measure(rows, ref) for ref in row.references]
+            results.append({**seed_summary(seed, wall, curve(rows)), "at_reference": at_reference})
         print(f"{name} seed {seed}: {results[-1]}", flush=True)
         results.sort(key=lambda s: s["seed"])
         write_summary(out, name, row.command(), results)
     return json.loads((out / "summary.json").read_text())  # also when every seed was kept
 
 
-def write_summary(out: Path, name: str, command: str, seeds: list[dict]) -> None:
+def kept_seeds(out: Path, name: str, command: str, seeds: int) -> list[dict]:
+    """The seeds (up to ``seeds``) that ``out/summary.json`` holds and whose runs are kept; refuses
+    a summary made by another command (a row whose keys changed since)."""
+    if not (out / "summary.json").exists():
+        return []
+    done = json.loads((out / "summary.json").read_text())
+    if done["command"] != command:
+        raise SystemExit(f"{name}: the kept seeds ran `{done['command']}`, the row now runs `{command}`")
+    kept = [s for s in done["seeds"] if s["seed"] <= seeds and (out / f"seed{s['seed']}").is_dir()]
+    return [{**s, "machine": seed_machine(s, done)} for s in kept]  # the summary's machine is the last seed's
+
+
+def this_machine() -> str:
     from machine import cpu_model
 
+    return f"{cpu_model()}, {os.cpu_count()} cores"
+
+
+def seed_machine(seed: dict, summary: dict) -> str:
+    """The machine a kept seed ran on (summaries older than the per-seed entry name one for all)."""
+    return seed.get("machine", summary["machine"])
+
+
+def seed_summary(seed: int, wall: float, evals: list[tuple[int, float]]) -> dict:
+    """What a row's summary keeps of one seed's evaluation curve."""
+    return {
+        "seed": seed,
+        "wall_s": wall,
+        "final": evals[-1][1],
+        "final_step": evals[-1][0],
+        "best": max(r for _, r in evals),
+        "machine": this_machine(),
+    }
+
+
+def write_summary(out: Path, name: str, command: str, seeds: list[dict], **extra: str) -> None:
     summary = {
         "row": name,
         "command": command,
-        "machine": f"{cpu_model()}, {os.cpu_count()} cores",
+        **extra,
+        "machine": this_machine(),
         "date": time.strftime("%Y-%m-%d"),
         "seeds": seeds,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+
+
+def epymarl_settings(task: str, seed: int, checkout: Path, python: str) -> argparse.Namespace:
+    """qmix_learning's settings of an EPyMARL run on ``task``: EPyMARL's protocol."""
+    return argparse.Namespace(
+        task=task,
+        steps=QMIX_STEPS,
+        eval_freq=QMIX_EVAL_FREQ,
+        eval_episodes=QMIX_EVAL_EPISODES,
+        seed=seed,
+        epymarl=str(checkout),
+        epymarl_python=python,
+    )
+
+
+def epymarl_row_command(task: str) -> str:
+    """The EPyMARL command line of a row, as one types it in EPyMARL's tree (``seed=K`` apart)."""
+    from qmix_learning import epymarl_command
+
+    args = epymarl_command(epymarl_settings(task, 0, Path("epymarl"), "python"))[3:]
+    return "python src/main.py " + " ".join(a for a in args if not a.startswith("seed="))
+
+
+def run_epymarl_row(
+    name: str, seeds: int, checkout: Path, python: str | None, resume: bool = False, jobs: int = 1
+) -> None:
+    """Run EPyMARL's QMIX on the row's task, seeds 1..``seeds`` (``benchmarks/epymarl_probe.py``
+    starts its unchanged ``src/main.py`` from ``checkout`` under ``python``); keep each seed's
+    tests as ``seed<K>/metrics.jsonl.gz`` (``step``: the test's step on the 50k grid, ``t_env``:
+    the step it ran at) and the summary, as ``run_row`` does. EPyMARL runs on one core
+    (``OMP_NUM_THREADS=1``, its episode runner): ``jobs`` seeds run at once, each one's wall time
+    measured beside the others (the summary says how many)."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    from qmix_learning import grid_step, run_epymarl
+    from qmix_speed import epymarl_commit, versions
+
+    if not python or not Path(python).exists():
+        raise SystemExit(f"{name} runs EPyMARL: --epymarl-python, the python of its environment ({EPYMARL_RECIPE})")
+    if not (checkout / "src" / "main.py").is_file():
+        raise SystemExit(f"{name}: {checkout} is not an EPyMARL tree (no src/main.py)")
+    task = EPYMARL_ROWS[name]
+    out = RUNS / name
+    command = epymarl_row_command(task)
+    results = kept_seeds(out, name, command, seeds) if resume else []
+    for seed in sorted(s["seed"] for s in results):
+        print(f"{name} seed {seed}: kept from an earlier sitting", flush=True)
+    missing = [seed for seed in range(1, seeds + 1) if all(s["seed"] != seed for s in results)]
+    at_once = min(jobs, len(missing))
+    peer = {"epymarl_commit": epymarl_commit(str(checkout)), "epymarl_versions": versions(python)}
+
+    def one(seed: int) -> tuple[dict[int, float], float]:
+        print(f"$ {command} seed={seed}  (in {checkout})", flush=True)
+        with tempfile.TemporaryDirectory() as scratch:
+            return run_epymarl(epymarl_settings(task, seed, checkout, python), Path(scratch))
+
+    failed = []
+    with ThreadPoolExecutor(max_workers=max(at_once, 1)) as pool:
+        runs = {pool.submit(one, seed): seed for seed in missing}
+        for done in as_completed(runs):  # each seed kept as it finishes: a stopped row keeps them
+            seed = runs[done]
+            try:
+                tests, wall = done.result()
+            except RuntimeError as e:
+                print(f"{name} seed {seed}: EPyMARL failed: {e}", flush=True)
+                failed.append(seed)
+                continue
+            keep = out / f"seed{seed}"
+            keep.mkdir(parents=True, exist_ok=True)
+            records = [{"step": grid_step(t, QMIX_EVAL_FREQ), "t_env": t, EVAL: r} for t, r in sorted(tests.items())]
+            (keep / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+            pack(keep)
+            results.append({**seed_summary(seed, round(wall, 1), curve(records)), "jobs": at_once})
+            print(f"{name} seed {seed}: {results[-1]}", flush=True)
+            results.sort(key=lambda s: s["seed"])
+            write_summary(out, name, command, results, **peer)
+    if failed:
+        raise SystemExit(f"{name}: EPyMARL failed on seed(s) {failed}; `--resume` runs them again")
 
 
 def check_purejaxrl(checkout: Path, python: str | None) -> None:
@@ -879,6 +1019,19 @@ def draw(name: str, row: Row) -> Path:
         if ref.std:
             ax.axhspan(ref.value - ref.std, ref.value + ref.std, color=colour, alpha=0.1, linewidth=0)
         ax.axvline(ref.steps, color=colour, linestyle=":", linewidth=1)
+    peer = epymarl_runs(row)
+    if peer:  # EPyMARL run here: the mean over its seeds, ± their std
+        at = {step: [dict(c)[step] for c in peer["curves"]] for step in common_steps(peer["curves"])}
+        steps = sorted(at)
+        mean = [statistics.mean(at[step]) for step in steps]
+        n = len(peer["curves"])
+        label = f"EPyMARL here ({n} seed{'s' if n > 1 else ''})"
+        lines[EVAL].append(fig.axes[0].plot(steps, mean, color="k", linestyle="--", linewidth=1, label=label)[0])
+        if n > 1:
+            std = [statistics.stdev(at[step]) for step in steps]
+            low = [m - sd for m, sd in zip(mean, std, strict=True)]
+            high = [m + sd for m, sd in zip(mean, std, strict=True)]
+            fig.axes[0].fill_between(steps, low, high, color="k", alpha=0.08, linewidth=0)
     for ax, metric in zip(fig.axes, metrics, strict=True):
         if lines[metric]:
             ax.legend(handles=lines[metric], loc="lower right", fontsize=8)  # the seeds: the figure's legend
@@ -896,6 +1049,78 @@ def fmt(value: float | None) -> str:
 def on(ref: Reference) -> str:
     """The page's marker for a reference not measured on the evaluation return."""
     return "" if ref.metric == EVAL else " (training episodes)"
+
+
+def epymarl_runs(row: Row) -> dict | None:
+    """The row's EPyMARL runs made here (``row.epymarl``): its summary and each seed's test curve."""
+    path = RUNS / row.epymarl / "summary.json"
+    if not row.epymarl or not path.exists():
+        return None
+    summary = json.loads(path.read_text())
+    curves = [curve(read_rows(RUNS / row.epymarl / f"seed{s['seed']}")) for s in summary["seeds"]]
+    return {"summary": summary, "curves": curves}
+
+
+def by_machine(summary: dict) -> dict[str, list[dict]]:
+    """A row's seeds grouped by the machine each ran on (rows resumed on another machine)."""
+    groups: dict[str, list[dict]] = {}
+    for seed in summary["seeds"]:
+        groups.setdefault(seed_machine(seed, summary), []).append(seed)
+    return groups
+
+
+def wall_per_seed(summary: dict) -> str:
+    """The mean wall time per seed, on each machine apart when the seeds ran on several."""
+    groups = by_machine(summary)
+    walls = {machine: statistics.mean(s["wall_s"] for s in seeds) / 60 for machine, seeds in groups.items()}
+    if len(walls) == 1:
+        return f"{next(iter(walls.values())):.1f} min"
+    return "; ".join(f"{wall:.1f} min ({machine.split(',')[0]})" for machine, wall in walls.items())
+
+
+def machine_line(summary: dict) -> str:
+    groups = by_machine(summary)
+    if len(groups) == 1:
+        return f"machine: {next(iter(groups))}, {summary['date']}"
+    return (
+        "machines: "
+        + "; ".join(
+            f"seed{'s' if len(seeds) > 1 else ''} {', '.join(str(s['seed']) for s in seeds)}: {machine}"
+            for machine, seeds in groups.items()
+        )
+        + f" (last seed {summary['date']})"
+    )
+
+
+def at_once(summary: dict) -> str:
+    """How many seeds of an EPyMARL row shared the machine, where more than one did."""
+    jobs = max(s.get("jobs", 1) for s in summary["seeds"])
+    return f" (up to {jobs} seeds at once, one core each)" if jobs > 1 else ""
+
+
+def epymarl_lines(row: Row, peer: dict) -> tuple[str, list[str]]:
+    """The table's reference cell and the details of a row's EPyMARL runs made here."""
+    summary, d = peer["summary"], row.digits
+    finals = mean_std([s["final"] / row.agents for s in summary["seeds"]], d)
+    details = [
+        f"- EPyMARL run here (commit `{summary['epymarl_commit'][:7]}`; {summary['epymarl_versions']}), its QMIX "
+        f"defaults on the same protocol, the reference column: `{summary['command']}` (+ `seed=K`, in EPyMARL's tree; "
+        f"`python benchmarks/results/run.py {row.epymarl} --epymarl DIR --epymarl-python PY` runs it); "
+        f"{machine_line(summary)}; {wall_per_seed(summary)} per seed{at_once(summary)}; per seed (best / final "
+        "test at step): "
+        + "; ".join(
+            f"seed {s['seed']}: {s['best'] / row.agents:.{d}f} / {s['final'] / row.agents:.{d}f} at {s['final_step']:,}"
+            for s in summary["seeds"]
+        )
+    ]
+    if len(peer["curves"]) > 1:
+        paper = papoudakis_returns(peer["curves"])
+        details.append(
+            f"- EPyMARL's maximum returns here {paper['max_mean']:.{d}f} ± {paper['max_ci95']:.{d}f} (95 % CI, at "
+            f"step {paper['max_step']:,}), average returns {paper['average_mean']:.{d}f} "
+            f"± {paper['average_ci95']:.{d}f}"
+        )
+    return f"EPyMARL run here: {finals}", details
 
 
 def page() -> str:
@@ -930,19 +1155,21 @@ def page() -> str:
         summary = json.loads(summary_path.read_text())
         seeds = summary["seeds"]
         image = draw(name, row).relative_to(PAGE.parent)
-        wall = statistics.mean(s["wall_s"] for s in seeds)
+        wall = wall_per_seed(summary)
         for i, ref in enumerate(row.references):
             ours = [s["at_reference"][i] for s in seeds if s["at_reference"][i] is not None]
             lines.append(
                 f"| {row.title} | {ref.value:g}{f' ± {ref.std:g}' if ref.std is not None else ''}{on(ref)} "
                 f"| {ref.steps:,} | {mean_std(ours)} | {mean_std([s['best'] for s in seeds])} "
-                f"| {len(seeds)} | {wall / 60:.1f} min | [png]({image}) |"
+                f"| {len(seeds)} | {wall} | [png]({image}) |"
             )
         per = row.agents  # returns on the page: divided by this
         paper = None
         if row.papoudakis and len(seeds) > 1:
             curves = [curve(read_rows(RUNS / name / f"seed{s['seed']}")) for s in seeds]
             paper = papoudakis_returns([[(step, r / per) for step, r in c] for c in curves])
+        peer = epymarl_runs(row)
+        reference, peer_details = epymarl_lines(row, peer) if peer else ("not transcribed", [])
         if not row.references:  # ours at the end of the budget
             final = mean_std([s["final"] / per for s in seeds], row.digits)
             best = mean_std([s["best"] / per for s in seeds], row.digits)
@@ -950,15 +1177,15 @@ def page() -> str:
                 d = row.digits
                 best = f"{paper['max_mean']:.{d}f} ± {paper['max_ci95']:.{d}f} (95 % CI) at {paper['max_step']:,}"
             lines.append(
-                f"| {row.title} | not transcribed | {seeds[0]['final_step']:,} | {final} | {best} "
-                f"| {len(seeds)} | {wall / 60:.1f} min | [png]({image}) |"
+                f"| {row.title} | {reference} | {seeds[0]['final_step']:,} | {final} | {best} "
+                f"| {len(seeds)} | {wall} | [png]({image}) |"
             )
         details += [
             f"### {row.title}",
             "",
             f"- command: `{summary['command']}` (+ `seed=K`)",
             *([f"- reference: {'; '.join(r.source for r in row.references)}"] if row.references else []),
-            f"- machine: {summary['machine']}, {summary['date']}",
+            f"- {machine_line(summary)}",
             "- per seed (at each reference's steps, measured as it is / best evaluation / final evaluation "
             "at step): "
             + "; ".join(
@@ -975,6 +1202,7 @@ def page() -> str:
                 f"{paper['max_step']:,}, the evaluation with the highest mean); average returns over all "
                 f"evaluations {paper['average_mean']:.{d}f} ± {paper['average_ci95']:.{d}f}"
             )
+        details += peer_details
         if row.note:
             details.append(f"- {row.note}")
         details += ["", f"![{row.title}]({image})", ""]
@@ -1177,7 +1405,7 @@ def supervised_table() -> list[str]:
 def main() -> int:
     global RUNS, PAGE, IMAGES
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("row", nargs="?", choices=sorted({**ROWS, **SUPERVISED_ROWS, **PEER_ROWS}))
+    parser.add_argument("row", nargs="?", choices=sorted({**ROWS, **SUPERVISED_ROWS, **PEER_ROWS, **EPYMARL_ROWS}))
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument(
         "--resume", action="store_true", help="keep the seeds this row's summary already holds, train the others"
@@ -1190,6 +1418,15 @@ def main() -> int:
         default=os.environ.get("PUREJAXRL_PYTHON"),
         help="peer rows: the python of PureJaxRL's own environment (default: $PUREJAXRL_PYTHON)",
     )
+    parser.add_argument("--epymarl", type=Path, help="epymarl-* rows: an EPyMARL tree (github.com/uoe-agents/epymarl)")
+    parser.add_argument(
+        "--epymarl-python",
+        default=os.environ.get("EPYMARL_PYTHON"),
+        help="epymarl-* rows: the python of EPyMARL's own environment (default: $EPYMARL_PYTHON)",
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="epymarl-* rows: seeds run at once (EPyMARL runs on one core)"
+    )
     parser.add_argument("--steps", type=int, help="peer rows: a shorter budget (PureJaxRL's TOTAL_TIMESTEPS)")
     parser.add_argument(
         "--runs", type=Path, help="keep the runs, the page and its PNGs under this folder instead (smoke runs)"
@@ -1200,11 +1437,17 @@ def main() -> int:
     if args.list:
         for name, row in {**ROWS, **SUPERVISED_ROWS, **PEER_ROWS}.items():
             print(f"{name:34s} {row.command()}")
+        for name, task in EPYMARL_ROWS.items():
+            print(f"{name:34s} {epymarl_row_command(task)}  (EPyMARL's tree)")
         return 0
     if args.row in PEER_ROWS:
         if args.purejaxrl is None:
             parser.error(f"{args.row} runs PureJaxRL too: --purejaxrl DIR, a checkout made with {PUREJAXRL_CLONE}")
         run_peer_row(args.row, args.seeds, args.purejaxrl.resolve(), args.purejaxrl_python, args.steps, args.resume)
+    elif args.row in EPYMARL_ROWS:
+        if args.epymarl is None:
+            parser.error(f"{args.row} runs EPyMARL: --epymarl DIR, an EPyMARL tree ({EPYMARL_RECIPE})")
+        run_epymarl_row(args.row, args.seeds, args.epymarl.resolve(), args.epymarl_python, args.resume, args.jobs)
     elif args.steps:
         parser.error("--steps shortens peer rows only")
     elif args.row:
