@@ -58,6 +58,7 @@ import functools
 import gzip
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -1075,7 +1076,12 @@ def wall_per_seed(summary: dict) -> str:
     walls = {machine: statistics.mean(s["wall_s"] for s in seeds) / 60 for machine, seeds in groups.items()}
     if len(walls) == 1:
         return f"{next(iter(walls.values())):.1f} min"
-    return "; ".join(f"{wall:.1f} min ({machine.split(',')[0]})" for machine, wall in walls.items())
+    return "; ".join(f"{wall:.1f} min ({short_machine(machine)})" for machine, wall in walls.items())
+
+
+def short_machine(machine: str) -> str:
+    """'Intel(R) Xeon(R) Processor, 2 cores' -> 'Intel Xeon': a table cell's name of a machine."""
+    return re.sub(r"\((R|TM)\)| Processor| CPU", "", machine.split(",")[0]).strip()
 
 
 def machine_line(summary: dict) -> str:
