@@ -1142,6 +1142,8 @@ def page() -> str:
         "reruns a row; `--page` rebuilds this page from the runs kept in `benchmarks/results/runs/`",
         "(their gzipped `metrics.jsonl` files: `ddprl plot benchmarks/results/runs/ROW/seed*` redraws them).",
         "Mean ± standard deviation over seeds; a reference's ± is what its source reports.",
+        "A QMIX row's reference, where it has run, is EPyMARL itself run here on the same task and",
+        "protocol (its final test: mean ± standard deviation over its seeds).",
         "",
         "| row | reference | steps | ddprl at those steps | ddprl best | seeds | wall time per seed | curve |",
         "|---|---|---|---|---|---|---|---|",
