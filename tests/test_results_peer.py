@@ -326,7 +326,7 @@ def test_epymarl_run_here_is_the_reference_of_both_qmix_rows_of_its_task(run, tm
     run.run_row("qmix-lbf-8x8-2p-2f-coop-epymarl", 2)
     page = run.page()
     for title in ("QMIX, Foraging-8x8-2p-2f-coop-v3", "QMIX, Foraging-8x8-2p-2f-coop-v3, EPyMARL's settings"):
-        assert f"| {title} | EPyMARL run here: 0.30 ± 0.14 | 100,000 | 0.60 ± 0.28 |" in page
+        assert f"| {title} | EPyMARL run here: 0.30 ± 0.14 at 100,000 | 100,000 | 0.60 ± 0.28 |" in page
     assert page.count("EPyMARL's maximum returns here 0.30 ± 1.27 (95 % CI, at step 100,000)") == 2
     assert page.count("2.0 min per seed (up to 2 seeds at once, one core each)") == 2
     assert "| QMIX, Foraging-10x10-3p-3f-v3 | not transcribed | | not run yet |" in page

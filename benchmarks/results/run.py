@@ -264,7 +264,8 @@ EPYMARL_NOTE = (
 # Papoudakis et al.'s table is not transcribed. Its QMIX defaults (qmix_speed.SHARED writes out its
 # config's values), its protocol (2.05M env steps, a greedy test of 100 episodes every 50k), the
 # tests read from sacred's info.json and kept as ddprl metrics, so the page and `ddprl plot` read
-# them as ddprl's runs. simple_spread is not among them: EPyMARL's MPE tasks are another package.
+# them as ddprl's runs. simple_spread is not among them: EPyMARL looks for it in pettingzoo.mpe,
+# which PettingZoo 1.27 has moved out to the mpe2 package.
 QMIX_STEPS = 2_050_000
 QMIX_EVAL_FREQ = 50_000
 QMIX_EVAL_EPISODES = 100
@@ -543,12 +544,15 @@ NOT_YET = [
     "  idle, 36 to 50 min beside another job (Hopper's and Walker2d's seeds ran beside other jobs).",
     "- QMIX on EPyMARL's protocol (2M environment steps, 100 greedy test episodes every 50k): ddprl's",
     "  defaults and EPyMARL's settings on five tasks are rows above, commands ready (`--resume` adds seeds",
-    "  across sittings); only Foraging-8x8-2p-2f-coop-v3 has run, with ddprl's defaults (36 to 38 min per",
-    "  seed here beside other jobs) and with EPyMARL's settings (23 min per seed alone, 32 beside the test",
-    "  suite). Papoudakis et al. 2021 (arXiv 2006.07869) Table 3 is not transcribed:",
-    "  no copy of the table was reachable from this machine. The reference that remains is EPyMARL run",
-    "  here on the same tasks (benchmarks/qmix_learning.py runs it; about 100 min per 2M-step seed and",
-    "  task on this machine, from its speed at 200k steps in docs/benchmarks.md): not run at 2M yet.",
+    "  across sittings). Papoudakis et al. 2021 (arXiv 2006.07869) Table 3 is not transcribed: no copy of",
+    "  the table was reachable from the machines these pages were made on. The reference that stands in",
+    "  for it is EPyMARL itself, run here on the same task and protocol (`run.py epymarl-<task>`): so far",
+    "  on Foraging-8x8-2p-2f-coop-v3 only, where both ddprl rows end within one standard deviation of it.",
+    "  Not run yet: EPyMARL on the other tasks, ddprl on 10x10-3p-3f, rware-tiny and simple_spread",
+    "  (EPyMARL finds its MPE tasks in `pettingzoo.mpe`, which PettingZoo 1.27 has moved out to mpe2,",
+    "  the package ddprl steps: EPyMARL would need an older PettingZoo). A ddprl seed took 16 to",
+    "  37 min on the 2-core Intel machine beside other jobs, 23 to 38 min on the AMD one; an EPyMARL seed",
+    "  96 min with three of them and a ddprl run sharing the Intel machine's 2 cores.",
     "- TD-MPC2 at 100k environment steps (50k agent steps, action repeat 2) against the official",
     "  per-task CSVs (github.com/nicklashansen/tdmpc2, `results/tdmpc2/`, 3 seeds, at 100k:",
     "  cartpole-swingup 789.8 / 867.9 / 860.5, reacher-easy 972.8 / 977.9 / 859.9, finger-spin",
@@ -1126,7 +1130,8 @@ def epymarl_lines(row: Row, peer: dict) -> tuple[str, list[str]]:
             f"step {paper['max_step']:,}), average returns {paper['average_mean']:.{d}f} "
             f"± {paper['average_ci95']:.{d}f}"
         )
-    return f"EPyMARL run here: {finals}", details
+    last = sorted({s["final_step"] for s in summary["seeds"]})  # its last test: a little before t_max
+    return f"EPyMARL run here: {finals} at {' / '.join(f'{step:,}' for step in last)}", details
 
 
 def page() -> str:
