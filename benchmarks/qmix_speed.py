@@ -9,13 +9,7 @@ its Python with timing probes. Every row is a subprocess, run one after the othe
         [--epymarl /work/peers/epymarl] [--epymarl-python /work/peers/epymarl-venv/bin/python]
         [--skip-epymarl | --skip-ddprl] [--peer-no-sacred] [--retries 1] [--report report.md]
 
-EPyMARL's tree and environment (sacred still imports ``pkg_resources``, gone from setuptools 81)::
-
-    git clone https://github.com/uoe-agents/epymarl /work/peers/epymarl
-    git -C /work/peers/epymarl checkout cbc38c0
-    python3.11 -m venv /work/peers/epymarl-venv
-    /work/peers/epymarl-venv/bin/pip install torch sacred pyyaml numpy gymnasium lbforaging rware scipy \
-        'setuptools<81'
+EPyMARL's tree and environment: ``EPYMARL_VENV`` below, the commands that make them.
 
 Same settings for every row: QMIX with EPyMARL's QMIX defaults, written out on both command
 lines: batch 32 episodes per update (ddprl: 32 / world_size per rank, the same 32 in total),
@@ -92,6 +86,14 @@ from ddprl.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 PROBE = Path(__file__).resolve().parent / "epymarl_probe.py"
+# EPyMARL's tree and environment, at the default paths (sacred still imports pkg_resources, gone
+# from setuptools 81)
+EPYMARL_VENV = (
+    "git clone https://github.com/uoe-agents/epymarl /work/peers/epymarl && "
+    "git -C /work/peers/epymarl checkout cbc38c0 && python3.11 -m venv /work/peers/epymarl-venv && "
+    "/work/peers/epymarl-venv/bin/pip install torch sacred pyyaml numpy gymnasium lbforaging rware scipy "
+    "'setuptools<81'"
+)
 
 # task name (ddprl's) -> (EPyMARL's gymma key, episode limit)
 TASKS = {

@@ -38,15 +38,13 @@ training-episode returns side by side with each run's wall time (compile and tra
 EPyMARL rows (``epymarl-lbf-8x8-2p-2f-coop``, ...) run EPyMARL's own QMIX here on the task of two
 QMIX rows, on EPyMARL's protocol, and stand as those rows' reference (Papoudakis et al.'s table
 is not transcribed). EPyMARL is not part of ddprl either: its unchanged ``src/main.py`` runs from
-a tree you make, in an environment of its own, through ``benchmarks/epymarl_probe.py``::
+a tree you make, in an environment of its own (``EPYMARL_VENV`` in ``benchmarks/qmix_speed.py``),
+through ``benchmarks/epymarl_probe.py``::
 
-    git clone https://github.com/uoe-agents/epymarl && git -C epymarl checkout cbc38c0
-    python3.11 -m venv epymarl-venv
-    epymarl-venv/bin/pip install torch sacred pyyaml numpy gymnasium lbforaging rware scipy 'setuptools<81'
-    python benchmarks/results/run.py epymarl-lbf-8x8-2p-2f-coop --epymarl epymarl \
-        --epymarl-python epymarl-venv/bin/python --seeds 3 --jobs 2
+    python benchmarks/results/run.py epymarl-lbf-8x8-2p-2f-coop --epymarl /work/peers/epymarl \
+        --epymarl-python /work/peers/epymarl-venv/bin/python --seeds 3 --jobs 2
 
-(sacred still imports ``pkg_resources``, gone from setuptools 81.) Each seed's tests are kept as
+Each seed's tests are kept as
 ``runs/<row>/seed<K>/`` like a ddprl run's evaluations; EPyMARL runs on one core, so ``--jobs N``
 runs N seeds at once.
 """
@@ -276,12 +274,9 @@ def epymarl_row(qmix_row: str) -> str:
 
 
 EPYMARL_ROWS = {epymarl_row(row): task for row, (task, agents) in QMIX_TASKS.items() if agents == 1}
-EPYMARL_RECIPE = (
-    "git clone https://github.com/uoe-agents/epymarl && python3.11 -m venv epymarl-venv && "
-    "epymarl-venv/bin/pip install torch sacred pyyaml numpy gymnasium lbforaging rware scipy 'setuptools<81'"
-)
 
 for name, (task, agents) in QMIX_TASKS.items():
+    peer_row = epymarl_row(name)
     for suffix, title, extra, note in (
         ("", f"QMIX, {task}", (), ""),
         ("-epymarl", f"QMIX, {task}, EPyMARL's settings", EPYMARL_KEYS, EPYMARL_NOTE),
@@ -294,7 +289,7 @@ for name, (task, agents) in QMIX_TASKS.items():
             digits=2,
             papoudakis=True,
             agents=agents,
-            epymarl=epymarl_row(name) if epymarl_row(name) in EPYMARL_ROWS else "",
+            epymarl=peer_row if peer_row in EPYMARL_ROWS else "",
         )
 
 
@@ -667,9 +662,10 @@ def confidence95(values: list[float]) -> float:
     return float(t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5)
 
 
-def common_steps(curves: list[list[tuple[int, float]]]) -> list[int]:
-    """The evaluation steps every one of ``curves`` has."""
-    return sorted(set.intersection(*(set(dict(c)) for c in curves)))
+def across_seeds(curves: list[list[tuple[int, float]]]) -> dict[int, list[float]]:
+    """``{step: each curve's value there}`` for the evaluation steps every one of ``curves`` has, in order."""
+    steps = sorted(set.intersection(*(set(dict(c)) for c in curves)))
+    return {step: [dict(c)[step] for c in curves] for step in steps}
 
 
 def papoudakis_returns(curves: list[list[tuple[int, float]]]) -> dict:
@@ -677,9 +673,8 @@ def papoudakis_returns(curves: list[list[tuple[int, float]]]) -> dict:
     maximum returns, the evaluation step at which the mean over seeds is highest, with the mean
     and its 95 % confidence interval there; average returns, each seed's mean over all its
     evaluations, then the mean and interval of those. Steps every seed evaluated at only."""
-    steps = common_steps(curves)
-    at = {step: [dict(c)[step] for c in curves] for step in steps}
-    best = max(steps, key=lambda step: statistics.mean(at[step]))
+    at = across_seeds(curves)
+    best = max(at, key=lambda step: statistics.mean(at[step]))
     averages = [statistics.mean(r for step, r in c if step in at) for c in curves]
     return {
         "max_step": best,
@@ -829,10 +824,10 @@ def run_epymarl_row(
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     from qmix_learning import grid_step, run_epymarl
-    from qmix_speed import epymarl_commit, versions
+    from qmix_speed import EPYMARL_VENV, epymarl_commit, versions
 
     if not python or not Path(python).exists():
-        raise SystemExit(f"{name} runs EPyMARL: --epymarl-python, the python of its environment ({EPYMARL_RECIPE})")
+        raise SystemExit(f"{name} runs EPyMARL: --epymarl-python, the python of its environment ({EPYMARL_VENV})")
     if not (checkout / "src" / "main.py").is_file():
         raise SystemExit(f"{name}: {checkout} is not an EPyMARL tree (no src/main.py)")
     task = EPYMARL_ROWS[name]
@@ -1007,7 +1002,7 @@ def mean_std(values: list[float], digits: int = 1) -> str:
     return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
-def draw(name: str, row: Row) -> Path:
+def draw(name: str, row: Row, peer: dict | None = None) -> Path:
     """Every seed's curves (``ddprl.plot``): the evaluation return, and the training episodes' return
     where a reference is measured on it, each reference drawn as a line and band on its metric."""
     from ddprl.plot import figure, load_runs
@@ -1024,10 +1019,9 @@ def draw(name: str, row: Row) -> Path:
         if ref.std:
             ax.axhspan(ref.value - ref.std, ref.value + ref.std, color=colour, alpha=0.1, linewidth=0)
         ax.axvline(ref.steps, color=colour, linestyle=":", linewidth=1)
-    peer = epymarl_runs(row)
-    if peer:  # EPyMARL run here: the mean over its seeds, ± their std
-        at = {step: [dict(c)[step] for c in peer["curves"]] for step in common_steps(peer["curves"])}
-        steps = sorted(at)
+    if peer:  # EPyMARL run here (epymarl_runs): the mean over its seeds, ± their std
+        at = across_seeds(peer["curves"])
+        steps = list(at)
         mean = [statistics.mean(at[step]) for step in steps]
         n = len(peer["curves"])
         label = f"EPyMARL here ({n} seed{'s' if n > 1 else ''})"
@@ -1102,7 +1096,7 @@ def machine_line(summary: dict) -> str:
     )
 
 
-def at_once(summary: dict) -> str:
+def jobs_note(summary: dict) -> str:
     """How many seeds of an EPyMARL row shared the machine, where more than one did."""
     jobs = max(s.get("jobs", 1) for s in summary["seeds"])
     return f" (up to {jobs} seeds at once, one core each)" if jobs > 1 else ""
@@ -1116,7 +1110,7 @@ def epymarl_lines(row: Row, peer: dict) -> tuple[str, list[str]]:
         f"- EPyMARL run here (commit `{summary['epymarl_commit'][:7]}`; {summary['epymarl_versions']}), its QMIX "
         f"defaults on the same protocol, the reference column: `{summary['command']}` (+ `seed=K`, in EPyMARL's tree; "
         f"`python benchmarks/results/run.py {row.epymarl} --epymarl DIR --epymarl-python PY` runs it); "
-        f"{machine_line(summary)}; {wall_per_seed(summary)} per seed{at_once(summary)}; per seed (best / final "
+        f"{machine_line(summary)}; {wall_per_seed(summary)} per seed{jobs_note(summary)}; per seed (best / final "
         "test at step): "
         + "; ".join(
             f"seed {s['seed']}: {s['best'] / row.agents:.{d}f} / {s['final'] / row.agents:.{d}f} at {s['final_step']:,}"
@@ -1167,7 +1161,8 @@ def page() -> str:
             continue
         summary = json.loads(summary_path.read_text())
         seeds = summary["seeds"]
-        image = draw(name, row).relative_to(PAGE.parent)
+        peer = epymarl_runs(row)
+        image = draw(name, row, peer).relative_to(PAGE.parent)
         wall = wall_per_seed(summary)
         for i, ref in enumerate(row.references):
             ours = [s["at_reference"][i] for s in seeds if s["at_reference"][i] is not None]
@@ -1181,7 +1176,6 @@ def page() -> str:
         if row.papoudakis and len(seeds) > 1:
             curves = [curve(read_rows(RUNS / name / f"seed{s['seed']}")) for s in seeds]
             paper = papoudakis_returns([[(step, r / per) for step, r in c] for c in curves])
-        peer = epymarl_runs(row)
         reference, peer_details = epymarl_lines(row, peer) if peer else ("not transcribed", [])
         if not row.references:  # ours at the end of the budget
             final = mean_std([s["final"] / per for s in seeds], row.digits)
@@ -1459,7 +1453,9 @@ def main() -> int:
         run_peer_row(args.row, args.seeds, args.purejaxrl.resolve(), args.purejaxrl_python, args.steps, args.resume)
     elif args.row in EPYMARL_ROWS:
         if args.epymarl is None:
-            parser.error(f"{args.row} runs EPyMARL: --epymarl DIR, an EPyMARL tree ({EPYMARL_RECIPE})")
+            from qmix_speed import EPYMARL_VENV
+
+            parser.error(f"{args.row} runs EPyMARL: --epymarl DIR, an EPyMARL tree ({EPYMARL_VENV})")
         run_epymarl_row(args.row, args.seeds, args.epymarl.resolve(), args.epymarl_python, args.resume, args.jobs)
     elif args.steps:
         parser.error("--steps shortens peer rows only")
