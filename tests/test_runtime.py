@@ -362,15 +362,16 @@ def test_running_stats_identical_across_ranks_and_exact(tmp_path):
     assert r0["count"].item() == 200
 
 
-def test_exit_process_after_ddp_flushes_and_keeps_the_code(tmp_path):
-    """A rank that used DDP leaves with os._exit (torch leaks the gloo group): output still arrives."""
+def test_exit_process_after_a_process_group_flushes_and_keeps_the_code(tmp_path):
+    """A rank that joined a process group leaves with os._exit (gloo threads may outlive it):
+    output still arrives."""
     code = (
         "import logging, sys\n"
         "from ddprl import runtime\n"
         "from ddprl.runtime import collectives\n"
         f"logging.basicConfig(filename={str(tmp_path / 'log.txt')!r}, level=logging.INFO)\n"
         "logging.getLogger('ddprl').info('logged line')\n"
-        "collectives._ddp_used = True\n"
+        "collectives._group_joined = True\n"
         "print('unflushed text', end='')\n"
         "runtime.exit_process(3)\n"
         "print('never reached')\n"

@@ -221,7 +221,14 @@ def test_compiled_update_is_one_graph_and_equals_eager_after_steps(tmp_path):
         for a, b in zip(other["adam"], eager["adam"], strict=True):
             torch.testing.assert_close(a, b, atol=1e-8, rtol=1e-3)
         for name, value in eager["metrics"][-1].items():
-            torch.testing.assert_close(other["metrics"][-1][name], value, atol=1e-4, rtol=1e-4, msg=name)
+            # A metric's float32 rounding follows the largest value it took in the run, not its
+            # last one: pi_q went -288, -73, -11.6 over the 3 updates and kept the ~1e-3 absolute
+            # difference of the first (4e-6 relative there; the weights agree to 1e-6). Which
+            # reduction order a fused kernel takes depends on the CPU (AVX2, AVX-512).
+            largest = max(abs(float(m[name])) for m in eager["metrics"])
+            torch.testing.assert_close(
+                other["metrics"][-1][name], value, atol=max(1e-4, 1e-5 * largest), rtol=1e-4, msg=name
+            )
     assert eager["scale"].item() > 1.0  # the Q scale moved: its statistic is part of the comparison
     # the updates really changed the model (equal no-ops would pass the checks above too)
     assert eager["metrics"][0]["train/loss"] != eager["metrics"][-1]["train/loss"]

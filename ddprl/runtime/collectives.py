@@ -23,7 +23,9 @@ from ddprl.runtime.seeding import Seeds
 
 log = logging.getLogger("ddprl")
 
-# Set once DDP has wrapped a module in this process; see ``launch.exit_process``.
+# Set once this process joined a process group, and once DDP has wrapped a module in it; see
+# ``launch.exit_process`` and ``Runtime.close``.
+_group_joined = False
 _ddp_used = False
 
 
@@ -64,6 +66,8 @@ class Runtime:
                 world_size=self.world_size,
                 timeout=self.timeout,
             )
+        global _group_joined
+        _group_joined = True
 
     # -- modules ---------------------------------------------------------------------------
 

@@ -114,23 +114,25 @@ def spawn_port(cfg: Any) -> int:
 
 
 def exit_process(code: int) -> None:
-    """End this process with ``code``; without interpreter finalisation once DDP was used here.
+    """End this process with ``code``; without interpreter finalisation once it joined a process group.
 
-    Why: in torch 2.13 a DDP wrapper keeps its gloo process group alive after
-    ``destroy_process_group`` (constructing DDP leaves references to the group that are never
-    released; without DDP the threads end), so the group's worker threads outlive ``close``.
-    When one of them frees a finished collective's tensors it takes the GIL; if the
-    interpreter is finalising at that moment the thread is unwound through C++ code and the
-    process aborts ("terminate called without an active exception", SIGABRT) although all its
-    work is done and written. Seen in ~5% of 2-rank runs here (gdb: ``pt_gloo_runloop`` in
-    ``~AsyncAllgatherWork`` -> ``take_gil`` during ``Py_FinalizeEx``). A rank whose files are
-    closed has nothing left for finalisation to do, so it runs the ``atexit`` handlers (W&B,
-    multiprocessing's resource clean-up, logging), flushes and leaves with ``os._exit``.
+    Why: gloo's worker threads can outlive ``close``. In torch 2.13 a DDP wrapper keeps its
+    gloo process group alive after ``destroy_process_group`` (constructing DDP leaves references
+    to the group that are never released), and without DDP a group's threads can still be
+    finishing a collective's clean-up when the interpreter finalises. When such a thread frees
+    a finished collective's tensors it takes the GIL; if the interpreter is finalising at that
+    moment the thread is unwound through C++ code and the process aborts ("terminate called
+    without an active exception", SIGABRT) although all its work is done and written. Seen in
+    ~5% of 2-rank DDP runs here (gdb: ``pt_gloo_runloop`` in ``~AsyncAllgatherWork`` ->
+    ``take_gil`` during ``Py_FinalizeEx``), and once in CI in a 2-rank run that used only
+    all-reduces. A rank whose files are closed has nothing left for finalisation to do, so it
+    runs the ``atexit`` handlers (W&B, multiprocessing's resource clean-up, logging), flushes
+    and leaves with ``os._exit``.
 
     The same after a stop signal (SIGTERM/SIGUSR1): finalisation puts the default handlers back,
     and a repeated signal arriving then would kill the process instead of letting it exit 75.
     """
-    if not collectives._ddp_used and preemption.received() is None:
+    if not collectives._group_joined and preemption.received() is None:
         sys.exit(code)
     atexit._run_exitfuncs()
     logging.shutdown()
