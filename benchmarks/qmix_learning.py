@@ -1,6 +1,6 @@
 """QMIX learning curves: ddprl vs EPyMARL run on this machine, at equal env steps.
 
-    python benchmarks/qmix_learning.py [--task Foraging-8x8-2p-2f-coop-v3 | rware-tiny-2ag-v2]
+    python benchmarks/qmix_learning.py [--task Foraging-8x8-2p-2f-coop-v3 | rware-tiny-2ag-v2 | simple_spread_v3]
         [--steps 200000] [--eval-freq 50000] [--eval-episodes 100] [--seed 1] [--skip-epymarl]
         [--epymarl /work/peers/epymarl] [--epymarl-python /work/peers/epymarl-venv/bin/python]
 
@@ -40,14 +40,17 @@ from ddprl.metrics import read_metrics  # noqa: E402
 
 
 def task_spec(task: str) -> tuple[str, int]:
-    """EPyMARL's gymma key and the episode limit of an LBF or RWARE task."""
+    """EPyMARL's gymma key and the episode limit of an LBF, RWARE or MPE task (MPE: the key of
+    EPyMARL's PettingZoo wrapper, 25 steps as MPE's own max_cycles)."""
     if task in TASKS:
         return TASKS[task]
     if task.startswith("Foraging"):
         return f"lbforaging:{task}", 50
     if task.startswith("rware"):
         return f"rware:{task}", 500
-    raise SystemExit(f"--task {task}: an LBF (Foraging-...) or RWARE (rware-...) task")
+    if task.startswith("simple_"):
+        return f"pz-mpe-{task.replace('_', '-')}", 25
+    raise SystemExit(f"--task {task}: an LBF (Foraging-...), RWARE (rware-...) or MPE (simple_...) task")
 
 
 def epymarl_command(args: argparse.Namespace) -> list[str]:
@@ -147,7 +150,7 @@ def run_ddprl(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", default="Foraging-8x8-2p-2f-coop-v3", help="an LBF or RWARE task")
+    parser.add_argument("--task", default="Foraging-8x8-2p-2f-coop-v3", help="an LBF, RWARE or MPE task")
     parser.add_argument("--steps", type=int, default=200_000)
     parser.add_argument("--eval-freq", type=int, default=50_000)
     parser.add_argument("--eval-episodes", type=int, default=100)

@@ -87,12 +87,12 @@ from ddprl.metrics import read_metrics
 REPO = Path(__file__).resolve().parent.parent
 PROBE = Path(__file__).resolve().parent / "epymarl_probe.py"
 # EPyMARL's tree and environment, at the default paths (sacred still imports pkg_resources, gone
-# from setuptools 81)
+# from setuptools 81; EPyMARL finds MPE in pettingzoo.mpe, which PettingZoo 1.26 moved out to mpe2)
 EPYMARL_VENV = (
     "git clone https://github.com/uoe-agents/epymarl /work/peers/epymarl && "
     "git -C /work/peers/epymarl checkout cbc38c0 && python3.11 -m venv /work/peers/epymarl-venv && "
     "/work/peers/epymarl-venv/bin/pip install torch sacred pyyaml numpy gymnasium lbforaging rware scipy "
-    "'setuptools<81'"
+    "'setuptools<81' pettingzoo==1.24.3 pygame"
 )
 
 # task name (ddprl's) -> (EPyMARL's gymma key, episode limit)
@@ -297,11 +297,11 @@ def run_ddprl(args: argparse.Namespace, world_size: int, envs: int, tmp: Path) -
 
 
 def versions(python: str) -> str:
-    """torch / gymnasium / lbforaging / rware / numpy versions seen by ``python``."""
+    """torch / numpy / gymnasium / lbforaging / rware / pettingzoo versions seen by ``python``."""
     code = (
         "import importlib.metadata as m\n"
         "out = []\n"
-        "for p in ('torch', 'numpy', 'gymnasium', 'lbforaging', 'rware'):\n"
+        "for p in ('torch', 'numpy', 'gymnasium', 'lbforaging', 'rware', 'pettingzoo'):\n"
         "    try: out.append(f'{p} {m.version(p)}')\n"
         "    except m.PackageNotFoundError: pass\n"
         "print(', '.join(out))"

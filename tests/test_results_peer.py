@@ -349,3 +349,29 @@ def test_a_row_resumed_on_another_machine_gives_each_machine_its_wall_time(run, 
     assert run.wall_per_seed(summary) == "10.0 min (AMD EPYC); 3.0 min (Intel Xeon)"
     assert run.machine_line(summary).startswith("machines: seed 1: AMD EPYC, 2 cores; seed 2: Intel(R)")
     assert run.wall_per_seed({**summary, "seeds": [new]}) == "3.0 min"
+
+
+def test_epymarl_on_mpe_steps_its_pettingzoo_key_and_the_page_divides_by_the_agents(run, tmp_path, monkeypatch):
+    """simple_spread's EPyMARL row runs EPyMARL's PettingZoo key with MPE's 25-step episodes, and
+    its team returns are divided by the 3 agents in the reference cell, as ddprl's own are."""
+    qmix_learning = load_module("qmix_learning")
+    assert qmix_learning.task_spec("simple_spread_v3") == ("pz-mpe-simple-spread-v3", 25)
+    assert run.EPYMARL_ROWS["epymarl-mpe-simple-spread"] == "simple_spread_v3"
+    assert run.ROWS["qmix-mpe-simple-spread"].epymarl == "epymarl-mpe-simple-spread"
+    assert "env_args.key=pz-mpe-simple-spread-v3 env_args.time_limit=25 " in run.epymarl_row_command("simple_spread_v3")
+
+    def fake_epymarl(args, tmp):
+        return {50: -90.0, 50_010: -60.0 - 3 * args.seed}, 60.0
+
+    monkeypatch.setattr(qmix_learning, "run_epymarl", fake_epymarl)
+    monkeypatch.setitem(sys.modules, "qmix_learning", qmix_learning)
+    monkeypatch.setattr(run, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(run, "IMAGES", tmp_path / "images")
+    checkout = tmp_path / "epymarl"
+    (checkout / "src").mkdir(parents=True)
+    (checkout / "src" / "main.py").write_text("")
+    run.run_epymarl_row("epymarl-mpe-simple-spread", 2, checkout, sys.executable, jobs=2)
+    reference, _ = run.epymarl_lines(
+        run.ROWS["qmix-mpe-simple-spread"], run.epymarl_runs(run.ROWS["qmix-mpe-simple-spread"])
+    )
+    assert reference == "EPyMARL run here: -21.50 ± 0.71 at 50,000"  # team returns -63 and -66, per agent

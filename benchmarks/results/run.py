@@ -233,7 +233,8 @@ PAPOUDAKIS_NOTE = (
     "copies of the paper hold its first page). 'ddprl best' is the paper's own measure, its maximum "
     "returns: the evaluation step where the mean over seeds is highest, the mean ± 95 % confidence "
     "interval over seeds there (the paper has 5 seeds). ddprl's QMIX defaults are EPyMARL's QMIX values "
-    "except 8 environments in the job and standardised mixer states (docs/qmix.md)."
+    "except 8 environments in the job, standardised mixer states, time limits bootstrapped and 32 episodes "
+    "per update on each rank (64 on these rows' 2 ranks) (docs/qmix.md)."
 )
 QMIX_TASKS = {  # row: (task, agents the page divides the team return by)
     "qmix-lbf-8x8-2p-2f-coop": ("Foraging-8x8-2p-2f-coop-v3", 1),
@@ -248,7 +249,10 @@ MPE_NOTE = (
     "number of agents' (the authors' answer in github.com/uoe-agents/epymarl issue 29). Episodes of 25 steps "
     "(mpe2's default, EPyMARL's time_limit for MPE). mpe2's simple_spread_v3 gives each agent half its own "
     "collision penalty and half the shared distance term (local_ratio=0.5, its default); the paper's MPE "
-    "version is not checked to weigh them alike, so its scale may differ."
+    "version is not checked to weigh them alike, so its scale may differ. EPyMARL, run here, steps PettingZoo "
+    "1.24.3's simple_spread_v3 (the game mpe2 took over) through its PettingZoo wrapper, which reports 0 for an "
+    "episode's 25th step (PettingZoo has removed the agents by then and the wrapper fills in zeros): its returns "
+    "miss one step of 25 (one episode of random actions: -63.15 through the wrapper, -65.09 from the game)."
 )
 # EPyMARL's QMIX settings on ddprl: its raw mixer states and unbootstrapped time limits, and its
 # 32 episodes per update (16 on each of 2 ranks); ddprl's defaults differ in these only (and run
@@ -258,12 +262,12 @@ EPYMARL_NOTE = (
     " This row: EPyMARL's QMIX settings (raw mixer states, time limits not bootstrapped, 32 episodes per "
     "update: 16 per rank); the row without 'EPyMARL's settings' runs ddprl's defaults."
 )
-# EPyMARL itself, run here on the QMIX rows' LBF and RWARE tasks: the reference that remains while
-# Papoudakis et al.'s table is not transcribed. Its QMIX defaults (qmix_speed.SHARED writes out its
-# config's values), its protocol (2.05M env steps, a greedy test of 100 episodes every 50k), the
-# tests read from sacred's info.json and kept as ddprl metrics, so the page and `ddprl plot` read
-# them as ddprl's runs. simple_spread is not among them: EPyMARL looks for it in pettingzoo.mpe,
-# which PettingZoo 1.27 has moved out to the mpe2 package.
+# EPyMARL itself, run here on the QMIX rows' tasks: the reference that remains while Papoudakis et
+# al.'s table is not transcribed. Its QMIX defaults (qmix_speed.SHARED writes out its config's
+# values), its protocol (2.05M env steps, a greedy test of 100 episodes every 50k), the tests read
+# from sacred's info.json and kept as ddprl metrics, so the page and `ddprl plot` read them as
+# ddprl's runs. EPyMARL finds simple_spread in pettingzoo.mpe, which PettingZoo 1.26 moved out to the
+# mpe2 package that ddprl steps: its environment has PettingZoo 1.24.3 (qmix_speed.EPYMARL_VENV).
 QMIX_STEPS = 2_050_000
 QMIX_EVAL_FREQ = 50_000
 QMIX_EVAL_EPISODES = 100
@@ -273,7 +277,7 @@ def epymarl_row(qmix_row: str) -> str:
     return "epymarl-" + qmix_row.removeprefix("qmix-")
 
 
-EPYMARL_ROWS = {epymarl_row(row): task for row, (task, agents) in QMIX_TASKS.items() if agents == 1}
+EPYMARL_ROWS = {epymarl_row(row): task for row, (task, _) in QMIX_TASKS.items()}
 
 for name, (task, agents) in QMIX_TASKS.items():
     peer_row = epymarl_row(name)
