@@ -278,6 +278,13 @@ def epymarl_row(qmix_row: str) -> str:
 
 
 EPYMARL_ROWS = {epymarl_row(row): task for row, (task, _) in QMIX_TASKS.items()}
+# What a task asks of the agents, where its returns need it to be read.
+TASK_NOTES = {
+    "qmix-lbf-10x10-3p-3f": (
+        " Foraging-10x10-3p-3f-v3 (lbforaging 2.0) draws each food's level between 1 and the sum of the three "
+        "players' levels (1 or 2 each): 58 % of the food needs two agents loading it together, 25 % all three."
+    ),
+}
 
 for name, (task, agents) in QMIX_TASKS.items():
     peer_row = epymarl_row(name)
@@ -289,11 +296,11 @@ for name, (task, agents) in QMIX_TASKS.items():
             title,
             ("algo=qmix", f"task={task}", "world_size=2", *extra),
             (),
-            PAPOUDAKIS_NOTE + (MPE_NOTE if agents > 1 else "") + note,
+            PAPOUDAKIS_NOTE + (MPE_NOTE if agents > 1 else "") + TASK_NOTES.get(name, "") + note,
             digits=2,
             papoudakis=True,
             agents=agents,
-            epymarl=peer_row if peer_row in EPYMARL_ROWS else "",
+            epymarl=peer_row,
         )
 
 
@@ -545,13 +552,14 @@ NOT_YET = [
     "  defaults and EPyMARL's settings on five tasks are rows above, commands ready (`--resume` adds seeds",
     "  across sittings). Papoudakis et al. 2021 (arXiv 2006.07869) Table 3 is not transcribed: no copy of",
     "  the table was reachable from the machines these pages were made on. The reference that stands in",
-    "  for it is EPyMARL itself, run here on the same task and protocol (`run.py epymarl-<task>`): so far",
-    "  on Foraging-8x8-2p-2f-coop-v3 only, where both ddprl rows end within one standard deviation of it.",
-    "  Not run yet: EPyMARL on the other tasks, ddprl on 10x10-3p-3f, rware-tiny and simple_spread",
-    "  (EPyMARL finds its MPE tasks in `pettingzoo.mpe`, which PettingZoo 1.27 has moved out to mpe2,",
-    "  the package ddprl steps: EPyMARL would need an older PettingZoo). A ddprl seed took 9 min",
-    "  alone on the 2-core Intel machine (16 to 37 beside other jobs), 23 to 38 min on the AMD one; an",
-    "  EPyMARL seed 96 min with three of them and a ddprl run sharing the Intel machine's 2 cores.",
+    "  for it is EPyMARL itself, run here on the same task and protocol (`run.py epymarl-<task>`, also on",
+    "  simple_spread, through PettingZoo 1.24.3): on Foraging-8x8-2p-2f-coop-v3 (3 seeds) both ddprl rows",
+    "  end within one standard deviation of it; on Foraging-10x10-3p-3f-v3 (2 seeds) neither EPyMARL nor",
+    "  ddprl learns much in 2M steps: both end near their first tests (the row above and its curve).",
+    "  Not run yet: EPyMARL on 2s-8x8, rware-tiny and simple_spread; ddprl on rware-tiny and",
+    "  simple_spread. A ddprl seed took 9 min alone on the 2-core Intel machine (16 to 38",
+    "  beside other jobs), 23 to 38 min on the AMD one; an EPyMARL seed 96 min (LBF 8x8, three of them",
+    "  and a ddprl run sharing the Intel machine's 2 cores) and 87 min (10x10, two of them and a ddprl run).",
     "- TD-MPC2 at 100k environment steps (50k agent steps, action repeat 2) against the official",
     "  per-task CSVs (github.com/nicklashansen/tdmpc2, `results/tdmpc2/`, 3 seeds, at 100k:",
     "  cartpole-swingup 789.8 / 867.9 / 860.5, reacher-easy 972.8 / 977.9 / 859.9, finger-spin",
