@@ -223,8 +223,8 @@ def test_compiled_update_is_one_graph_and_equals_eager_after_steps(tmp_path):
         for name, value in eager["metrics"][-1].items():
             # A metric's float32 rounding follows the largest value it took in the run, not its
             # last one: pi_q went -288, -73, -11.6 over the 3 updates and kept the ~1e-3 absolute
-            # difference of the first (4e-6 relative there; the weights agree to 1e-6). Which
-            # reduction order a fused kernel takes depends on the CPU (AVX2, AVX-512).
+            # difference of the first (4e-6 relative there; the weights agree to 1e-6): fused and
+            # eager kernels sum in different orders.
             largest = max(abs(float(m[name])) for m in eager["metrics"])
             torch.testing.assert_close(
                 other["metrics"][-1][name], value, atol=max(1e-4, 1e-5 * largest), rtol=1e-4, msg=name
