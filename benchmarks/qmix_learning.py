@@ -34,23 +34,18 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import cpu_model  # noqa: E402
-from qmix_speed import PROBE, REPO, SHARED, TASKS, _ddprl_value, child_env, epymarl_commit, run_logged  # noqa: E402
+from qmix_speed import (  # noqa: E402
+    PROBE,
+    REPO,
+    SHARED,
+    _ddprl_value,
+    child_env,
+    epymarl_commit,
+    run_logged,
+    task_spec,
+)
 
 from ddprl.metrics import read_metrics  # noqa: E402
-
-
-def task_spec(task: str) -> tuple[str, int]:
-    """EPyMARL's gymma key and the episode limit of an LBF, RWARE or MPE task (MPE: the key of
-    EPyMARL's PettingZoo wrapper, 25 steps as MPE's own max_cycles)."""
-    if task in TASKS:
-        return TASKS[task]
-    if task.startswith("Foraging"):
-        return f"lbforaging:{task}", 50
-    if task.startswith("rware"):
-        return f"rware:{task}", 500
-    if task.startswith("simple_"):
-        return f"pz-mpe-{task.replace('_', '-')}", 25
-    raise SystemExit(f"--task {task}: an LBF (Foraging-...), RWARE (rware-...) or MPE (simple_...) task")
 
 
 def epymarl_command(args: argparse.Namespace) -> list[str]:

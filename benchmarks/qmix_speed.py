@@ -95,11 +95,21 @@ EPYMARL_VENV = (
     "'setuptools<81' pettingzoo==1.24.3 pygame"
 )
 
-# task name (ddprl's) -> (EPyMARL's gymma key, episode limit)
-TASKS = {
-    "Foraging-8x8-2p-2f-coop-v3": ("lbforaging:Foraging-8x8-2p-2f-coop-v3", 50),
-    "rware-tiny-2ag-v2": ("rware:rware-tiny-2ag-v2", 500),
-}
+# the tasks this benchmark times (task_spec gives EPyMARL's key and the episode limit of any)
+TASKS = ("Foraging-8x8-2p-2f-coop-v3", "rware-tiny-2ag-v2")
+
+
+def task_spec(task: str) -> tuple[str, int]:
+    """EPyMARL's gymma key and the episode limit of an LBF, RWARE or MPE task (MPE: the key of
+    EPyMARL's PettingZoo wrapper, 25 steps as MPE's own max_cycles)."""
+    if task.startswith("Foraging"):
+        return f"lbforaging:{task}", 50
+    if task.startswith("rware"):
+        return f"rware:{task}", 500
+    if task.startswith("simple_"):
+        return f"pz-mpe-{task.replace('_', '-')}", 25
+    raise SystemExit(f"--task {task}: an LBF (Foraging-...), RWARE (rware-...) or MPE (simple_...) task")
+
 
 # The shared hyperparameters: (ddprl key, EPyMARL key, value).
 SHARED = [
@@ -187,7 +197,7 @@ def child_env() -> dict[str, str]:
 
 
 def run_epymarl(args: argparse.Namespace, envs: int, tmp: Path) -> dict[str, Any]:
-    key, limit = TASKS[args.task]
+    key, limit = task_spec(args.task)
     out = tmp / "probe.json"
     cmd = [
         args.epymarl_python,
@@ -243,7 +253,7 @@ def log_freq(args: argparse.Namespace) -> int:
 
 
 def run_ddprl(args: argparse.Namespace, world_size: int, envs: int, tmp: Path) -> dict[str, Any]:
-    _, limit = TASKS[args.task]
+    _, limit = task_spec(args.task)
     run_dir = tmp / "run"
     cmd = [
         sys.executable,
@@ -330,7 +340,7 @@ def fmt(value: float, spec: str = ",.0f") -> str:
 
 def print_report(args: argparse.Namespace, rows: list[tuple[str, dict[str, Any]]]) -> None:
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    key, limit = TASKS[args.task]
+    key, limit = task_spec(args.task)
     print("\n### QMIX training speed: ddprl vs EPyMARL\n")
     print(
         f"Machine: {cpu_model()}, {os.cpu_count()} logical cores ({usable} usable), Python "

@@ -287,7 +287,6 @@ TASK_NOTES = {
 }
 
 for name, (task, agents) in QMIX_TASKS.items():
-    peer_row = epymarl_row(name)
     for suffix, title, extra, note in (
         ("", f"QMIX, {task}", (), ""),
         ("-epymarl", f"QMIX, {task}, EPyMARL's settings", EPYMARL_KEYS, EPYMARL_NOTE),
@@ -300,7 +299,7 @@ for name, (task, agents) in QMIX_TASKS.items():
             digits=2,
             papoudakis=True,
             agents=agents,
-            epymarl=peer_row,
+            epymarl=epymarl_row(name),
         )
 
 
