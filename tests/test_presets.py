@@ -155,3 +155,22 @@ def test_default_ppo_on_pendulum_reaches_minus_200_within_200k_steps(tmp_path):
     evals = [(r["step"], r["eval/return_mean"]) for r in rows if "eval/return_mean" in r]
     assert max(ret for step, ret in evals if step <= 200_000) >= -200, evals
     assert re.search(r"^norm_reward: true  # task preset$", (tmp_path / "config.yaml").read_text(), re.M)
+
+
+MPE_PRESETS = ["simple_spread_v3", "simple_reference_v3", "simple_speaker_listener_v4"]
+
+
+@pytest.mark.parametrize("task", MPE_PRESETS)
+def test_qmix_on_a_cooperative_mpe_task_treats_its_time_limit_as_terminal(task):
+    from ddprl.envs.marl.mpe import mpe_task_names
+
+    assert task in mpe_task_names()  # a misspelt file name would never apply
+    for spelt in (task, f"mpe/{task}"):
+        cfg = load_config(["algo=qmix", f"task={spelt}"])
+        assert cfg.bootstrap_truncated is False and cfg.sources["bootstrap_truncated"] == "task preset"
+    lines = _key_lines(CONFIG_DIR / "task" / f"{task}.yaml")
+    assert lines and all("#" in line for line in lines)  # every value says where it comes from
+    mine = load_config(["algo=qmix", f"task={task}", "bootstrap_truncated=true"])
+    assert mine.bootstrap_truncated is True  # the user's key wins
+    # Other tasks keep QMIX's default (LBF, RWARE: bootstrapped).
+    assert load_config(["algo=qmix", "task=Foraging-8x8-2p-2f-coop-v3"]).bootstrap_truncated is True

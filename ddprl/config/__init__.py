@@ -81,10 +81,11 @@ def task_preset_file(task: Any) -> Path | None:
     """The preset file of a task (``ddprl/config/task/<task>.yaml``), None when it has none.
 
     ``gymnax/<id>`` is gymnax's port of the Gymnasium task ``<id>`` (on engine=jax the bare id
-    names it too): one environment, one preset, however it is spelt."""
+    names it too), and ``mpe/<name>`` the particle env ``<name>``: one environment, one preset,
+    however it is spelt."""
     if task is None:
         return None
-    name = str(task).removeprefix("gymnax/")
+    name = str(task).removeprefix("gymnax/").removeprefix("mpe/")
     path = CONFIG_DIR / "task" / f"{name}.yaml"
     return path if "/" not in name and path.exists() else None
 
