@@ -578,7 +578,7 @@ NOT_YET = [
     "  mean Q 24 at 110k, 15,000 at 1.2M, the greedy return from -20 to -50 per agent): ddprl's task preset",
     "  for the cooperative MPE tasks now treats their time limit as terminal, as EPyMARL does (docs/qmix.md,",
     "  'Time limits on MPE'); with it ddprl's defaults end within one standard deviation of EPyMARL run",
-    "  here (2 seeds). Not run yet: EPyMARL on 2s-8x8 and rware-tiny, a third EPyMARL seed on",
+    "  here (3 seeds against its 2). Not run yet: EPyMARL on 2s-8x8 and rware-tiny, a third EPyMARL seed on",
     "  simple_spread; ddprl on rware-tiny. A ddprl seed took 9 min alone on the 2-core Intel machine (16 to 40",
     "  beside other jobs), 23 to 38 min on the AMD one; an EPyMARL seed 96 min (LBF 8x8, three of them",
     "  and a ddprl run sharing the Intel machine's 2 cores), 87 min (10x10, two of them and a ddprl run)",
