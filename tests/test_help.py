@@ -87,14 +87,21 @@ def test_bad_input_refused_before_any_rank_starts(inputs, tmp_path, case):
 
 
 def test_torchrun_world_size_mismatch_one_ddprl_line(tmp_path):
-    """Each worker finds the contradiction; one prints it, every one hands it to torchrun's summary."""
+    """Each worker finds the contradiction; one prints it, every one hands it to torchrun's summary.
+
+    The summary is the guarantee: torchrun stops the other workers as soon as one fails, so under
+    load rank 1 can fail before rank 0 (the one that prints) gets there (seen once in a full suite
+    run beside two training jobs): then the line is only in the summary, never twice."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     res = run_cli(
         ["train", "world_size=4", f"run_dir={tmp_path / 'run'}"], cwd=tmp_path, launcher=launcher, timeout=120
     )
     assert res.returncode != 0  # torchrun's own code for a failed worker: 1
     ours = [line for line in res.stderr.splitlines() if line.startswith("ddprl: error:")]
-    assert ours == ["ddprl: error: world_size=4 contradicts the torchrun launcher's world size 2; drop world_size="]
+    assert ours in (
+        [],
+        ["ddprl: error: world_size=4 contradicts the torchrun launcher's world size 2; drop world_size="],
+    ), res.stderr[-2000:]
     root_cause = res.stderr.split("Root Cause")[-1]
     assert "traceback : ddprl: error: world_size=4 contradicts" in root_cause, res.stderr[-2000:]
     assert not (tmp_path / "run").exists()
