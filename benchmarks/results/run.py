@@ -298,9 +298,14 @@ BOOTSTRAP_NOTE = (
     "bounded (mean Q 51 at 400k, the greedy return still rising), and with the time limit as terminal too "
     "(the row 'QMIX, simple_spread_v3'); docs/qmix.md has the measurements."
 )
-QMIX_VARIANTS = {  # row: its extra rows beyond ddprl's defaults and EPyMARL's settings
+QMIX_VARIANTS = {  # row: its extra rows (suffix, title, keys, note) beyond the two every task has
     "qmix-mpe-simple-spread": (
-        ("-bootstrap", "time limits bootstrapped", ("bootstrap_truncated=true",), BOOTSTRAP_NOTE),
+        (
+            "-bootstrap",
+            "QMIX, simple_spread_v3, time limits bootstrapped",
+            ("bootstrap_truncated=true",),
+            BOOTSTRAP_NOTE,
+        ),
     ),
 }
 
@@ -308,7 +313,7 @@ for name, (task, agents) in QMIX_TASKS.items():
     for suffix, title, extra, note in (
         ("", f"QMIX, {task}", (), ""),
         ("-epymarl", f"QMIX, {task}, EPyMARL's settings", EPYMARL_KEYS, EPYMARL_NOTE),
-        *((sfx, f"QMIX, {task}, {what}", keys, text) for sfx, what, keys, text in QMIX_VARIANTS.get(name, ())),
+        *QMIX_VARIANTS.get(name, ()),
     ):
         ROWS[name + suffix] = Row(
             title,
