@@ -285,6 +285,10 @@ TASK_NOTES = {
         " Foraging-10x10-3p-3f-v3 (lbforaging 2.0) draws each food's level between 1 and the sum of the three "
         "players' levels (1 or 2 each): 58 % of the food needs two agents loading it together, 25 % all three."
     ),
+    "qmix-rware-tiny-2ag": (
+        " rware-tiny-2ag-v2 (rware 2.0) pays an agent 1 for bringing a requested shelf to the goal and nothing "
+        "else, in episodes of 500 steps: random actions deliver in 16 of 400 episodes (a team return of 0.04)."
+    ),
 }
 
 # ddprl's defaults bootstrap time limits, except where a task preset says otherwise: on MPE,
