@@ -106,17 +106,18 @@ def test_purejaxrl_curve_rows():
     assert [r["wall_time"] for r in rows] == [1.0, 3.0]
 
 
-def test_five_tuple_step_merges_terminated_and_truncated():
+def test_five_tuple_step_merges_terminated_and_truncated_and_drops_the_final_observation():
     driver = load("purejaxrl_ppo")
 
     class Env:  # gymnax >= 1.0's step
         name = "fake"
 
         def step(self, key, state, action, params=None):
-            return "obs", state + 1, 1.0, np.array(False), np.array(True), {"info": 0}
+            return "obs", state + 1, 1.0, np.array(False), np.array(True), {"info": 0, "final_observation": "obs"}
 
     env = driver.FiveTupleStep(Env())
     obs, state, reward, done, info = env.step(None, 0, 0)
+    # gymnax < 1.0 had no final_observation: left out, or PureJaxRL returns one per step (OOM on MinAtar)
     assert (obs, state, reward, bool(done), info) == ("obs", 1, 1.0, True, {"info": 0})
     assert env.name == "fake"  # everything else is the env's own
 
