@@ -416,7 +416,17 @@ MINATAR_FINDINGS = {
     "62.6 / 49.4 / 60.2, ddprl jax1 22.9 / 44.6 / 37.6, jax 65.9 / 75.8 / 42.4), so over six seeds the "
     "three overlap and the gap was the luck of three seeds. Checked beside it: with one minibatch per "
     "device's share, one and two devices compute the same iterations on this task (the losses agree to "
-    "five significant digits over the first five iterations, then float drift).",
+    "five significant digits over the first five iterations, then float drift). PureJaxRL's times in this "
+    "row overstate its training: they were measured before purejaxrl_ppo.py's adapter left out the "
+    "final_observation gymnax 1.0 adds to every step's info, which ppo.py's compiled call then returned "
+    "(16 GB over 1e7 steps). At 1M steps on the Intel machine that cost it 11.5 and 11.4 s of training "
+    "against 9.8 and 10.7 s without (two runs each, alternating): some 12 %, which would bring its "
+    "training near ddprl jax's on one device. The row is to be rerun whole on one machine.",
+    "SpaceInvaders": " ddprl ends above PureJaxRL on every seed (training return 180 to 185 against 165 to 172). "
+    "From about 2M steps on, ddprl's greedy episodes run to gymnax's limit of 1,000 steps at nearly every "
+    "evaluation: there the two differ in how they treat a time limit (PureJaxRL as a termination, ddprl "
+    "bootstrapped, the list below). That this accounts for the gap is not tested: ddprl has no key to "
+    "treat a time limit PureJaxRL's way.",
 }
 PEER_DEVICES = 2  # ddprl's JAX engine on 2 simulated CPU devices, its torch engine on 2 ranks
 PEER_EVAL_FREQ = 50_000  # ddprl's greedy evaluations (10 episodes), outside the training time
@@ -605,9 +615,10 @@ NOT_YET = [
     "  one H100 made 99 to 119 agent steps/s compiled at model_size 1, some 8 min per seed, but the one",
     "  GPU session so far went to the checks and speed tables.",
     "  docs/benchmarks.md has the 30k-step cartpole-swingup run made so far.",
-    "- The MinAtar peer rows (PureJaxRL's `examples/brax_minatar.ipynb` configuration: 64 envs x 128",
-    "  steps, 8 minibatches, lr 5e-3, relu, 1e7 steps) where the table above says not run yet. ddprl's",
-    "  torch engine has no MinAtar environment: those rows compare PureJaxRL with ddprl's JAX engine.",
+    "- Breakout-MinAtar's wall times, PureJaxRL against ddprl, on equal terms: its runs (AMD machine)",
+    "  predate the fix that stops PureJaxRL's compiled call from returning every step's final observation,",
+    "  about 12 % of its training time (the row's note). SpaceInvaders ran after the fix. Rerunning the",
+    "  Breakout row whole (6 seeds, some 50 min on the idle Intel machine) settles it.",
 ]
 
 
