@@ -287,7 +287,8 @@ TASK_NOTES = {
     ),
     "qmix-rware-tiny-2ag": (
         " rware-tiny-2ag-v2 (rware 2.0) pays an agent 1 for bringing a requested shelf to the goal and nothing "
-        "else, in episodes of 500 steps: random actions deliver in 16 of 400 episodes (a team return of 0.04)."
+        "else, in episodes of 500 steps: random actions deliver in 16 of 400 episodes (a team return of 0.04; "
+        "gymnasium's action_space.sample(), reset seeds 0-99 and 1000-1299)."
     ),
 }
 
