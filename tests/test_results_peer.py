@@ -212,6 +212,8 @@ def test_a_row_without_a_transcribed_reference_shows_ours_at_the_end_and_best(ru
     assert "maximum returns 0.30 ± 1.27" in page and "average returns over all evaluations 0.23 ± 0.95" in page
     assert "| QMIX, Foraging-10x10-3p-3f-v3 | not transcribed | | not run yet |" in page
     assert (tmp_path / "images" / "qmix-lbf-8x8-2p-2f-coop.png").exists()
+    # the seeds still to run are counted from the summaries, not written by hand
+    assert "| Foraging-8x8-2p-2f-coop-v3 | 2 of 3 | 0 of 3 | 0 of 3 | not measured |" in page
 
 
 def test_papoudakis_returns_peak_where_the_mean_over_seeds_does(run):
@@ -332,6 +334,48 @@ def test_epymarl_run_here_is_the_reference_of_both_qmix_rows_of_its_task(run, tm
     assert page.count("2.0 min per seed (up to 2 seeds at once, one core each)") == 2
     assert "| QMIX, Foraging-10x10-3p-3f-v3 | not transcribed | | not run yet |" in page
     assert (tmp_path / "images" / "qmix-lbf-8x8-2p-2f-coop.png").exists()
+    # the seeds still to run are counted from the summaries, not written by hand
+    mean_above = "2 of 3, above EPyMARL's by more than one std"
+    assert f"| Foraging-8x8-2p-2f-coop-v3 | {mean_above} | {mean_above} | 2 of 3 | not measured |" in page
+    assert "| Foraging-10x10-3p-3f-v3 | 0 of 3 | 0 of 3 | 0 of 3 | not measured |" in page
+
+
+def test_a_qmix_row_is_set_against_epymarl_in_its_standard_deviations(run, tmp_path, monkeypatch):
+    """Within one of EPyMARL's standard deviations, or how many below with Welch's t-test; nothing
+    while either side has one seed."""
+    monkeypatch.setattr(run, "RUNS", tmp_path)
+
+    def keep(row, finals):
+        (tmp_path / row).mkdir()
+        seeds = [{"seed": i + 1, "final": f} for i, f in enumerate(finals)]
+        (tmp_path / row / "summary.json").write_text(json.dumps({"seeds": seeds}))
+
+    keep("epymarl-lbf-8x8-2p-2f-coop", [0.5, 0.6, 0.7])  # mean 0.6, std 0.1
+    keep("qmix-lbf-8x8-2p-2f-coop", [0.45, 0.55, 0.6])  # mean 0.533: within
+    keep("qmix-lbf-8x8-2p-2f-coop-epymarl", [0.1, 0.2, 0.3])  # mean 0.2: 4 std below; t = -4.90, 4 dof
+    assert run.against_epymarl("qmix-lbf-8x8-2p-2f-coop") == ", within one std of EPyMARL's"
+    assert run.against_epymarl("qmix-lbf-8x8-2p-2f-coop-epymarl") == (
+        ", 4.00 std below EPyMARL's (Welch's t-test p = 0.01)"
+    )
+    keep("qmix-lbf-10x10-3p-3f", [0.1, 0.2])
+    keep("epymarl-lbf-10x10-3p-3f", [0.3])
+    assert run.against_epymarl("qmix-lbf-10x10-3p-3f") == ""
+
+
+def test_random_actions_on_a_qmix_task_are_kept_reproducibly_and_shown(run, tmp_path, monkeypatch):
+    """``run.py ROW --random`` steps ddprl's own environment with random available actions; the
+    same seed gives the same returns, kept in the row's folder and shown on both rows of its task."""
+    monkeypatch.setattr(run, "RUNS", tmp_path)
+    first = run.random_baseline("qmix-lbf-8x8-2p-2f-coop", episodes=12)
+    assert run.random_baseline("qmix-lbf-8x8-2p-2f-coop", episodes=12) == first
+    assert (first["task"], first["episodes"]) == ("Foraging-8x8-2p-2f-coop-v3", 12)
+    assert 0 <= first["positive"] <= 12 and first["mean"] >= 0
+    assert json.loads((tmp_path / "qmix-lbf-8x8-2p-2f-coop" / "random.json").read_text()) == first
+    for row in ("qmix-lbf-8x8-2p-2f-coop", "qmix-lbf-8x8-2p-2f-coop-epymarl"):
+        (line,) = run.random_line(row, 1, 2)
+        command = "python benchmarks/results/run.py qmix-lbf-8x8-2p-2f-coop --random"
+        assert line.startswith(f"- random actions (`{command}`): {first['mean']:.2f} ± ")
+    assert run.random_line("qmix-lbf-10x10-3p-3f", 1, 2) == []
 
 
 def test_a_row_resumed_on_another_machine_gives_each_machine_its_wall_time(run, tmp_path, monkeypatch):

@@ -62,6 +62,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -283,12 +284,17 @@ EPYMARL_ROWS = {epymarl_row(row): task for row, (task, _) in QMIX_TASKS.items()}
 TASK_NOTES = {
     "qmix-lbf-10x10-3p-3f": (
         " Foraging-10x10-3p-3f-v3 (lbforaging 2.0) draws each food's level between 1 and the sum of the three "
-        "players' levels (1 or 2 each): 58 % of the food needs two agents loading it together, 25 % all three."
+        "players' levels (1 or 2 each): 58 % of the food needs two agents loading it together, 25 % all three. "
+        "Random actions collect more than QMIX's greedy policy does here (the line 'random actions' above): "
+        "ddprl's training episodes of its first 10k steps, epsilon from 1 down to 0.81, returned 0.11 to 0.13 "
+        "(the three seeds of ddprl's defaults), then fell as epsilon fell (0.05 to 0.08 at 50k) and end at "
+        "0.07 to 0.09 with epsilon 0.05. Within 2.05M steps QMIX, ddprl's and EPyMARL's alike, learns a "
+        "policy that loads less food than chance does."
     ),
     "qmix-rware-tiny-2ag": (
         " rware-tiny-2ag-v2 (rware 2.0) pays an agent 1 for bringing a requested shelf to the goal and nothing "
-        "else, in episodes of 500 steps: random actions deliver in 16 of 400 episodes (a team return of 0.04; "
-        "gymnasium's action_space.sample(), reset seeds 0-99 and 1000-1299)."
+        "else, in episodes of 500 steps: an episode of random actions seldom delivers once (the line 'random "
+        "actions' above)."
     ),
 }
 
@@ -411,18 +417,16 @@ PUREJAXRL_MINATAR = {
 }
 # What the kept runs of a MinAtar row showed, and what was checked about it (said on the page with them).
 MINATAR_FINDINGS = {
-    "Breakout": " The outcome of a run is bimodal: it stays on a plateau near 25 or leaves it for 40 to 95, "
-    "at a step that differs by seed. Seeds 1 to 3 had put ddprl on one device far above PureJaxRL and above "
-    "itself on two devices, the ranges apart; seeds 4 to 6 reversed the order (training return PureJaxRL "
-    "62.6 / 49.4 / 60.2, ddprl jax1 22.9 / 44.6 / 37.6, jax 65.9 / 75.8 / 42.4), so over six seeds the "
-    "three overlap and the gap was the luck of three seeds. Checked beside it: with one minibatch per "
-    "device's share, one and two devices compute the same iterations on this task (the losses agree to "
-    "five significant digits over the first five iterations, then float drift). PureJaxRL's times in this "
-    "row overstate its training: they were measured before purejaxrl_ppo.py's adapter left out the "
-    "final_observation gymnax 1.0 adds to every step's info, which ppo.py's compiled call then returned "
-    "(16 GB over 1e7 steps). At 1M steps on the Intel machine that cost it 11.5 and 11.4 s of training "
-    "against 9.8 and 10.7 s without (two runs each, alternating): some 12 %, which would bring its "
-    "training near ddprl jax's on one device. The row is to be rerun whole on one machine.",
+    "Breakout": " A run stays on a plateau near 25 to 30 for its first 3 to 6M steps, then climbs to between 35 "
+    "and 95, at a step and to a height that differ by seed, so six seeds, and even they do not order the "
+    "three: ddprl on one device ends within one of PureJaxRL's standard deviations (Welch's t-test of the "
+    "two means p = 0.16). The same row run on an AMD machine in an earlier sitting had ordered them the "
+    "other way (training return PureJaxRL 42.0 ± 17.5, ddprl jax1 56.0 ± 25.5, jax 49.5 ± 17.6, 6 seeds). "
+    "Checked beside it: with one minibatch per device's share, one and two devices compute the same "
+    "iterations on this task (the losses agree to five significant digits over the first five "
+    "iterations, then float drift). Time: ddprl on one device trains 6 % longer than PureJaxRL (107 s "
+    "against 100 s) and compiles in 2.9 s against 4.1 s; end to end, with its evaluations, 118 s against "
+    "108 s. Two simulated devices sharing the same 2 cores train in 127 s.",
     "SpaceInvaders": " ddprl ends above PureJaxRL on every seed (training return 180 to 185 against 165 to 172). "
     "From about 2M steps on, ddprl's greedy episodes run to gymnax's limit of 1,000 steps at nearly every "
     "evaluation: there the two differ in how they treat a time limit (PureJaxRL as a termination, ddprl "
@@ -579,49 +583,170 @@ PEER_NOTES = (
     "(`XLA_FLAGS=--xla_force_host_platform_device_count=2`) sharing the machine's 2 cores; all "
     "`JAX_PLATFORMS=cpu`.",
 )
-NOT_YET = [
-    "",
-    "## Not reproduced yet",
-    "",
-    "- PPO on Ant-v5 and Humanoid-v5: not among the rows. 1M MuJoCo steps with CleanRL's minibatch on 2",
-    "  ranks take 20 to 25 min per seed on the 2-core machine these pages were made on when it is otherwise",
-    "  idle, 36 to 50 min beside another job (Hopper's and Walker2d's seeds ran beside other jobs).",
-    "- QMIX on EPyMARL's protocol (2M environment steps, 100 greedy test episodes every 50k): ddprl's",
-    "  defaults and EPyMARL's settings on five tasks are rows above, commands ready (`--resume` adds seeds",
-    "  across sittings). Papoudakis et al. 2021 (arXiv 2006.07869) Table 3 is not transcribed: no copy of",
-    "  the table was reachable from the machines these pages were made on. The reference that stands in",
-    "  for it is EPyMARL itself, run here on the same task and protocol (`run.py epymarl-<task>`, also on",
-    "  simple_spread, through PettingZoo 1.24.3): on Foraging-8x8-2p-2f-coop-v3 (3 seeds) both ddprl rows",
-    "  end within one standard deviation of it; on Foraging-10x10-3p-3f-v3 (2 seeds) neither EPyMARL nor",
-    "  ddprl learns much in 2M steps: both end near their first tests (the row above and its curve).",
-    "  On simple_spread QMIX with time limits bootstrapped diverged (the row 'time limits bootstrapped':",
-    "  mean Q 24 at 110k, 15,000 at 1.2M, the greedy return from -20 to -50 per agent): ddprl's task preset",
-    "  for the cooperative MPE tasks now treats their time limit as terminal, as EPyMARL does (docs/qmix.md,",
-    "  'Time limits on MPE'); with it ddprl's defaults end within one standard deviation of EPyMARL run",
-    "  here (3 seeds against its 2). On rware-tiny-2ag-v2, which pays only for delivering a requested",
-    "  shelf, neither learns in 2.05M steps: the greedy return is 0.00 at every test of ddprl's 3 seeds",
-    "  and of EPyMARL's seed (its best test 0.01); with EPyMARL's settings ddprl ends at 0.00 and 0.02",
-    "  (best 0.04): none above the 0.04 of random actions (16 deliveries in 400 episodes). Not run yet:",
-    "  EPyMARL on 2s-8x8, more EPyMARL seeds on rware-tiny (1 of 3), simple_spread and 10x10 (2 of 3),",
-    "  and more seeds of the rows with EPyMARL's settings on 10x10 (1 of 3), simple_spread and rware-tiny",
-    "  (2 of 3). A ddprl seed took 9 to 17 min alone on the 2-core Intel machine (14 on rware-tiny), 16",
-    "  to 40 beside other jobs, 23 to 38 min on the AMD one; an EPyMARL seed 96 min (LBF 8x8, three of",
-    "  them and a ddprl run sharing the Intel machine's 2 cores), 87 min (10x10, two of them and a ddprl",
-    "  run), 53 to 59 min (simple_spread, one of them and a ddprl run) and 90 min (rware-tiny, one of",
-    "  them and a ddprl run).",
-    "- TD-MPC2 at 100k environment steps (50k agent steps, action repeat 2) against the official",
-    "  per-task CSVs (github.com/nicklashansen/tdmpc2, `results/tdmpc2/`, 3 seeds, at 100k:",
-    "  cartpole-swingup 789.8 / 867.9 / 860.5, reacher-easy 972.8 / 977.9 / 859.9, finger-spin",
-    "  985.6 / 937.3 / 919.6): at model_size 1 this CPU makes about 2.4 agent steps per second",
-    "  (docs/benchmarks.md), about 6 hours per seed; a GPU's work (`benchmarks/gpu_session.sh returns`):",
-    "  one H100 made 99 to 119 agent steps/s compiled at model_size 1, some 8 min per seed, but the one",
-    "  GPU session so far went to the checks and speed tables.",
-    "  docs/benchmarks.md has the 30k-step cartpole-swingup run made so far.",
-    "- Breakout-MinAtar's wall times, PureJaxRL against ddprl, on equal terms: its runs (AMD machine)",
-    "  predate the fix that stops PureJaxRL's compiled call from returning every step's final observation,",
-    "  about 12 % of its training time (the row's note). SpaceInvaders ran after the fix. Rerunning the",
-    "  Breakout row whole (6 seeds, some 50 min on the idle Intel machine) settles it.",
-]
+QMIX_SEEDS = 3  # the seeds each QMIX row, and EPyMARL's run on its task, are to have
+
+
+def kept_summary(row: str) -> dict | None:
+    path = RUNS / row / "summary.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def against_epymarl(row: str) -> str:
+    """A QMIX row's mean final test set against EPyMARL's run here on its task: within one of
+    EPyMARL's standard deviations of its mean, above that, or how many of them below, with Welch's
+    t-test of the two means there (how likely seed noise alone leaves a gap that size); nothing
+    until each has 2 seeds (no standard deviation)."""
+    from scipy.stats import ttest_ind
+
+    ours, ref = kept_summary(row), kept_summary(epymarl_row(row.removesuffix("-epymarl")))
+    if not ours or not ref or len(ours["seeds"]) < 2 or len(ref["seeds"]) < 2:
+        return ""
+    finals, ref_finals = ([s["final"] for s in kept["seeds"]] for kept in (ours, ref))
+    mean, ref_mean, ref_std = statistics.mean(finals), statistics.mean(ref_finals), statistics.stdev(ref_finals)
+    if mean > ref_mean + ref_std:
+        return ", above EPyMARL's by more than one std"
+    if mean >= ref_mean - ref_std:
+        return ", within one std of EPyMARL's"
+    p = ttest_ind(finals, ref_finals, equal_var=False).pvalue
+    below = f"{(ref_mean - mean) / ref_std:.2f} std below" if ref_std else "below"
+    return f", {below} EPyMARL's (Welch's t-test p = {p:.2f})"
+
+
+def qmix_seeds() -> list[str]:
+    """Each QMIX task's seeds kept so far, counted from the rows' summaries (what is left to run
+    is what this table lacks), with ddprl's mean final test against EPyMARL's."""
+    lines = [
+        "",
+        "| task | ddprl's defaults | ddprl, EPyMARL's settings | EPyMARL run here | random actions |",
+        "|---|---|---|---|---|",
+    ]
+    for name, (task, agents) in QMIX_TASKS.items():
+        cells = []
+        for row in (name, name + "-epymarl", epymarl_row(name)):
+            kept = kept_summary(row)
+            seeds = len(kept["seeds"]) if kept else 0
+            cells.append(f"{seeds} of {QMIX_SEEDS}" + ("" if row.startswith("epymarl-") else against_epymarl(row)))
+        floor = random_return(name)
+        cells.append("not measured" if floor is None else f"{floor / agents:.2f}")
+        lines.append(f"| {task} | {' | '.join(cells)} |")
+    return lines + [""]
+
+
+def random_return(name: str) -> float | None:
+    """The mean team return of random actions on a QMIX row's task, where ``--random`` has kept it."""
+    path = RUNS / name / "random.json"
+    return json.loads(path.read_text())["mean"] if path.exists() else None
+
+
+def rware_finals() -> str:
+    """Random actions' return on rware-tiny against the best final test of any QMIX run kept there,
+    ddprl's or EPyMARL's."""
+    name = "qmix-rware-tiny-2ag"
+    floor = random_return(name)
+    floor_text = "not measured yet" if floor is None else f"make {floor:.2f} (`run.py {name} --random`)"
+    finals = [
+        s["final"]
+        for row in (name, name + "-epymarl", epymarl_row(name))
+        for s in (kept_summary(row) or {"seeds": []})["seeds"]
+    ]
+    best = f"the highest final test of their {len(finals)} runs is {max(finals):.2f}" if finals else "no run yet"
+    return f"random actions {floor_text}, and {best}"
+
+
+RANDOM_EPISODES = 400
+
+
+def random_baseline(name: str, episodes: int = RANDOM_EPISODES, seed: int = 0) -> dict:
+    """The team return of uniformly random available actions on a QMIX row's task, through the
+    environment ddprl trains on (8 copies, seeded ``seed``; the actions drawn from a generator
+    seeded the same): the floor a learned policy has to clear. Kept as ``random.json`` in the row's
+    folder (``run.py ROW --random``)."""
+    import torch
+
+    from ddprl.envs.marl import make_marl_env
+
+    task, _ = QMIX_TASKS[name]
+    env = make_marl_env(task, num_envs=8, seed=seed)
+    draws = torch.Generator().manual_seed(seed)
+    obs, returns = env.reset(), []
+    while len(returns) < episodes:
+        avail = obs.avail.flatten(0, 1).float()
+        actions = torch.multinomial(avail, 1, generator=draws).view(env.num_envs, env.n_agents)
+        obs, _, terminated, truncated, info = env.step(actions)
+        returns += info["episode_return"][terminated | truncated].tolist()
+    env.close()
+    returns = returns[:episodes]
+    result = {
+        "task": task,
+        "episodes": episodes,
+        "seed": seed,
+        "mean": statistics.mean(returns),
+        "std": statistics.stdev(returns),
+        "positive": sum(r > 0 for r in returns),
+    }
+    (RUNS / name).mkdir(parents=True, exist_ok=True)
+    (RUNS / name / "random.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def random_line(name: str, agents: int, digits: int) -> list[str]:
+    """A QMIX row's detail line for the random-action floor of its task, where it is kept."""
+    base = next((n for n in QMIX_TASKS if name.startswith(n)), None)
+    path = RUNS / str(base) / "random.json"
+    if base is None or not path.exists():
+        return []
+    kept = json.loads(path.read_text())
+    return [
+        f"- random actions (`python benchmarks/results/run.py {base} --random`): {kept['mean'] / agents:.{digits}f} "
+        f"± {kept['std'] / agents:.{digits}f} over {kept['episodes']} episodes, {kept['positive']} of them with a "
+        "return above 0 (uniform over each agent's available actions, ddprl's environment)"
+    ]
+
+
+def not_yet() -> list[str]:
+    """The page's 'not reproduced yet': what is missing, with the QMIX seeds counted from the runs kept."""
+    qmix_missing = (
+        "QMIX on EPyMARL's protocol (2M environment steps, 100 greedy test episodes every 50k): ddprl's defaults "
+        "and EPyMARL's settings on five tasks are rows above. Papoudakis et al. 2021 (arXiv 2006.07869) Table 3 "
+        "is not transcribed: no copy of the table was reachable from the machines these pages were made on. The "
+        "reference that stands in for it is EPyMARL itself, run here on the same task and protocol (`run.py "
+        "epymarl-<task>`, also on simple_spread, through PettingZoo 1.24.3). The table below counts the seeds "
+        f"kept of each, of the {QMIX_SEEDS} each is to have (`--resume` adds the others), and sets ddprl's mean "
+        "final test against EPyMARL's, in EPyMARL's standard deviations, where each has 2 seeds or more; where "
+        "ddprl's is more than one below, Welch's t-test of the two means: p is the chance that seeds alone, the "
+        "means being equal, part them that far (with 3 seeds a side, EPyMARL's standard deviation is itself a "
+        "rough estimate). Its last column is the team return of uniformly random actions "
+        f"({RANDOM_EPISODES} episodes, `run.py ROW --random`; per agent on simple_spread), the floor a policy has "
+        "to clear. On Foraging-10x10-3p-3f-v3 neither EPyMARL nor ddprl learns much in 2M steps: both end near "
+        "their first tests, below random actions (the row above and its task note). On simple_spread QMIX with "
+        "time limits bootstrapped "
+        "diverged (the row 'time limits bootstrapped': mean Q 24 at 110k, 15,000 at 1.2M, the greedy return "
+        "from -20 to -50 per agent): ddprl's task preset for the cooperative MPE tasks now treats their time "
+        "limit as terminal, as EPyMARL does (docs/qmix.md, 'Time limits on MPE'). On rware-tiny-2ag-v2, which "
+        "pays only for delivering a requested shelf, neither library's greedy policy learns to deliver in 2.05M "
+        f"steps: {rware_finals()}. A ddprl seed took 9 to 22 min alone on the 2-core Intel machine, 16 to 40 "
+        "beside other jobs, 23 to 38 min on the AMD one; an EPyMARL seed 96 min (LBF 8x8, three of them and a "
+        "ddprl run sharing the Intel machine's 2 cores), 87 min (10x10, two of them and a ddprl run), 53 to 59 "
+        "min (simple_spread, one of them and a ddprl run) and 90 min (rware-tiny, one of them and a ddprl run)."
+    )
+    return [
+        "",
+        "## Not reproduced yet",
+        "",
+        "- PPO on Ant-v5 and Humanoid-v5: not among the rows. 1M MuJoCo steps with CleanRL's minibatch on 2",
+        "  ranks take 20 to 25 min per seed on the 2-core machine these pages were made on when it is otherwise",
+        "  idle, 36 to 50 min beside another job (Hopper's and Walker2d's seeds ran beside other jobs).",
+        *textwrap.wrap(qmix_missing, 100, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False),
+        *qmix_seeds(),
+        "- TD-MPC2 at 100k environment steps (50k agent steps, action repeat 2) against the official",
+        "  per-task CSVs (github.com/nicklashansen/tdmpc2, `results/tdmpc2/`, 3 seeds, at 100k:",
+        "  cartpole-swingup 789.8 / 867.9 / 860.5, reacher-easy 972.8 / 977.9 / 859.9, finger-spin",
+        "  985.6 / 937.3 / 919.6): at model_size 1 this CPU makes about 2.4 agent steps per second",
+        "  (docs/benchmarks.md), about 6 hours per seed; a GPU's work (`benchmarks/gpu_session.sh returns`):",
+        "  one H100 made 99 to 119 agent steps/s compiled at model_size 1, some 8 min per seed, but the one",
+        "  GPU session so far went to the checks and speed tables.",
+        "  docs/benchmarks.md has the 30k-step cartpole-swingup run made so far.",
+    ]
 
 
 def sklearn_baselines(dataset: str, seed: int) -> dict[str, float]:
@@ -1271,13 +1396,13 @@ def page() -> str:
                 f"{paper['max_step']:,}, the evaluation with the highest mean); average returns over all "
                 f"evaluations {paper['average_mean']:.{d}f} ± {paper['average_ci95']:.{d}f}"
             )
-        details += peer_details
+        details += random_line(name, per, row.digits) + peer_details
         if row.note:
             details.append(f"- {row.note}")
         details += ["", f"![{row.title}]({image})", ""]
     peer_lines, peer_details = peer_section()
     return (
-        "\n".join(lines + supervised_table() + peer_lines + NOT_YET + ["", "## Rows", ""] + details + peer_details)
+        "\n".join(lines + supervised_table() + peer_lines + not_yet() + ["", "## Rows", ""] + details + peer_details)
         + "\n"
     )
 
@@ -1481,6 +1606,9 @@ def main() -> int:
     )
     parser.add_argument("--page", action="store_true", help="rebuild docs/results.md from the kept runs")
     parser.add_argument("--list", action="store_true")
+    parser.add_argument(
+        "--random", action="store_true", help="QMIX rows: the return of random actions on the row's task (random.json)"
+    )
     parser.add_argument("--purejaxrl", type=Path, help=f"peer rows: a checkout of PureJaxRL ({PUREJAXRL_CLONE})")
     parser.add_argument(
         "--purejaxrl-python",
@@ -1521,6 +1649,10 @@ def main() -> int:
         run_epymarl_row(args.row, args.seeds, args.epymarl.resolve(), args.epymarl_python, args.resume, args.jobs)
     elif args.steps:
         parser.error("--steps shortens peer rows only")
+    elif args.random:
+        if args.row not in QMIX_TASKS:
+            parser.error(f"--random: one of the QMIX rows {', '.join(QMIX_TASKS)}")
+        print(json.dumps(random_baseline(args.row)))
     elif args.row:
         run_row(args.row, args.seeds, args.resume)
     if args.page or args.row:
