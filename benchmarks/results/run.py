@@ -4,6 +4,7 @@
     python benchmarks/results/run.py ROW --resume         # only the seeds the row's summary lacks
     python benchmarks/results/run.py --page               # docs/results.md and its PNGs from what is kept
     python benchmarks/results/run.py --list               # the rows and their commands
+    python benchmarks/results/run.py QMIX_ROW --random    # random actions' return on its task (random.json)
 
 Each seed trains with ``ddprl train`` (the row's keys, then ``seed=K``) in a scratch directory;
 its ``metrics.jsonl`` (gzipped) and ``config.yaml`` are kept under ``benchmarks/results/runs/<row>/seed<K>/``
@@ -692,10 +693,9 @@ def random_baseline(name: str, episodes: int = RANDOM_EPISODES, seed: int = 0) -
 def random_line(name: str, agents: int, digits: int) -> list[str]:
     """A QMIX row's detail line for the random-action floor of its task, where it is kept."""
     base = next((n for n in QMIX_TASKS if name.startswith(n)), None)
-    path = RUNS / str(base) / "random.json"
-    if base is None or not path.exists():
+    if base is None or not (RUNS / base / "random.json").exists():
         return []
-    kept = json.loads(path.read_text())
+    kept = json.loads((RUNS / base / "random.json").read_text())
     return [
         f"- random actions (`python benchmarks/results/run.py {base} --random`): {kept['mean'] / agents:.{digits}f} "
         f"± {kept['std'] / agents:.{digits}f} over {kept['episodes']} episodes, {kept['positive']} of them with a "
