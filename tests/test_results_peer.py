@@ -341,21 +341,32 @@ def test_epymarl_run_here_is_the_reference_of_both_qmix_rows_of_its_task(run, tm
 
 
 def test_a_qmix_row_is_set_against_epymarl_in_its_standard_deviations(run, tmp_path, monkeypatch):
-    """Within one of EPyMARL's standard deviations, or how many below with Welch's t-test; nothing
-    while either side has one seed."""
+    """Within one of EPyMARL's standard deviations, or how many below with Welch's t-test and where
+    the maximum returns fall against EPyMARL's confidence interval; nothing while either side has
+    one seed."""
     monkeypatch.setattr(run, "RUNS", tmp_path)
 
     def keep(row, finals):
         (tmp_path / row).mkdir()
         seeds = [{"seed": i + 1, "final": f} for i, f in enumerate(finals)]
         (tmp_path / row / "summary.json").write_text(json.dumps({"seeds": seeds}))
+        for seed in seeds:  # each seed's one test: its final
+            (tmp_path / row / f"seed{seed['seed']}").mkdir()
+            test = {"step": 50_000, "eval/return_mean": seed["final"]}
+            (tmp_path / row / f"seed{seed['seed']}" / "metrics.jsonl").write_text(json.dumps(test) + "\n")
 
     keep("epymarl-lbf-8x8-2p-2f-coop", [0.5, 0.6, 0.7])  # mean 0.6, std 0.1
     keep("qmix-lbf-8x8-2p-2f-coop", [0.45, 0.55, 0.6])  # mean 0.533: within
     keep("qmix-lbf-8x8-2p-2f-coop-epymarl", [0.1, 0.2, 0.3])  # mean 0.2: 4 std below; t = -4.90, 4 dof
     assert run.against_epymarl("qmix-lbf-8x8-2p-2f-coop") == ", within one std of EPyMARL's"
     assert run.against_epymarl("qmix-lbf-8x8-2p-2f-coop-epymarl") == (
-        ", 4.00 std below EPyMARL's (Welch's t-test p = 0.01)"
+        ", 4.00 std below EPyMARL's (Welch's t-test p = 0.01); its maximum returns outside EPyMARL's 95 % "
+        "confidence interval"  # 0.2 against 0.6 ± 0.25 (t(2) 4.30 times 0.1 / sqrt(3))
+    )
+    keep("qmix-lbf-2s-8x8-2p-2f-coop", [0.35, 0.4, 0.45])  # 2 std below, but within 0.6 ± 0.25
+    keep("epymarl-lbf-2s-8x8-2p-2f-coop", [0.5, 0.6, 0.7])
+    assert run.against_epymarl("qmix-lbf-2s-8x8-2p-2f-coop").endswith(
+        "its maximum returns inside EPyMARL's 95 % confidence interval"
     )
     keep("qmix-lbf-10x10-3p-3f", [0.1, 0.2])
     keep("epymarl-lbf-10x10-3p-3f", [0.3])

@@ -599,7 +599,8 @@ def against_epymarl(row: str) -> str:
     until each has 2 seeds (no standard deviation)."""
     from scipy.stats import ttest_ind
 
-    ours, ref = kept_summary(row), kept_summary(epymarl_row(row.removesuffix("-epymarl")))
+    ref_row = epymarl_row(row.removesuffix("-epymarl"))
+    ours, ref = kept_summary(row), kept_summary(ref_row)
     if not ours or not ref or len(ours["seeds"]) < 2 or len(ref["seeds"]) < 2:
         return ""
     finals, ref_finals = ([s["final"] for s in kept["seeds"]] for kept in (ours, ref))
@@ -610,7 +611,17 @@ def against_epymarl(row: str) -> str:
         return ", within one std of EPyMARL's"
     p = ttest_ind(finals, ref_finals, equal_var=False).pvalue
     below = f"{(ref_mean - mean) / ref_std:.2f} std below" if ref_std else "below"
-    return f", {below} EPyMARL's (Welch's t-test p = {p:.2f})"
+    # The final test is one evaluation of each seed; Papoudakis et al.'s maximum returns (the
+    # best evaluation of the mean curve) are what the paper ranks algorithms by.
+    ours_max, ref_max = (
+        papoudakis_returns([curve(read_rows(RUNS / name / f"seed{seed['seed']}")) for seed in kept["seeds"]])
+        for name, kept in ((row, ours), (ref_row, ref))
+    )
+    inside = abs(ours_max["max_mean"] - ref_max["max_mean"]) <= ref_max["max_ci95"]
+    return (
+        f", {below} EPyMARL's (Welch's t-test p = {p:.2f}); its maximum returns "
+        f"{'inside' if inside else 'outside'} EPyMARL's 95 % confidence interval"
+    )
 
 
 def qmix_seeds() -> list[str]:
@@ -715,7 +726,16 @@ def not_yet() -> list[str]:
         "final test against EPyMARL's, in EPyMARL's standard deviations, where each has 2 seeds or more; where "
         "ddprl's is more than one below, Welch's t-test of the two means: p is the chance that seeds alone, the "
         "means being equal, part them that far (with 3 seeds a side, EPyMARL's standard deviation is itself a "
-        "rough estimate). Its last column is the team return of uniformly random actions "
+        "rough estimate) and whether ddprl's maximum returns fall inside EPyMARL's 95 % confidence interval. "
+        "On Foraging-2s-8x8-2p-2f-coop-v3 both ddprl rows end below EPyMARL on the final test (0.55 ± 0.11 "
+        "and 0.49 ± 0.22 against 0.67 ± 0.06): one seed of each drops at its last test (to 0.43 and 0.24, "
+        "from bests of 0.66 and 0.56) while the curves follow EPyMARL's mean throughout (their PNGs); on the "
+        "paper's own measure, maximum returns, both fall inside EPyMARL's confidence interval (0.63 and 0.65 "
+        "against 0.69 ± 0.11), and over each seed's last five tests the gap is 1.1 and 1.2 of EPyMARL's "
+        "standard deviations (Welch's p 0.18 and 0.43). On Foraging-8x8-2p-2f-coop-v3 the two ddprl rows "
+        "trade places between the final test (defaults within one std, EPyMARL's settings 1.01 below) and "
+        "the last five tests (1.42 and 0.73 below). Three seeds a side do not resolve gaps this size; the "
+        "paper's five would narrow them. Its last column is the team return of uniformly random actions "
         f"({RANDOM_EPISODES} episodes, `run.py ROW --random`; per agent on simple_spread), the floor a policy has "
         "to clear. On Foraging-10x10-3p-3f-v3 neither EPyMARL nor ddprl learns much in 2M steps: both end near "
         "their first tests, below random actions (the row above and its task note). On simple_spread QMIX with "
