@@ -1658,7 +1658,11 @@ def main() -> int:
         for name, task in EPYMARL_ROWS.items():
             print(f"{name:34s} {epymarl_row_command(task)}  (EPyMARL's tree)")
         return 0
-    if args.row in PEER_ROWS:
+    if args.random:
+        if args.row not in QMIX_TASKS:
+            parser.error(f"--random: one of the QMIX rows {', '.join(QMIX_TASKS)}")
+        print(json.dumps(random_baseline(args.row)))
+    elif args.row in PEER_ROWS:
         if args.purejaxrl is None:
             parser.error(f"{args.row} runs PureJaxRL too: --purejaxrl DIR, a checkout made with {PUREJAXRL_CLONE}")
         run_peer_row(args.row, args.seeds, args.purejaxrl.resolve(), args.purejaxrl_python, args.steps, args.resume)
@@ -1670,10 +1674,6 @@ def main() -> int:
         run_epymarl_row(args.row, args.seeds, args.epymarl.resolve(), args.epymarl_python, args.resume, args.jobs)
     elif args.steps:
         parser.error("--steps shortens peer rows only")
-    elif args.random:
-        if args.row not in QMIX_TASKS:
-            parser.error(f"--random: one of the QMIX rows {', '.join(QMIX_TASKS)}")
-        print(json.dumps(random_baseline(args.row)))
     elif args.row:
         run_row(args.row, args.seeds, args.resume)
     if args.page or args.row:
