@@ -592,6 +592,20 @@ def kept_summary(row: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def seed_curves(row: str, summary: dict) -> list[list[tuple[int, float]]]:
+    """Each kept seed's evaluation curve, in the summary's order."""
+    return [curve(read_rows(RUNS / row / f"seed{seed['seed']}")) for seed in summary["seeds"]]
+
+
+def kept_random(row: str) -> tuple[str, dict] | None:
+    """The random-action floor of a QMIX row's task (``--random``), kept in the folder of the
+    task's row in QMIX_TASKS, and that row's name."""
+    task_row = next((name for name in QMIX_TASKS if row.startswith(name)), None)
+    if task_row is None or not (RUNS / task_row / "random.json").exists():
+        return None
+    return task_row, json.loads((RUNS / task_row / "random.json").read_text())
+
+
 def against_epymarl(row: str) -> str:
     """A QMIX row's mean final test set against EPyMARL's run here on its task: within one of
     EPyMARL's standard deviations of its mean, above that, or how many of them below, with Welch's
@@ -599,11 +613,10 @@ def against_epymarl(row: str) -> str:
     until each has 2 seeds (no standard deviation)."""
     from scipy.stats import ttest_ind
 
-    ref_row = epymarl_row(row.removesuffix("-epymarl"))
-    ours, ref = kept_summary(row), kept_summary(ref_row)
-    if not ours or not ref or len(ours["seeds"]) < 2 or len(ref["seeds"]) < 2:
+    ours, ref = kept_summary(row), epymarl_runs(ROWS[row])
+    if not ours or not ref or len(ours["seeds"]) < 2 or len(ref["summary"]["seeds"]) < 2:
         return ""
-    finals, ref_finals = ([s["final"] for s in kept["seeds"]] for kept in (ours, ref))
+    finals, ref_finals = ([s["final"] for s in kept["seeds"]] for kept in (ours, ref["summary"]))
     mean, ref_mean, ref_std = statistics.mean(finals), statistics.mean(ref_finals), statistics.stdev(ref_finals)
     if mean > ref_mean + ref_std:
         return ", above EPyMARL's by more than one std"
@@ -613,10 +626,7 @@ def against_epymarl(row: str) -> str:
     below = f"{(ref_mean - mean) / ref_std:.2f} std below" if ref_std else "below"
     # The final test is one evaluation of each seed; Papoudakis et al.'s maximum returns (the
     # best evaluation of the mean curve) are what the paper ranks algorithms by.
-    ours_max, ref_max = (
-        papoudakis_returns([curve(read_rows(RUNS / name / f"seed{seed['seed']}")) for seed in kept["seeds"]])
-        for name, kept in ((row, ours), (ref_row, ref))
-    )
+    ours_max, ref_max = papoudakis_returns(seed_curves(row, ours)), papoudakis_returns(ref["curves"])
     inside = abs(ours_max["max_mean"] - ref_max["max_mean"]) <= ref_max["max_ci95"]
     return (
         f", {below} EPyMARL's (Welch's t-test p = {p:.2f}); its maximum returns "
@@ -632,35 +642,28 @@ def qmix_seeds() -> list[str]:
         "| task | ddprl's defaults | ddprl, EPyMARL's settings | EPyMARL run here | random actions |",
         "|---|---|---|---|---|",
     ]
+
+    def seeds(row: str) -> str:
+        kept = kept_summary(row)
+        return f"{len(kept['seeds']) if kept else 0} of {QMIX_SEEDS}"
+
     for name, (task, agents) in QMIX_TASKS.items():
-        cells = []
-        for row in (name, name + "-epymarl", epymarl_row(name)):
-            kept = kept_summary(row)
-            seeds = len(kept["seeds"]) if kept else 0
-            cells.append(f"{seeds} of {QMIX_SEEDS}" + ("" if row.startswith("epymarl-") else against_epymarl(row)))
-        floor = random_return(name)
-        cells.append("not measured" if floor is None else f"{floor / agents:.2f}")
+        cells = [seeds(row) + against_epymarl(row) for row in (name, name + "-epymarl")]
+        cells.append(seeds(epymarl_row(name)))
+        floor = kept_random(name)
+        cells.append("not measured" if floor is None else f"{floor[1]['mean'] / agents:.2f}")
         lines.append(f"| {task} | {' | '.join(cells)} |")
     return lines + [""]
-
-
-def random_return(name: str) -> float | None:
-    """The mean team return of random actions on a QMIX row's task, where ``--random`` has kept it."""
-    path = RUNS / name / "random.json"
-    return json.loads(path.read_text())["mean"] if path.exists() else None
 
 
 def rware_finals() -> str:
     """Random actions' return on rware-tiny against the best final test of any QMIX run kept there,
     ddprl's or EPyMARL's."""
     name = "qmix-rware-tiny-2ag"
-    floor = random_return(name)
-    floor_text = "not measured yet" if floor is None else f"make {floor:.2f} (`run.py {name} --random`)"
-    finals = [
-        s["final"]
-        for row in (name, name + "-epymarl", epymarl_row(name))
-        for s in (kept_summary(row) or {"seeds": []})["seeds"]
-    ]
+    floor = kept_random(name)
+    floor_text = "not measured yet" if floor is None else f"make {floor[1]['mean']:.2f} (`run.py {name} --random`)"
+    kept = [kept_summary(row) for row in (name, name + "-epymarl", epymarl_row(name))]
+    finals = [seed["final"] for summary in kept if summary for seed in summary["seeds"]]
     best = f"the highest final test of their {len(finals)} runs is {max(finals):.2f}" if finals else "no run yet"
     return f"random actions {floor_text}, and {best}"
 
@@ -703,10 +706,9 @@ def random_baseline(name: str, episodes: int = RANDOM_EPISODES, seed: int = 0) -
 
 def random_line(name: str, agents: int, digits: int) -> list[str]:
     """A QMIX row's detail line for the random-action floor of its task, where it is kept."""
-    base = next((n for n in QMIX_TASKS if name.startswith(n)), None)
-    if base is None or not (RUNS / base / "random.json").exists():
+    if (floor := kept_random(name)) is None:
         return []
-    kept = json.loads((RUNS / base / "random.json").read_text())
+    base, kept = floor
     return [
         f"- random actions (`python benchmarks/results/run.py {base} --random`): {kept['mean'] / agents:.{digits}f} "
         f"± {kept['std'] / agents:.{digits}f} over {kept['episodes']} episodes, {kept['positive']} of them with a "
@@ -1260,12 +1262,10 @@ def on(ref: Reference) -> str:
 
 def epymarl_runs(row: Row) -> dict | None:
     """The row's EPyMARL runs made here (``row.epymarl``): its summary and each seed's test curve."""
-    path = RUNS / row.epymarl / "summary.json"
-    if not row.epymarl or not path.exists():
+    summary = kept_summary(row.epymarl) if row.epymarl else None
+    if summary is None:
         return None
-    summary = json.loads(path.read_text())
-    curves = [curve(read_rows(RUNS / row.epymarl / f"seed{s['seed']}")) for s in summary["seeds"]]
-    return {"summary": summary, "curves": curves}
+    return {"summary": summary, "curves": seed_curves(row.epymarl, summary)}
 
 
 def by_machine(summary: dict) -> dict[str, list[dict]]:
@@ -1382,7 +1382,7 @@ def page() -> str:
         per = row.agents  # returns on the page: divided by this
         paper = None
         if row.papoudakis and len(seeds) > 1:
-            curves = [curve(read_rows(RUNS / name / f"seed{s['seed']}")) for s in seeds]
+            curves = seed_curves(name, summary)
             paper = papoudakis_returns([[(step, r / per) for step, r in c] for c in curves])
         reference, peer_details = epymarl_lines(row, peer) if peer else ("not transcribed", [])
         if not row.references:  # ours at the end of the budget
