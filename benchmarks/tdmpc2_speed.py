@@ -100,6 +100,19 @@ def measure(rt, cfg, threads: int, updates: int, acts: int, result: dict, whole_
     env.close()
 
 
+def row_line(task: str, device: str, size: int, comp: str, r: dict, sps: float) -> str:
+    """One configuration's row of the table, with the official code's numbers where known."""
+    ref = REFERENCE.get((device, size, "on" if comp == "whole" else comp, task))
+    ref_text = ""
+    if ref:
+        ref_sps = 1000 / (ref[0] + ref[1] + r["env_ms"])
+        ref_text = f"{ref[0]:.1f} ms/update, {ref[1]:.2f} ms/act: x{sps / ref_sps:.2f} steps/s"
+    return (
+        f"{device:6} {size:>4} {r['params']:>9,} {comp:7} {r['update_ms']:>10.1f} {r['act_ms']:>8.1f} "
+        f"{r['env_ms']:>7.2f} {sps:>8.2f} {r['warmup_s']:>9.1f}  {ref_text}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="walker-run")
@@ -147,7 +160,8 @@ def main() -> None:
                 )
                 steps_per_s = 1000 / (result["update_ms"] + result["act_ms"] + result["env_ms"])
                 rows.append((device, size, comp, result, steps_per_s))
-                print(f"done: {device} model_size={size} compile={comp}", flush=True)
+                # each row as it is measured too: a run cut by a time limit keeps what it measured
+                print("done:", row_line(args.task, device, size, comp, result, steps_per_s), flush=True)
 
     threads = f"{args.threads} thread(s)" if "cpu" in args.devices else ""
     print(
@@ -158,16 +172,8 @@ def main() -> None:
         f"{'device':6} {'size':>4} {'params':>9} {'compile':7} {'ms/update':>10} {'ms/act':>8} {'ms/env':>7} "
         f"{'steps/s':>8} {'warm-up s':>9}  reference (official code)"
     )
-    for device, size, comp, r, sps in rows:
-        ref = REFERENCE.get((device, size, "on" if comp == "whole" else comp, args.task))
-        ref_text = ""
-        if ref:
-            ref_sps = 1000 / (ref[0] + ref[1] + r["env_ms"])
-            ref_text = f"{ref[0]:.1f} ms/update, {ref[1]:.2f} ms/act: x{sps / ref_sps:.2f} steps/s"
-        print(
-            f"{device:6} {size:>4} {r['params']:>9,} {comp:7} {r['update_ms']:>10.1f} {r['act_ms']:>8.1f} "
-            f"{r['env_ms']:>7.2f} {sps:>8.2f} {r['warmup_s']:>9.1f}  {ref_text}"
-        )
+    for row in rows:
+        print(row_line(args.task, *row))
 
 
 if __name__ == "__main__":
