@@ -127,7 +127,7 @@ def test_a_row_keeps_each_finished_seed_and_resumes_with_the_others(run, tmp_pat
     trains seeds 2 and 3 only. No training: train_and_keep is replaced by a fake run."""
     trained = []
 
-    def fake_train(keys, seed, keep, what, env=None):
+    def fake_train(keys, seed, keep, what, env=None, work=None):
         trained.append(seed)
         if seed == 2 and trained.count(2) == 1:
             raise SystemExit(f"{what}: ddprl train exited 1")
@@ -161,7 +161,7 @@ def test_a_peer_row_keeps_each_finished_seed_and_resumes_with_the_others(run, tm
         (keep / "result.json").write_text(json.dumps({"compile_s": 1.0, "train_s": 2.0, "versions": {"jax": "x"}}))
         return 3.0
 
-    def fake_train(keys, seed, keep, what, env=None):
+    def fake_train(keys, seed, keep, what, env=None, work=None):
         impl = what.split()[1]
         if impl == "jax" and seed == 2 and not failed:  # the first sitting stops here
             failed.append(seed)
@@ -193,7 +193,7 @@ def test_a_row_without_a_transcribed_reference_shows_ours_at_the_end_and_best(ru
     """The QMIX rows (Papoudakis et al.'s table not transcribed): the page gives the final and the
     best evaluation over seeds, at LBF's two decimals, and draws the curves."""
 
-    def fake_train(keys, seed, keep, what, env=None):
+    def fake_train(keys, seed, keep, what, env=None, work=None):
         keep.mkdir(parents=True)
         rows = [{"step": 50_000, "eval/return_mean": 0.2 * seed}, {"step": 100_000, "eval/return_mean": 0.1 * seed}]
         (keep / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -235,7 +235,8 @@ def test_every_row_command_is_a_valid_configuration(run):
     """A row's keys resolve (no unknown key or bad value waits for a sitting to be found)."""
     for name, row in {**run.ROWS, **run.SUPERVISED_ROWS}.items():
         cfg = load_config(list(row.keys))
-        assert cfg.world_size == (1 if name.endswith("-zoo") else 2), name  # the zoo's keys: one env
+        # the zoo's keys: one env; TD-MPC2: one update per agent step, as the published runs
+        assert cfg.world_size == (1 if name.endswith("-zoo") or name.startswith("tdmpc2-") else 2), name
     epymarl = load_config(list(run.ROWS["qmix-lbf-8x8-2p-2f-coop-epymarl"].keys))
     assert (epymarl.batch_size * 2, epymarl.standardise_state, epymarl.bootstrap_truncated) == (32, False, False)
     zoo = load_config(list(run.ROWS["ppo-halfcheetah-zoo"].keys))  # hyperparams/ppo.yml's HalfCheetah-v3
@@ -294,7 +295,7 @@ def test_epymarl_run_here_is_the_reference_of_both_qmix_rows_of_its_task(run, tm
         )
         return {50: 0.0, 50_049: 0.1 * args.seed, 100_081: 0.2 * args.seed}, 120.0
 
-    def fake_train(keys, seed, keep, what, env=None):
+    def fake_train(keys, seed, keep, what, env=None, work=None):
         keep.mkdir(parents=True)
         rows = [{"step": s, "eval/return_mean": r} for s, r in ((0, 0.0), (50_000, 0.3), (100_000, 0.4 * seed))]
         (keep / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -431,3 +432,66 @@ def test_epymarl_on_mpe_steps_its_pettingzoo_key_and_the_page_divides_by_the_age
         run.ROWS["qmix-mpe-simple-spread"], run.epymarl_runs(run.ROWS["qmix-mpe-simple-spread"])
     )
     assert reference == "EPyMARL run here: -21.50 ± 0.71 at 50,000"  # team returns -63 and -66, per agent
+
+
+def test_a_long_row_stopped_by_sigterm_goes_on_from_its_checkpoint(run, tmp_path):
+    """A real run in a long row's work directory: SIGTERM to it (as to run.py, passed on) saves a
+    checkpoint and raises Stopped; the next sitting resumes it to the end, keeps the one metrics
+    file and the wall time of both sittings, and removes the work directory."""
+    import threading
+    import time
+
+    keys = ("task=CartPole-v1", "world_size=1", "steps=30000", "checkpoint_freq=4096", "eval_episodes=2")
+    work, keep = tmp_path / "work", tmp_path / "keep"
+    stopped = []
+
+    def first_sitting():
+        try:
+            run.train_and_keep(keys, 1, keep, "cartpole seed 1", work=work)
+        except run.Stopped as e:
+            stopped.append(str(e))
+
+    sitting = threading.Thread(target=first_sitting)
+    sitting.start()
+    deadline = time.time() + 120
+    while not (work / "metrics.jsonl").exists() or not (work / "metrics.jsonl").read_text():
+        assert time.time() < deadline and sitting.is_alive(), "the run logged nothing"
+        time.sleep(0.1)
+    for proc in list(run.LIVE_RUNS):
+        proc.send_signal(run.signal.SIGTERM)
+    sitting.join(timeout=120)
+    assert stopped and "--resume" in stopped[0] and (work / "checkpoints" / "latest.pt").exists()
+    assert not keep.exists()  # nothing kept of an unfinished run
+
+    wall = run.train_and_keep(keys, 1, keep, "cartpole seed 1", work=work)
+    rows = run.read_rows(keep)
+    steps = [r["step"] for r in rows]
+    assert steps == sorted(set(steps)) and steps[-1] >= 30000  # one curve, no step twice
+    sittings = [i for i in range(1, len(rows)) if rows[i]["wall_time"] < rows[i - 1]["wall_time"]]
+    assert len(sittings) == 1  # the second process counted its wall time from zero again
+    assert wall == round(rows[sittings[0] - 1]["wall_time"] + rows[-1]["wall_time"], 1)
+    assert not work.exists()
+
+
+def test_a_stopped_long_row_keeps_the_seeds_that_finished_and_exits_75(run, tmp_path, monkeypatch):
+    """Seeds run ``jobs`` at once; one stopped with its checkpoint leaves the others kept, run.py
+    exits 75 (as ddprl does), and each kept seed says how many ran beside it."""
+    calls = []
+
+    def fake_train(keys, seed, keep, what, env=None, work=None):
+        calls.append((seed, work))
+        if seed == 2:
+            raise run.Stopped(f"{what}: stopped")
+        keep.mkdir(parents=True)
+        (keep / "metrics.jsonl").write_text(json.dumps({"step": 50_000, "eval/return_mean": 800.0}) + "\n")
+        return 60.0
+
+    monkeypatch.setattr(run, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(run, "WORK", tmp_path / "work")
+    monkeypatch.setattr(run, "train_and_keep", fake_train)
+    with pytest.raises(SystemExit) as stop:
+        run.run_row("tdmpc2-cartpole-swingup", 3, jobs=2)
+    assert stop.value.code == 75
+    assert sorted(calls) == [(s, tmp_path / "work" / "tdmpc2-cartpole-swingup" / f"seed{s}") for s in (1, 2, 3)]
+    kept = json.loads((tmp_path / "runs" / "tdmpc2-cartpole-swingup" / "summary.json").read_text())
+    assert [(s["seed"], s["jobs"], s["at_reference"]) for s in kept["seeds"]] == [(1, 2, [800.0]), (3, 2, [800.0])]

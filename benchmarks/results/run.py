@@ -13,7 +13,15 @@ its ``metrics.jsonl`` (gzipped) and ``config.yaml`` are kept under ``benchmarks/
 reference's step count, the best and the final one, the wall time and the machine. The page is
 built only from those files, so its numbers are the ones the runs printed. The summary is
 rewritten after each seed: a row stopped part-way keeps the seeds it finished, and ``--resume``
-trains the missing ones later (a row too long for one sitting).
+trains the missing ones later (a row too long for one sitting). ``--jobs N`` trains N seeds at once.
+
+Long rows (TD-MPC2: hours per seed) go further: each seed trains in ``benchmarks/results/work/<row>/seed<K>/``
+(git-ignored), checkpointed with its replay buffer. SIGTERM or SIGUSR1 to this script passes on to
+its runs, which save a checkpoint and exit 75 (so does the script); the same command with
+``--resume`` goes on from each seed's checkpoint, and a finished seed is kept as any other::
+
+    python benchmarks/results/run.py tdmpc2-cartpole-swingup --seeds 3 --jobs 2 --resume   # again each sitting
+    kill -TERM <its pid>                                                                    # at a sitting's end
 
 Peer rows (``jax-cartpole``, ``jax-acrobot``) run another library here, on the same machine:
 per seed, PureJaxRL's own PPO, then ddprl ``engine=jax`` on 1 and on 2 simulated CPU devices,
@@ -53,12 +61,14 @@ runs N seeds at once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gzip
 import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -71,6 +81,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 RUNS = HERE / "runs"
+WORK = HERE / "work"  # long rows' runs in progress, between sittings (git-ignored): checkpoints, replay buffers
 PAGE = ROOT / "docs" / "results.md"
 IMAGES = ROOT / "docs" / "results"
 sys.path.insert(0, str(HERE.parent))  # benchmarks/machine.py
@@ -102,6 +113,7 @@ class Row:
     papoudakis: bool = False  # also show Papoudakis et al.'s maximum and average returns (papoudakis_returns)
     agents: int = 1  # the page divides returns by this (MPE: per agent, as Papoudakis et al. report them)
     epymarl: str = ""  # the EPyMARL_ROWS row run here on the same task: a reference beside the published ones
+    long: bool = False  # hours per seed: each seed trains in WORK and goes on from its checkpoint (train_and_keep)
 
     def command(self) -> str:
         return "ddprl train " + " ".join(self.keys)
@@ -337,6 +349,49 @@ for name, (task, agents) in QMIX_TASKS.items():
             agents=agents,
             epymarl=epymarl_row(name),
         )
+
+# TD-MPC2 on DeepMind Control at 100k environment steps against the official per-task CSVs. DMC
+# repeats each action twice, so 100k environment steps are 50k agent steps (ddprl's `steps`).
+# model_size 1 (1M parameters; the CSVs' model has 5M): ~2.5 agent steps/s on one core of the
+# 2-core CPU, some 6 h a seed, so a seed runs across sittings (Row.long). Evaluations: 8 episodes
+# (one batch of 8 envs; the official code plays 10) every 10k agent steps.
+TDMPC2_CSV = (
+    "official TD-MPC2 per-task CSV (github.com/nicklashansen/tdmpc2 `results/tdmpc2/{task}.csv`, the default "
+    "5M-parameter model; mean ± std of its 3 seeds, {seeds}, at 100,000 environment steps = 50,000 agent steps)"
+)
+TDMPC2_TASKS = {"cartpole-swingup": (789.8, 867.9, 860.5)}  # the CSV's 3 seeds at 100k environment steps
+TDMPC2_NOTE = (
+    "ddprl runs model_size 1 (1M parameters) where the CSVs' runs have 5M: a 2-core CPU makes ~2.5 agent steps/s "
+    "at model_size 1, half that at 5. Steps on the page and the curve are agent steps (action repeat 2). "
+    "Evaluation: 8 episodes every 10,000 agent steps (the official code plays 10). A seed trains across "
+    "sittings, checkpointed with its replay buffer every 2,500 agent steps; its wall time is the sum of its "
+    "sittings' training time (each sitting's last logged wall time)."
+)
+for task, published in TDMPC2_TASKS.items():
+    ROWS[f"tdmpc2-{task}"] = Row(
+        f"TD-MPC2, {task}, model_size 1 (agent steps: half the environment steps)",
+        (
+            "algo=tdmpc2",
+            f"task={task}",
+            "model_size=1",
+            "world_size=1",
+            "steps=50000",
+            "eval_freq=10000",
+            "eval_episodes=8",
+            "checkpoint_freq=2500",
+            "checkpoint_buffer=true",
+        ),
+        (
+            Reference(
+                TDMPC2_CSV.format(task=task, seeds=" / ".join(f"{v:g}" for v in published)),
+                round(statistics.mean(published), 1),
+                round(statistics.stdev(published), 1),
+                50_000,
+            ),
+        ),
+        TDMPC2_NOTE,
+        long=True,
+    )
 
 
 @dataclass(frozen=True)
@@ -764,11 +819,14 @@ def not_yet() -> list[str]:
         "- TD-MPC2 at 100k environment steps (50k agent steps, action repeat 2) against the official",
         "  per-task CSVs (github.com/nicklashansen/tdmpc2, `results/tdmpc2/`, 3 seeds, at 100k:",
         "  cartpole-swingup 789.8 / 867.9 / 860.5, reacher-easy 972.8 / 977.9 / 859.9, finger-spin",
-        "  985.6 / 937.3 / 919.6): at model_size 1 this CPU makes about 2.4 agent steps per second",
-        "  (docs/benchmarks.md), about 6 hours per seed; a GPU's work (`benchmarks/gpu_session.sh returns`):",
-        "  one H100 made 99 to 119 agent steps/s compiled at model_size 1, some 8 min per seed, but the one",
-        "  GPU session so far went to the checks and speed tables.",
-        "  docs/benchmarks.md has the 30k-step cartpole-swingup run made so far.",
+        "  985.6 / 937.3 / 919.6): at model_size 1 this CPU makes about 2.5 agent steps per second on a",
+        "  core (docs/benchmarks.md), about 6 hours per seed, so the cartpole-swingup row trains across",
+        "  sittings, two seeds at once, each going on from its checkpoint and replay buffer",
+        "  (`run.py tdmpc2-cartpole-swingup --seeds 3 --jobs 2 --resume`); reacher-easy and finger-spin",
+        "  are not started. On a GPU (`benchmarks/gpu_session.sh returns`) one H100 made 99 to 119 agent",
+        "  steps/s compiled at model_size 1, some 8 min per seed, but the GPU sessions so far (15 min of",
+        "  device time each) went to the checks and speed tables. docs/benchmarks.md has a 30k-step",
+        "  cartpole-swingup run on 2 ranks.",
     ]
 
 
@@ -902,55 +960,144 @@ def measure(rows: list[dict], ref: Reference) -> float | None:
     return at_steps(curve(rows, ref.metric), ref.steps)
 
 
-def train_and_keep(keys: tuple[str, ...], seed: int, keep: Path, what: str, env: dict | None = None) -> float:
+class Stopped(Exception):
+    """A long row's run stopped by SIGTERM/SIGUSR1 with a checkpoint saved (``ddprl train`` exit 75)."""
+
+
+LIVE_RUNS: set[subprocess.Popen] = set()  # the ddprl processes this script waits on
+
+
+def pass_on_stop_signals() -> None:
+    """SIGTERM or SIGUSR1 to this script goes on to the runs it started: a long row's run then saves
+    a checkpoint and exits 75 (``--resume`` goes on from it), any other run stops."""
+
+    def forward(signum: int, frame: object) -> None:
+        for proc in list(LIVE_RUNS):
+            proc.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, forward)
+
+
+def train_and_keep(
+    keys: tuple[str, ...], seed: int, keep: Path, what: str, env: dict | None = None, work: Path | None = None
+) -> float:
     """``ddprl train KEYS seed=SEED`` in a scratch directory; its metrics.jsonl and config.yaml
-    copied to ``keep``. Returns the wall time of the whole command (start-up included)."""
-    with tempfile.TemporaryDirectory() as scratch:
-        run_dir = Path(scratch) / "run"
-        cmd = [sys.executable, "-m", "ddprl", "train", *keys, *COMMON, f"seed={seed}", f"run_dir={run_dir}"]
+    copied to ``keep``. Returns the wall time of the whole command (start-up included).
+
+    ``work`` (long rows): train in that directory instead, going on from its latest checkpoint
+    where an earlier sitting left one; a run stopped with a checkpoint raises :class:`Stopped`, a
+    finished one's directory is removed once kept. Its wall time is then the sum of each sitting's
+    last logged ``wall_time`` (each ``ddprl train`` process counts from its own start)."""
+    with contextlib.ExitStack() as stack:
+        run_dir = work or Path(stack.enter_context(tempfile.TemporaryDirectory())) / "run"
+        resume = work is not None and (work / "checkpoints" / "latest.pt").exists()
+        set_keys = {key.split("=")[0] for key in keys}
+        common = [key for key in COMMON if key.split("=")[0] not in set_keys]  # the row's own keys win
+        cmd = [sys.executable, "-m", "ddprl", "train", *keys, *common, f"seed={seed}", f"run_dir={run_dir}"]
+        cmd += ["resume=auto"] if resume else []
         print("$", " ".join(cmd[2:]), flush=True)
         start = time.time()
         env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "disable"), **(env or {})}
-        proc = subprocess.run(cmd, cwd=ROOT, env=env)
-        if proc.returncode != 0:
-            raise SystemExit(f"{what}: ddprl train exited {proc.returncode}")
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
+        LIVE_RUNS.add(proc)
+        try:
+            code = proc.wait()
+        finally:
+            LIVE_RUNS.discard(proc)
+        if code == 75 and work is not None:
+            raise Stopped(f"{what}: stopped with a checkpoint in {work}; `--resume` goes on from it")
+        if code != 0:
+            raise SystemExit(f"{what}: ddprl train exited {code}")
         keep.mkdir(parents=True, exist_ok=True)
         for file in ("metrics.jsonl", "config.yaml"):
             shutil.copy(run_dir / file, keep / file)
         pack(keep)
-    return round(time.time() - start, 1)
+    if work is None:
+        return round(time.time() - start, 1)
+    shutil.rmtree(work)
+    return round(sittings_wall(read_rows(keep)), 1)
 
 
-def run_row(name: str, seeds: int, resume: bool = False) -> dict:
-    """Train seeds 1..``seeds`` of a row, keep each run and rewrite ``summary.json`` after each
-    seed (a row stopped part-way keeps the seeds it finished). ``resume``: keep the seeds the
-    summary already holds and train only the others (a long row across several sittings)."""
+def sittings_wall(rows: list[dict]) -> float:
+    """A run resumed across sittings: the sum of each sitting's last ``wall_time`` (it starts again
+    from zero in each process, so a drop marks a new sitting)."""
+    total, last = 0.0, 0.0
+    for row in rows:
+        if row["wall_time"] < last:
+            total += last
+        last = row["wall_time"]
+    return total + last
+
+
+def run_row(name: str, seeds: int, resume: bool = False, jobs: int = 1) -> dict:
+    """Train seeds 1..``seeds`` of a row, ``jobs`` at once, keep each run and rewrite
+    ``summary.json`` as each seed ends (a row stopped part-way keeps the seeds it finished).
+    ``resume``: keep the seeds the summary already holds and train only the others (a long row
+    across several sittings: each of its seeds also goes on from where the last sitting stopped it)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
     row = ROWS.get(name) or SUPERVISED_ROWS[name]
     out = RUNS / name
     results = kept_seeds(out, name, row.command(), seeds) if resume else []
-    for seed in range(1, seeds + 1):
-        if any(s["seed"] == seed for s in results):
-            print(f"{name} seed {seed}: kept from an earlier sitting", flush=True)
-            continue
-        keep = out / f"seed{seed}"
-        wall = train_and_keep(row.keys, seed, keep, f"{name} seed {seed}")
-        if isinstance(row, SupervisedRow):
-            final = read_rows(keep)[-1]
-            results.append(
-                {
+    for seed in sorted(s["seed"] for s in results):
+        print(f"{name} seed {seed}: kept from an earlier sitting", flush=True)
+    missing = [seed for seed in range(1, seeds + 1) if all(s["seed"] != seed for s in results)]
+    at_once = max(1, min(jobs, len(missing)))
+
+    halt = threading.Event()  # a run failed: no seed starts after it
+
+    def one(seed: int) -> float | None:
+        if halt.is_set():
+            return None
+        work = WORK / name / f"seed{seed}" if getattr(row, "long", False) else None
+        if work is not None and not resume and work.exists():
+            shutil.rmtree(work)  # not resuming: no seed goes on from an earlier sitting either
+        try:
+            return train_and_keep(row.keys, seed, out / f"seed{seed}", f"{name} seed {seed}", work=work)
+        except SystemExit:
+            halt.set()
+            raise
+
+    stopped, failed = [], []
+    with ThreadPoolExecutor(max_workers=at_once) as pool:
+        runs = {pool.submit(one, seed): seed for seed in missing}
+        for done in as_completed(runs):
+            seed = runs[done]
+            try:
+                wall = done.result()
+            except Stopped as e:
+                print(e, flush=True)
+                stopped.append(seed)
+                continue
+            except SystemExit as e:  # a failed run: no seed starts after it, those running are kept
+                print(e, flush=True)
+                failed.append(str(e))
+                continue
+            if wall is None:  # not started: an earlier run failed
+                continue
+            keep = out / f"seed{seed}"
+            if isinstance(row, SupervisedRow):
+                final = read_rows(keep)[-1]
+                entry = {
                     "seed": seed,
                     "wall_s": wall,
                     f"test/{row.metric}": final[f"test/{row.metric}"],
                     "baselines": row.baselines(seed),
                 }
-            )
-        else:
-            rows = read_rows(keep)
-            at_reference = [measure(rows, ref) for ref in row.references]
-            results.append({**seed_summary(seed, wall, curve(rows)), "at_reference": at_reference})
-        print(f"{name} seed {seed}: {results[-1]}", flush=True)
-        results.sort(key=lambda s: s["seed"])
-        write_summary(out, name, row.command(), results)
+            else:
+                rows = read_rows(keep)
+                at_reference = [measure(rows, ref) for ref in row.references]
+                entry = {**seed_summary(seed, wall, curve(rows)), "at_reference": at_reference}
+            results.append({**entry, **({"jobs": at_once} if at_once > 1 else {})})
+            print(f"{name} seed {seed}: {results[-1]}", flush=True)
+            results.sort(key=lambda s: s["seed"])
+            write_summary(out, name, row.command(), results)
+    if failed:
+        raise SystemExit(failed[0])
+    if stopped:
+        raise SystemExit(75)  # as ddprl's own exit: stopped with checkpoints, `--resume` goes on
     return json.loads((out / "summary.json").read_text())  # also when every seed was kept
 
 
@@ -1305,7 +1452,7 @@ def machine_line(summary: dict) -> str:
 
 
 def jobs_note(summary: dict) -> str:
-    """How many seeds of an EPyMARL row shared the machine, where more than one did."""
+    """How many seeds of a row shared the machine, where more than one did."""
     jobs = max(s.get("jobs", 1) for s in summary["seeds"])
     return f" (up to {jobs} seeds at once, one core each)" if jobs > 1 else ""
 
@@ -1400,7 +1547,7 @@ def page() -> str:
             "",
             f"- command: `{summary['command']}` (+ `seed=K`)",
             *([f"- reference: {'; '.join(r.source for r in row.references)}"] if row.references else []),
-            f"- {machine_line(summary)}",
+            f"- {machine_line(summary)}{jobs_note(summary)}",
             "- per seed (at each reference's steps, measured as it is / best evaluation / final evaluation "
             "at step): "
             + "; ".join(
@@ -1643,7 +1790,7 @@ def main() -> int:
         help="epymarl-* rows: the python of EPyMARL's own environment (default: $EPYMARL_PYTHON)",
     )
     parser.add_argument(
-        "--jobs", type=int, default=1, help="epymarl-* rows: seeds run at once (EPyMARL runs on one core)"
+        "--jobs", type=int, default=1, help="seeds run at once (EPyMARL and one-rank ddprl rows run on one core each)"
     )
     parser.add_argument("--steps", type=int, help="peer rows: a shorter budget (PureJaxRL's TOTAL_TIMESTEPS)")
     parser.add_argument(
@@ -1675,7 +1822,8 @@ def main() -> int:
     elif args.steps:
         parser.error("--steps shortens peer rows only")
     elif args.row:
-        run_row(args.row, args.seeds, args.resume)
+        pass_on_stop_signals()
+        run_row(args.row, args.seeds, args.resume, args.jobs)
     if args.page or args.row:
         PAGE.write_text(page())
         print(f"wrote {PAGE}")
