@@ -353,8 +353,9 @@ for name, (task, agents) in QMIX_TASKS.items():
 # TD-MPC2 on DeepMind Control at 100k environment steps against the official per-task CSVs. DMC
 # repeats each action twice, so 100k environment steps are 50k agent steps (ddprl's `steps`).
 # model_size 1 (1M parameters; the CSVs' model has 5M): ~2.5 agent steps/s on one core of the
-# 2-core CPU, some 6 h a seed, so a seed runs across sittings (Row.long). Evaluations: 8 episodes
-# (one batch of 8 envs; the official code plays 10) every 10k agent steps.
+# 2-core CPU, some 6 h a seed, so a seed runs across sittings (Row.long). Evaluations: 4 episodes
+# every 10k agent steps (the official code plays 10): on one core an MPPI act for 8 envs at once
+# took 6.5x one env's (2.8 s against 0.44, the machine shared), so 8 episodes would add ~2 h a seed.
 TDMPC2_CSV = (
     "official TD-MPC2 per-task CSV (github.com/nicklashansen/tdmpc2 `results/tdmpc2/{task}.csv`, the default "
     "5M-parameter model; mean ± std of its 3 seeds, {seeds}, at 100,000 environment steps = 50,000 agent steps)"
@@ -363,7 +364,7 @@ TDMPC2_TASKS = {"cartpole-swingup": (789.8, 867.9, 860.5)}  # the CSV's 3 seeds 
 TDMPC2_NOTE = (
     "ddprl runs model_size 1 (1M parameters) where the CSVs' runs have 5M: a 2-core CPU makes ~2.5 agent steps/s "
     "at model_size 1, half that at 5. Steps on the page and the curve are agent steps (action repeat 2). "
-    "Evaluation: 8 episodes every 10,000 agent steps (the official code plays 10). A seed trains across "
+    "Evaluation: 4 episodes every 10,000 agent steps (the official code plays 10; each episode is 500 MPPI plans). A seed trains across "
     "sittings, checkpointed with its replay buffer every 2,500 agent steps; its wall time is the sum of its "
     "sittings' training time (each sitting's last logged wall time)."
 )
@@ -377,7 +378,7 @@ for task, published in TDMPC2_TASKS.items():
             "world_size=1",
             "steps=50000",
             "eval_freq=10000",
-            "eval_episodes=8",
+            "eval_episodes=4",
             "checkpoint_freq=2500",
             "checkpoint_buffer=true",
         ),
