@@ -364,9 +364,9 @@ TDMPC2_TASKS = {"cartpole-swingup": (789.8, 867.9, 860.5)}  # the CSV's 3 seeds 
 TDMPC2_NOTE = (
     "ddprl runs model_size 1 (1M parameters) where the CSVs' runs have 5M: a 2-core CPU makes ~2.5 agent steps/s "
     "at model_size 1, half that at 5. Steps on the page and the curve are agent steps (action repeat 2). "
-    "Evaluation: 4 episodes every 10,000 agent steps (the official code plays 10; each episode is 500 MPPI plans). A seed trains across "
-    "sittings, checkpointed with its replay buffer every 2,500 agent steps; its wall time is the sum of its "
-    "sittings' training time (each sitting's last logged wall time)."
+    "Evaluation: 4 episodes every 10,000 agent steps (the official code plays 10; each episode is 500 MPPI "
+    "plans). A seed trains across sittings, checkpointed with its replay buffer every 2,500 agent steps; its "
+    "wall time is the sum of its sittings' training time (each sitting's last logged wall time)."
 )
 for task, published in TDMPC2_TASKS.items():
     ROWS[f"tdmpc2-{task}"] = Row(
