@@ -1452,10 +1452,16 @@ def machine_line(summary: dict) -> str:
     )
 
 
-def jobs_note(summary: dict) -> str:
-    """How many seeds of a row shared the machine, where more than one did."""
+def row_ranks(row: Row) -> int:
+    """The ranks of each of a row's runs (its ``world_size`` key)."""
+    return next((int(key.split("=")[1]) for key in row.keys if key.startswith("world_size=")), 1)
+
+
+def jobs_note(summary: dict, ranks: int = 1) -> str:
+    """How many seeds of a row shared the machine, where more than one did (``ranks``: each seed's)."""
     jobs = max(s.get("jobs", 1) for s in summary["seeds"])
-    return f" (up to {jobs} seeds at once, one core each)" if jobs > 1 else ""
+    each = "one core each" if ranks == 1 else f"{ranks} ranks each"
+    return f" (up to {jobs} seeds at once, {each})" if jobs > 1 else ""
 
 
 def epymarl_lines(row: Row, peer: dict) -> tuple[str, list[str]]:
@@ -1548,7 +1554,7 @@ def page() -> str:
             "",
             f"- command: `{summary['command']}` (+ `seed=K`)",
             *([f"- reference: {'; '.join(r.source for r in row.references)}"] if row.references else []),
-            f"- {machine_line(summary)}{jobs_note(summary)}",
+            f"- {machine_line(summary)}{jobs_note(summary, row_ranks(row))}",
             "- per seed (at each reference's steps, measured as it is / best evaluation / final evaluation "
             "at step): "
             + "; ".join(
