@@ -474,8 +474,8 @@ def test_a_long_row_stopped_by_sigterm_goes_on_from_its_checkpoint(run, tmp_path
 
 
 def test_a_stopped_long_row_keeps_the_seeds_that_finished_and_exits_75(run, tmp_path, monkeypatch):
-    """Seeds run ``jobs`` at once; one stopped with its checkpoint leaves the others kept, run.py
-    exits 75 (as ddprl does), and each kept seed says how many ran beside it."""
+    """Seeds run ``jobs`` at once; one stopped with its checkpoint leaves the others kept, starts no
+    further seed, and run.py exits 75 (as ddprl does); each kept seed says how many ran beside it."""
     calls = []
 
     def fake_train(keys, seed, keep, what, env=None, work=None):
@@ -490,8 +490,14 @@ def test_a_stopped_long_row_keeps_the_seeds_that_finished_and_exits_75(run, tmp_
     monkeypatch.setattr(run, "WORK", tmp_path / "work")
     monkeypatch.setattr(run, "train_and_keep", fake_train)
     with pytest.raises(SystemExit) as stop:
-        run.run_row("tdmpc2-cartpole-swingup", 3, jobs=2)
+        run.run_row("tdmpc2-cartpole-swingup", 2, jobs=2)
     assert stop.value.code == 75
-    assert sorted(calls) == [(s, tmp_path / "work" / "tdmpc2-cartpole-swingup" / f"seed{s}") for s in (1, 2, 3)]
+    assert sorted(calls) == [(s, tmp_path / "work" / "tdmpc2-cartpole-swingup" / f"seed{s}") for s in (1, 2)]
     kept = json.loads((tmp_path / "runs" / "tdmpc2-cartpole-swingup" / "summary.json").read_text())
-    assert [(s["seed"], s["jobs"], s["at_reference"]) for s in kept["seeds"]] == [(1, 2, [800.0]), (3, 2, [800.0])]
+    assert [(s["seed"], s["jobs"], s["at_reference"]) for s in kept["seeds"]] == [(1, 2, [800.0])]
+
+    # one at a time, resumed: the stopped seed ends the sitting, no seed starts after it
+    calls.clear()
+    with pytest.raises(SystemExit) as stop:
+        run.run_row("tdmpc2-cartpole-swingup", 3, resume=True, jobs=1)
+    assert stop.value.code == 75 and [seed for seed, _ in calls] == [2]

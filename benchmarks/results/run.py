@@ -74,6 +74,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -966,13 +967,17 @@ class Stopped(Exception):
 
 
 LIVE_RUNS: set[subprocess.Popen] = set()  # the ddprl processes this script waits on
+STOPPING = threading.Event()  # a stop signal came: no seed starts after it
 
 
 def pass_on_stop_signals() -> None:
     """SIGTERM or SIGUSR1 to this script goes on to the runs it started: a long row's run then saves
-    a checkpoint and exits 75 (``--resume`` goes on from it), any other run stops."""
+    a checkpoint and exits 75 (``--resume`` goes on from it), any other run stops; no further seed
+    starts. TD-MPC2 acts on it at its next agent step, or when its pretraining burst ends (the
+    burst is one step: ~20 min at model_size 1 on a core of the 2-core CPU)."""
 
     def forward(signum: int, frame: object) -> None:
+        STOPPING.set()
         for proc in list(LIVE_RUNS):
             proc.send_signal(signum)
 
@@ -1036,7 +1041,6 @@ def run_row(name: str, seeds: int, resume: bool = False, jobs: int = 1) -> dict:
     ``summary.json`` as each seed ends (a row stopped part-way keeps the seeds it finished).
     ``resume``: keep the seeds the summary already holds and train only the others (a long row
     across several sittings: each of its seeds also goes on from where the last sitting stopped it)."""
-    import threading
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     row = ROWS.get(name) or SUPERVISED_ROWS[name]
@@ -1047,17 +1051,17 @@ def run_row(name: str, seeds: int, resume: bool = False, jobs: int = 1) -> dict:
     missing = [seed for seed in range(1, seeds + 1) if all(s["seed"] != seed for s in results)]
     at_once = max(1, min(jobs, len(missing)))
 
-    halt = threading.Event()  # a run failed: no seed starts after it
+    halt = threading.Event()  # a run failed or was stopped: no seed starts after it
 
     def one(seed: int) -> float | None:
-        if halt.is_set():
+        if halt.is_set() or STOPPING.is_set():
             return None
         work = WORK / name / f"seed{seed}" if getattr(row, "long", False) else None
         if work is not None and not resume and work.exists():
             shutil.rmtree(work)  # not resuming: no seed goes on from an earlier sitting either
         try:
             return train_and_keep(row.keys, seed, out / f"seed{seed}", f"{name} seed {seed}", work=work)
-        except SystemExit:
+        except (SystemExit, Stopped):
             halt.set()
             raise
 
@@ -1076,7 +1080,7 @@ def run_row(name: str, seeds: int, resume: bool = False, jobs: int = 1) -> dict:
                 print(e, flush=True)
                 failed.append(str(e))
                 continue
-            if wall is None:  # not started: an earlier run failed
+            if wall is None:  # not started: an earlier run failed or was stopped
                 continue
             keep = out / f"seed{seed}"
             if isinstance(row, SupervisedRow):
