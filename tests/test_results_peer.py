@@ -410,7 +410,8 @@ def test_a_row_resumed_on_another_machine_gives_each_machine_its_wall_time(run, 
 
 def test_epymarl_on_mpe_steps_its_pettingzoo_key_and_the_page_divides_by_the_agents(run, tmp_path, monkeypatch):
     """simple_spread's EPyMARL row runs EPyMARL's PettingZoo key with MPE's 25-step episodes, and
-    its team returns are divided by the 3 agents in the reference cell, as ddprl's own are."""
+    its team returns are divided by the 3 agents in the reference cell and in its maximum returns,
+    as ddprl's own are."""
     qmix_learning = load_module("qmix_learning")
     assert qmix_learning.task_spec("simple_spread_v3") == ("pz-mpe-simple-spread-v3", 25)
     assert run.EPYMARL_ROWS["epymarl-mpe-simple-spread"] == "simple_spread_v3"
@@ -428,10 +429,11 @@ def test_epymarl_on_mpe_steps_its_pettingzoo_key_and_the_page_divides_by_the_age
     (checkout / "src").mkdir(parents=True)
     (checkout / "src" / "main.py").write_text("")
     run.run_epymarl_row("epymarl-mpe-simple-spread", 2, checkout, sys.executable, jobs=2)
-    reference, _ = run.epymarl_lines(
+    reference, details = run.epymarl_lines(
         run.ROWS["qmix-mpe-simple-spread"], run.epymarl_runs(run.ROWS["qmix-mpe-simple-spread"])
     )
     assert reference == "EPyMARL run here: -21.50 ± 0.71 at 50,000"  # team returns -63 and -66, per agent
+    assert "EPyMARL's maximum returns here -21.50 ± 6.35 (95 % CI, at step 50,000)" in details[-1]  # per agent too
 
 
 def test_a_long_row_stopped_by_sigterm_goes_on_from_its_checkpoint(run, tmp_path):

@@ -938,6 +938,11 @@ def across_seeds(curves: list[list[tuple[int, float]]]) -> dict[int, list[float]
     return {step: [dict(c)[step] for c in curves] for step in steps}
 
 
+def per_agent(curves: list[list[tuple[int, float]]], agents: int) -> list[list[tuple[int, float]]]:
+    """Team-return curves divided by the agents (the page's unit on MPE, as Papoudakis et al.'s)."""
+    return [[(step, r / agents) for step, r in c] for c in curves]
+
+
 def papoudakis_returns(curves: list[list[tuple[int, float]]]) -> dict:
     """Papoudakis et al. 2021's two measures of a row's runs (each seed's evaluation curve):
     maximum returns, the evaluation step at which the mean over seeds is highest, with the mean
@@ -1484,7 +1489,7 @@ def epymarl_lines(row: Row, peer: dict) -> tuple[str, list[str]]:
         )
     ]
     if len(peer["curves"]) > 1:
-        paper = papoudakis_returns(peer["curves"])
+        paper = papoudakis_returns(per_agent(peer["curves"], row.agents))
         details.append(
             f"- EPyMARL's maximum returns here {paper['max_mean']:.{d}f} ± {paper['max_ci95']:.{d}f} (95 % CI, at "
             f"step {paper['max_step']:,}), average returns {paper['average_mean']:.{d}f} "
@@ -1541,7 +1546,7 @@ def page() -> str:
         paper = None
         if row.papoudakis and len(seeds) > 1:
             curves = seed_curves(name, summary)
-            paper = papoudakis_returns([[(step, r / per) for step, r in c] for c in curves])
+            paper = papoudakis_returns(per_agent(curves, per))
         reference, peer_details = epymarl_lines(row, peer) if peer else ("not transcribed", [])
         if not row.references:  # ours at the end of the budget
             final = mean_std([s["final"] / per for s in seeds], row.digits)
