@@ -805,9 +805,10 @@ def not_yet() -> list[str]:
         "pays only for delivering a requested shelf, neither library's greedy policy learns to deliver in 2.05M "
         f"steps: {rware_finals()}. A ddprl seed took 9 to 22 min alone on the 2-core Intel machine, 16 to 40 "
         "beside other jobs, 23 to 38 min on the AMD one; an EPyMARL seed 96 min (LBF 8x8, three of them and a "
-        "ddprl run sharing the Intel machine's 2 cores), 71 min (2s-8x8, three of them alone), 87 min (10x10, "
-        "two of them and a ddprl run), 53 to 59 min (simple_spread, one of them and a ddprl run) and 90 min "
-        "(rware-tiny, one of them and a ddprl run)."
+        "ddprl run sharing the Intel machine's 2 cores), 71 min (2s-8x8, three of them alone), 84 to 87 min (10x10, "
+        "two of them and a ddprl run, or one beside another EPyMARL run and a TD-MPC2 run), 53 to 59 min "
+        "(simple_spread, one of them and a ddprl run; 92 min beside another EPyMARL run and a TD-MPC2 run) and "
+        "90 min (rware-tiny, one of them and a ddprl run)."
     )
     return [
         "",
