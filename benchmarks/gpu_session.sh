@@ -219,14 +219,14 @@ for r in read_metrics('/tmp/returns/run'):
       batch_size=8192 epochs=4 steps=2000000 eval_freq=262144 run_dir=/tmp/jaxcp progress=false 2>&1 | tail -2 | tee -a "$log"
     ;;
   regions)
-    # The compiled regions in one device command (< 10 min; 5.6 min on an H100 on 2026-11-26): their GPU tests (CUDA graphs
-    # recorded, replays equal to eager, no host sync in a replay), then TD-MPC2's table.
-    # Targets: TD-MPC2 walker-run model_size 5 >= 183 agent steps/s (3x the official compiled
-    # code's 61), compile warm-up <= 60 s. The act as three regions against the act as one
-    # graph ("whole"): 4.3 ms against the official plan's 2.77 on an H100 (2026-11-25), eager
-    # 20.5 ms. walker-run runs twice, in two processes: the second finds torch's compile caches
-    # warm, as every user's second run does (an update loaded from them ran 8-9x slower on an
-    # H100 before the update regions compiled afresh). Snake: the snake phase.
+    # The compiled regions in one device command (< 10 min; 5.6 min on an H100 on 2026-11-26):
+    # their GPU tests (CUDA graphs recorded, replays equal to eager, no host sync in a replay),
+    # then TD-MPC2's table. Targets: walker-run model_size 5 >= 183 agent steps/s (3x the
+    # official compiled code's 61), compile warm-up <= 60 s. walker-run runs twice, in two
+    # processes: the second finds torch's compile caches warm, as every user's second run does
+    # (an update loaded from them ran 8-9x slower on an H100 before the update regions compiled
+    # afresh). The act as three regions against one unrolled graph ("whole"): 3.9 and 3.8 ms on
+    # an H100 (2026-11-26), the official plan 2.77. Snake: the snake phase.
     timeout 150 python3 -m pytest -q -x -m gpu tests/test_tdmpc2_regions.py tests/test_ppo_regions.py tests/test_compat.py 2>&1 | tail -5 | tee -a "$log"
     timeout 110 python3 benchmarks/tdmpc2_speed.py --devices cuda --sizes 5 --compile on --updates 100 --acts 100 \
       --task walker-run 2>&1 | tee -a "$log"
