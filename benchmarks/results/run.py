@@ -980,7 +980,9 @@ def pass_on_stop_signals() -> None:
     """SIGTERM or SIGUSR1 to this script goes on to the runs it started: a long row's run then saves
     a checkpoint and exits 75 (``--resume`` goes on from it), any other run stops; no further seed
     starts. TD-MPC2 acts on it at its next agent step, or when its pretraining burst ends (the
-    burst is one step: ~20 min at model_size 1 on a core of the 2-core CPU)."""
+    burst is one step: ~20 min at model_size 1 on a core of the 2-core CPU). Seen once: a seed a
+    few hundred steps past its burst did not act on it for over a minute (ddprl's stop check had
+    spaced its checks by the fast seeding steps); a SIGTERM straight to that run stopped it."""
 
     def forward(signum: int, frame: object) -> None:
         STOPPING.set()
