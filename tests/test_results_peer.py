@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -440,9 +442,6 @@ def test_a_long_row_stopped_by_sigterm_goes_on_from_its_checkpoint(run, tmp_path
     """A real run in a long row's work directory: SIGTERM to it (as to run.py, passed on) saves a
     checkpoint and raises Stopped; the next sitting resumes it to the end, keeps the one metrics
     file and the wall time of both sittings, and removes the work directory."""
-    import threading
-    import time
-
     keys = ("task=CartPole-v1", "world_size=1", "steps=30000", "checkpoint_freq=4096", "eval_episodes=2")
     work, keep = tmp_path / "work", tmp_path / "keep"
     stopped = []

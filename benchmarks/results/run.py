@@ -1053,10 +1053,7 @@ def run_row(name: str, seeds: int, resume: bool = False, jobs: int = 1) -> dict:
 
     row = ROWS.get(name) or SUPERVISED_ROWS[name]
     out = RUNS / name
-    results = kept_seeds(out, name, row.command(), seeds) if resume else []
-    for seed in sorted(s["seed"] for s in results):
-        print(f"{name} seed {seed}: kept from an earlier sitting", flush=True)
-    missing = [seed for seed in range(1, seeds + 1) if all(s["seed"] != seed for s in results)]
+    results, missing = seeds_to_train(out, name, row.command(), seeds, resume)
     at_once = max(1, min(jobs, len(missing)))
 
     halt = threading.Event()  # a run failed or was stopped: no seed starts after it
@@ -1124,6 +1121,15 @@ def kept_seeds(out: Path, name: str, command: str, seeds: int) -> list[dict]:
         raise SystemExit(f"{name}: the kept seeds ran `{done['command']}`, the row now runs `{command}`")
     kept = [s for s in done["seeds"] if s["seed"] <= seeds and (out / f"seed{s['seed']}").is_dir()]
     return [{**s, "machine": seed_machine(s, done)} for s in kept]  # the summary's machine is the last seed's
+
+
+def seeds_to_train(out: Path, name: str, command: str, seeds: int, resume: bool) -> tuple[list[dict], list[int]]:
+    """The seeds kept from earlier sittings (``resume``: :func:`kept_seeds`; none otherwise) and the
+    seeds of 1..``seeds`` still to train."""
+    kept = kept_seeds(out, name, command, seeds) if resume else []
+    for seed in sorted(s["seed"] for s in kept):
+        print(f"{name} seed {seed}: kept from an earlier sitting", flush=True)
+    return kept, [seed for seed in range(1, seeds + 1) if all(s["seed"] != seed for s in kept)]
 
 
 def this_machine() -> str:
@@ -1203,10 +1209,7 @@ def run_epymarl_row(
     task = EPYMARL_ROWS[name]
     out = RUNS / name
     command = epymarl_row_command(task)
-    results = kept_seeds(out, name, command, seeds) if resume else []
-    for seed in sorted(s["seed"] for s in results):
-        print(f"{name} seed {seed}: kept from an earlier sitting", flush=True)
-    missing = [seed for seed in range(1, seeds + 1) if all(s["seed"] != seed for s in results)]
+    results, missing = seeds_to_train(out, name, command, seeds, resume)
     at_once = min(jobs, len(missing))
     peer = {"epymarl_commit": epymarl_commit(str(checkout)), "epymarl_versions": versions(python)}
 
