@@ -384,6 +384,13 @@ class Run:
         step and call :meth:`preempted`."""
         return self._stop_check()
 
+    def step_cost_changes(self) -> None:
+        """Called by every rank at the same step, where its steps turn costlier (learning starts
+        after cheap steps of random acting or warm-up): :meth:`stop_requested` then compares the
+        flags at the next step boundary and measures its cadence on the new steps, so that a
+        signal waits about a second, not a window sized for the cheap steps."""
+        self._stop_check.restart()
+
     def preempted(self, step: int) -> NoReturn:
         """Collective, after the checkpoint of ``step`` is saved: close the sinks, leave together
         and raise :class:`Preempted` (the job's exit code is then 75)."""

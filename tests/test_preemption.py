@@ -175,6 +175,51 @@ def test_sigterm_to_one_rank_stops_every_rank(tmp_path):
     check_resumes_without_gaps(run_dir, tmp_path, [*PPO, "world_size=2"], 512, more=2)
 
 
+TDMPC2 = [
+    "algo=tdmpc2",
+    "task=cartpole-balance",
+    "model_size=1",
+    "enc_dim=32",
+    "mlp_dim=32",
+    "latent_dim=16",
+    "num_q=3",
+    "num_samples=32",
+    "num_elites=4",
+    "num_pi_trajs=4",
+    "iterations=2",
+    "batch_size=16",
+    "episode_length=50",
+    "num_envs=2",
+    "seed_steps=1000",
+    "log_freq=100",
+    "eval_episodes=0",
+    "checkpoint_freq=0",
+    "progress=false",
+    "dist_timeout=120",
+    "device=cpu",
+]  # 2 ranks x 1 env: 2 global steps per agent step; random ones of <1 ms, then ~30 ms each
+
+
+def test_sigterm_right_after_tdmpc2_seeding_stops_within_a_few_steps(tmp_path):
+    """Seeding's random steps cost <1 ms, so the stop check had stretched its window to ~1000
+    steps; learning makes each step ~40x costlier. A signal sent as the first update row is
+    logged must stop the job within a few steps, not at the end of that window (there: ~1700
+    global steps, ~30 s later). Counted in steps, so a slow machine cannot make it pass."""
+    run_dir = tmp_path / "run"
+    p = start(["train", *TDMPC2, "world_size=2", "steps=100000000", f"run_dir={run_dir}"], tmp_path)
+    try:
+        wait_for(lambda: any(r.get("train/updates", 0) > 0 for r in rows(run_dir)), 180, "the first update", [p])
+        learning_from = next(r["step"] for r in rows(run_dir) if r.get("train/updates", 0) > 0)
+        p.send_signal(signal.SIGTERM)
+        code, err = finish(p)
+    finally:
+        stop_all([p])
+    assert code == PREEMPTED_EXIT_CODE, err[-3000:]
+    stopped_at = load_checkpoint(run_dir / "checkpoints" / "latest.pt")["step"]
+    # ~1 s of steps (~30 agent steps) between reductions, plus the time to see the row and signal
+    assert learning_from == 1000 and stopped_at - learning_from <= 400, (learning_from, stopped_at)
+
+
 def test_torchrun_restarts_workers_after_a_sigkill_and_completes(tmp_path):
     run_dir = tmp_path / "run"
     total = 512 * 60
@@ -226,6 +271,21 @@ def test_stop_check_reduces_about_once_per_interval():
     # ~10 reductions in 0.5 s of ~1 ms steps (not one per step: ~400 calls)
     assert 5 <= rt.gathers <= 25, rt.gathers
     assert check.every > 10
+
+
+def test_stop_check_restarts_its_cadence_where_steps_turn_costlier():
+    """Thousands of cheap steps stretch the window; restart() (every rank at the same step)
+    makes the very next call reduce, and the window is then measured on the new steps."""
+    rt = OneRank()
+    check = StopCheck(rt, interval_s=0.05)
+    for _ in range(5000):
+        check()  # steps of microseconds
+    assert check.every >= 1000
+    check.restart()
+    gathers = rt.gathers
+    time.sleep(0.02)  # one costly step
+    assert not check() and rt.gathers == gathers + 1
+    assert check.every <= 4  # ~2 such steps per interval (not the thousands of the cheap ones)
 
 
 def _checkpoint(path: Path, step: int) -> None:

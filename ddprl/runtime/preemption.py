@@ -14,7 +14,11 @@ sets the flag again: it cannot interrupt the save, which is atomic anyway.
 The cadence: the reduction runs about once per ``interval_s`` of wall time, so its cost is a
 small collective per second (measured in docs/benchmarks.md) whatever a step costs. The number
 of steps between two reductions is derived from the *reduced* elapsed time, so every rank
-computes the same one and the ranks stay in step with their collectives.
+computes the same one and the ranks stay in step with their collectives. That count is
+measured on past steps, so a loop whose steps turn costlier at some point (TD-MPC2 when learning
+starts after thousands of random steps of a millisecond each, QMIX when its warm-up ends) calls
+:meth:`StopCheck.restart` there, at the same step on every rank: otherwise a window sized for
+the cheap steps (thousands of them) would leave a signal waiting minutes for the next reduction.
 """
 
 from __future__ import annotations
@@ -86,6 +90,11 @@ class StopCheck:
         self.reductions = 0
         self.reduce_s = 0.0  # time spent in the reductions (their cost)
         self.signal: str | None = None  # which signal stopped the job, and where, once known
+
+    def restart(self) -> None:
+        """The cost of a step changes from here (every rank calls it at the same step boundary):
+        the next call reduces, and the cadence is measured afresh on the new steps."""
+        self.every, self.calls, self.last = 1, 0, time.perf_counter()
 
     def __call__(self) -> bool:
         self.calls += 1

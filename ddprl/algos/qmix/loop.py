@@ -261,6 +261,8 @@ def train(rt: Any, cfg: Any) -> None:
         due = global_step // update_every
         if iteration + 1 < warmup_iterations:
             scheduled = due  # warming up: those slots pass without an update
+        elif iteration + 1 == warmup_iterations:
+            run.step_cost_changes()  # the first updates (on every rank at this step)
         while scheduled < due:
             batches = [buffer.sample(cfg.batch_size) for _ in range(cfg.sync_freq)]
             window.learner(learner.update(batches))

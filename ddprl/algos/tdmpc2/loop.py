@@ -173,6 +173,7 @@ def train(rt: Any, cfg: Any) -> None:
             not_ready = rt.all_reduce_sum(0 if buffer.num_starts(cfg.horizon) > 0 else 1)
             if not_ready == 0:
                 schedule.start_learning()  # the pretraining burst, unless made before a resume
+                run.step_cost_changes()  # from ~1 ms a random step to an update and a plan a step
         for _ in range(schedule.take_updates()):
             # sampled on the CPU, copied without blocking: no wait for the previous update's kernels
             batches = [
