@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ddprl.checkpoint import load_checkpoint
 from ddprl.config import load_config
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -440,10 +441,12 @@ def test_epymarl_on_mpe_steps_its_pettingzoo_key_and_the_page_divides_by_the_age
 
 def test_a_long_row_stopped_by_sigterm_goes_on_from_its_checkpoint(run, tmp_path):
     """A real run in a long row's work directory: SIGTERM to it (as to run.py, passed on) saves a
-    checkpoint and raises Stopped; the next sitting resumes it to the end, keeps the one metrics
-    file and the wall time of both sittings, and removes the work directory."""
+    checkpoint, keeps how far it got in ``in_progress/`` and raises Stopped; the next sitting resumes
+    it to the end, keeps the one metrics file and the wall time of both sittings, and removes the
+    work directory and the in-progress copy."""
     keys = ("task=CartPole-v1", "world_size=1", "steps=30000", "checkpoint_freq=4096", "eval_episodes=2")
-    work, keep = tmp_path / "work", tmp_path / "keep"
+    work, keep = tmp_path / "work", tmp_path / "runs" / "row" / "seed1"
+    progress = tmp_path / "runs" / "row" / run.IN_PROGRESS / "seed1"
     stopped = []
 
     def first_sitting():
@@ -462,16 +465,51 @@ def test_a_long_row_stopped_by_sigterm_goes_on_from_its_checkpoint(run, tmp_path
         proc.send_signal(run.signal.SIGTERM)
     sitting.join(timeout=120)
     assert stopped and "--resume" in stopped[0] and (work / "checkpoints" / "latest.pt").exists()
-    assert not keep.exists()  # nothing kept of an unfinished run
+    assert not keep.exists()  # nothing kept of an unfinished run but how far it got:
+    so_far = run.read_rows(progress)
+    assert so_far == run.read_rows(work) and (progress / "config.yaml").exists()
+    assert so_far[-1]["step"] <= load_checkpoint(work / "checkpoints" / "latest.pt")["step"]
+
+    (first,) = run.sittings(progress)  # the whole command: at least the training it logged
+    assert first >= so_far[-1]["wall_time"]
 
     wall = run.train_and_keep(keys, 1, keep, "cartpole seed 1", work=work)
     rows = run.read_rows(keep)
     steps = [r["step"] for r in rows]
     assert steps == sorted(set(steps)) and steps[-1] >= 30000  # one curve, no step twice
-    sittings = [i for i in range(1, len(rows)) if rows[i]["wall_time"] < rows[i - 1]["wall_time"]]
-    assert len(sittings) == 1  # the second process counted its wall time from zero again
-    assert wall == round(rows[sittings[0] - 1]["wall_time"] + rows[-1]["wall_time"], 1)
-    assert not work.exists()
+    assert rows[: len(so_far)] == so_far  # the first sitting's rows, then the second's
+    # the second process counted its wall time from zero again: the two sittings are summed
+    assert wall >= round(first + rows[-1]["wall_time"], 1) and wall - first < rows[-1]["wall_time"] + 60
+    assert not work.exists() and not progress.parent.exists()
+
+
+def test_a_long_row_part_way_shows_how_far_each_seed_got(run, tmp_path, monkeypatch):
+    """No seed of the TD-MPC2 row has ended: the page says where each one stands, with its
+    evaluations and training time so far (two sittings: wall time summed), and draws its curve."""
+    row = "tdmpc2-cartpole-swingup"
+    seeds = {  # (step, wall_time, evaluation) rows; each sitting's wall time
+        1: ([(2500, 10.0, None), (10000, 3600.0, 277.9), (12000, 600.0, None)], [3600.0, 600.0]),
+        2: ([(5000, 1800.0, None)], [1800.0]),
+    }
+    for seed, (rows, walls) in seeds.items():
+        keep = tmp_path / "runs" / row / run.IN_PROGRESS / f"seed{seed}"
+        keep.mkdir(parents=True)
+        lines = [{"step": step, "wall_time": wall, **({run.EVAL: ev} if ev else {})} for step, wall, ev in rows]
+        (keep / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        (keep / run.SITTINGS).write_text(json.dumps(walls))
+    monkeypatch.setattr(run, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(run, "IMAGES", tmp_path / "images")
+    monkeypatch.setattr(run, "PAGE", tmp_path / "results.md")
+    page = run.page()
+    assert (
+        "| 50,000 | not reached: 2 in progress, at 12,000 and 5,000 | 277.9 so far (seed 1) | 0 | | "
+        "[png](images/tdmpc2-cartpole-swingup.png) |" in page
+    )
+    assert (
+        "seed 1 at 12,000 of 50,000 steps after 1.2 h of training, evaluations: 277.9 at 10,000; "
+        "seed 2 at 5,000 of 50,000 steps after 0.5 h of training, evaluations: none yet" in page
+    )
+    assert (tmp_path / "images" / f"{row}.png").exists()
 
 
 def test_a_stopped_long_row_keeps_the_seeds_that_finished_and_exits_75(run, tmp_path, monkeypatch):

@@ -17,8 +17,10 @@ trains the missing ones later (a row too long for one sitting). ``--jobs N`` tra
 
 Long rows (TD-MPC2: hours per seed) go further: each seed trains in ``benchmarks/results/work/<row>/seed<K>/``
 (git-ignored), checkpointed with its replay buffer. SIGTERM or SIGUSR1 to this script passes on to
-its runs, which save a checkpoint and exit 75 (so does the script); the same command with
-``--resume`` goes on from each seed's checkpoint, and a finished seed is kept as any other::
+its runs, which save a checkpoint and exit 75 (so does the script), and each stopped seed's metrics
+so far are kept in ``runs/<row>/in_progress/seed<K>/`` (committed: the page shows how far each seed
+got, and draws it); the same command with ``--resume`` goes on from each seed's checkpoint, and a
+finished seed is kept as any other (its in-progress copy removed)::
 
     python benchmarks/results/run.py tdmpc2-cartpole-swingup --seeds 3 --jobs 2 --resume   # again each sitting
     kill -TERM <its pid>                                                                    # at a sitting's end
@@ -83,6 +85,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 RUNS = HERE / "runs"
 WORK = HERE / "work"  # long rows' runs in progress, between sittings (git-ignored): checkpoints, replay buffers
+IN_PROGRESS = "in_progress"  # RUNS/<row>/in_progress/seed<K>: a long row's seed as its last sitting left it (kept)
+SITTINGS = "sittings.json"  # a long row's run: the wall time of each sitting's `ddprl train` (start-up included)
 PAGE = ROOT / "docs" / "results.md"
 IMAGES = ROOT / "docs" / "results"
 sys.path.insert(0, str(HERE.parent))  # benchmarks/machine.py
@@ -367,7 +371,9 @@ TDMPC2_NOTE = (
     "at model_size 1, half that at 5. Steps on the page and the curve are agent steps (action repeat 2). "
     "Evaluation: 4 episodes every 10,000 agent steps (the official code plays 10; each episode is 500 MPPI "
     "plans). A seed trains across sittings, checkpointed with its replay buffer every 2,500 agent steps; its "
-    "wall time is the sum of its sittings' training time (each sitting's last logged wall time)."
+    "wall time is the sum of its sittings' (each one's whole `ddprl train` command). cartpole-swingup's seeds 1 "
+    "and 2 began before sittings were timed so: their first four and three sittings' times are estimated from "
+    "their logs' timestamps (to about a minute each)."
 )
 for task, published in TDMPC2_TASKS.items():
     ROWS[f"tdmpc2-{task}"] = Row(
@@ -810,6 +816,18 @@ def not_yet() -> list[str]:
         "(simple_spread, one of them and a ddprl run; 92 min beside another EPyMARL run and a TD-MPC2 run) and "
         "90 min (rware-tiny, one of them and a ddprl run)."
     )
+    tdmpc2_missing = (
+        "TD-MPC2 at 100k environment steps (50k agent steps, action repeat 2) against the official per-task CSVs "
+        "(github.com/nicklashansen/tdmpc2, `results/tdmpc2/`, 3 seeds, at 100k: cartpole-swingup 789.8 / 867.9 / "
+        "860.5, reacher-easy 972.8 / 977.9 / 859.9, finger-spin 985.6 / 937.3 / 919.6): at model_size 1 this CPU "
+        "makes about 2.5 agent steps per second on a core (docs/benchmarks.md), about 6 hours per seed, so the "
+        "cartpole-swingup row trains across sittings, two seeds at once, each going on from its checkpoint and "
+        "replay buffer (`run.py tdmpc2-cartpole-swingup --seeds 3 --jobs 2 --resume`; its row above says how far "
+        "each seed got); reacher-easy and finger-spin are not started. On a GPU (`benchmarks/gpu_session.sh "
+        "returns`) one H100 made 99 to 119 agent steps/s compiled at model_size 1, some 8 min per seed, but the "
+        "GPU sessions so far (15 min of device time each) went to the checks and speed tables. docs/benchmarks.md "
+        "has a 30k-step cartpole-swingup run on 2 ranks."
+    )
     return [
         "",
         "## Not reproduced yet",
@@ -819,17 +837,7 @@ def not_yet() -> list[str]:
         "  idle, 36 to 50 min beside another job (Hopper's and Walker2d's seeds ran beside other jobs).",
         *textwrap.wrap(qmix_missing, 100, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False),
         *qmix_seeds(),
-        "- TD-MPC2 at 100k environment steps (50k agent steps, action repeat 2) against the official",
-        "  per-task CSVs (github.com/nicklashansen/tdmpc2, `results/tdmpc2/`, 3 seeds, at 100k:",
-        "  cartpole-swingup 789.8 / 867.9 / 860.5, reacher-easy 972.8 / 977.9 / 859.9, finger-spin",
-        "  985.6 / 937.3 / 919.6): at model_size 1 this CPU makes about 2.5 agent steps per second on a",
-        "  core (docs/benchmarks.md), about 6 hours per seed, so the cartpole-swingup row trains across",
-        "  sittings, two seeds at once, each going on from its checkpoint and replay buffer",
-        "  (`run.py tdmpc2-cartpole-swingup --seeds 3 --jobs 2 --resume`); reacher-easy and finger-spin",
-        "  are not started. On a GPU (`benchmarks/gpu_session.sh returns`) one H100 made 99 to 119 agent",
-        "  steps/s compiled at model_size 1, some 8 min per seed, but the GPU sessions so far (15 min of",
-        "  device time each) went to the checks and speed tables. docs/benchmarks.md has a 30k-step",
-        "  cartpole-swingup run on 2 ranks.",
+        *textwrap.wrap(tdmpc2_missing, 100, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False),
     ]
 
 
@@ -980,9 +988,7 @@ def pass_on_stop_signals() -> None:
     """SIGTERM or SIGUSR1 to this script goes on to the runs it started: a long row's run then saves
     a checkpoint and exits 75 (``--resume`` goes on from it), any other run stops; no further seed
     starts. TD-MPC2 acts on it at its next agent step, or when its pretraining burst ends (the
-    burst is one step: ~20 min at model_size 1 on a core of the 2-core CPU). Seen once: a seed a
-    few hundred steps past its burst did not act on it for over a minute (ddprl's stop check had
-    spaced its checks by the fast seeding steps); a SIGTERM straight to that run stopped it."""
+    burst is one step: ~20 min at model_size 1 on a core of the 2-core CPU)."""
 
     def forward(signum: int, frame: object) -> None:
         STOPPING.set()
@@ -1001,8 +1007,9 @@ def train_and_keep(
 
     ``work`` (long rows): train in that directory instead, going on from its latest checkpoint
     where an earlier sitting left one; a run stopped with a checkpoint raises :class:`Stopped`, a
-    finished one's directory is removed once kept. Its wall time is then the sum of each sitting's
-    last logged ``wall_time`` (each ``ddprl train`` process counts from its own start)."""
+    finished one's directory is removed once kept. Its wall time is then the sum of its sittings'
+    (each one's whole command, kept in ``SITTINGS`` as it ends: the metrics' ``wall_time`` restarts
+    in each process, and nothing marks where when a sitting was short)."""
     with contextlib.ExitStack() as stack:
         run_dir = work or Path(stack.enter_context(tempfile.TemporaryDirectory())) / "run"
         resume = work is not None and (work / "checkpoints" / "latest.pt").exists()
@@ -1019,29 +1026,49 @@ def train_and_keep(
             code = proc.wait()
         finally:
             LIVE_RUNS.discard(proc)
+        progress = keep.parent / IN_PROGRESS / keep.name
+        if work is not None:
+            (work / SITTINGS).write_text(json.dumps([*sittings(work), round(time.time() - start, 1)]) + "\n")
         if code == 75 and work is not None:
+            keep_run(run_dir, progress, SITTINGS)  # how far it got, on the page until the seed ends
             raise Stopped(f"{what}: stopped with a checkpoint in {work}; `--resume` goes on from it")
         if code != 0:
             raise SystemExit(f"{what}: ddprl train exited {code}")
-        keep.mkdir(parents=True, exist_ok=True)
-        for file in ("metrics.jsonl", "config.yaml"):
-            shutil.copy(run_dir / file, keep / file)
-        pack(keep)
+        shutil.rmtree(progress, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            progress.parent.rmdir()  # once empty
+        keep_run(run_dir, keep)
     if work is None:
         return round(time.time() - start, 1)
+    wall = sum(sittings(work))
     shutil.rmtree(work)
-    return round(sittings_wall(read_rows(keep)), 1)
+    return round(wall, 1)
 
 
-def sittings_wall(rows: list[dict]) -> float:
-    """A run resumed across sittings: the sum of each sitting's last ``wall_time`` (it starts again
-    from zero in each process, so a drop marks a new sitting)."""
-    total, last = 0.0, 0.0
-    for row in rows:
-        if row["wall_time"] < last:
-            total += last
-        last = row["wall_time"]
-    return total + last
+def sittings(run: Path) -> list[float]:
+    """The wall time of each sitting of a long row's run so far (``SITTINGS``; none yet: [])."""
+    path = run / SITTINGS
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def keep_run(run_dir: Path, keep: Path, *more: str) -> None:
+    """A run's metrics.jsonl (gzipped), config.yaml and the ``more`` files, copied to ``keep``
+    (replacing what it held)."""
+    keep.mkdir(parents=True, exist_ok=True)
+    for file in ("metrics.jsonl", "config.yaml", *more):
+        shutil.copy(run_dir / file, keep / file)
+    pack(keep)
+
+
+def in_progress(name: str) -> list[dict]:
+    """A long row's seeds stopped part-way, as each one's last sitting left it: its seed, last step,
+    evaluations so far and training time so far (the sum of its sittings)."""
+    seeds = []
+    for keep in sorted((RUNS / name / IN_PROGRESS).glob("seed*")):
+        rows = read_rows(keep)
+        wall = sum(sittings(keep))
+        seeds.append({"seed": int(keep.name[4:]), "step": rows[-1]["step"], "evals": curve(rows), "wall_s": wall})
+    return seeds
 
 
 def run_row(name: str, seeds: int, resume: bool = False, jobs: int = 1) -> dict:
@@ -1062,8 +1089,9 @@ def run_row(name: str, seeds: int, resume: bool = False, jobs: int = 1) -> dict:
         if halt.is_set() or STOPPING.is_set():
             return None
         work = WORK / name / f"seed{seed}" if getattr(row, "long", False) else None
-        if work is not None and not resume and work.exists():
-            shutil.rmtree(work)  # not resuming: no seed goes on from an earlier sitting either
+        if work is not None and not resume:  # not resuming: no seed goes on from an earlier sitting either
+            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(out / IN_PROGRESS / f"seed{seed}", ignore_errors=True)
         try:
             return train_and_keep(row.keys, seed, out / f"seed{seed}", f"{name} seed {seed}", work=work)
         except (SystemExit, Stopped):
@@ -1381,6 +1409,8 @@ def draw(name: str, row: Row, peer: dict | None = None) -> Path:
     from ddprl.plot import figure, load_runs
 
     runs = load_runs(sorted((RUNS / name).glob("seed*")))
+    partial = load_runs(sorted((RUNS / name / IN_PROGRESS).glob("seed*")))
+    runs.update({f"{label}, in progress": records for label, records in partial.items()})
     metrics = [EVAL] + ([TRAIN] if any(ref.metric == TRAIN for ref in row.references) else [])
     fig = figure(runs, metrics)
     lines: dict[str, list] = {metric: [] for metric in metrics}
@@ -1527,6 +1557,30 @@ def page() -> str:
     details = []
     for name, row in ROWS.items():
         summary_path = RUNS / name / "summary.json"
+        partial = in_progress(name)
+        if not summary_path.exists() and partial:  # a long row whose seeds are all part-way
+            image = draw(name, row).relative_to(PAGE.parent)
+            best = max(((value, s["seed"]) for s in partial for _, value in s["evals"]), default=None)
+            best_cell = f"{best[0]:.{row.digits}f} so far (seed {best[1]})" if best else ""
+            where = " and ".join(f"{s['step']:,}" for s in partial)
+            for ref in row.references:
+                lines.append(
+                    f"| {row.title} | {ref.value:g}{f' ± {ref.std:g}' if ref.std is not None else ''}{on(ref)} "
+                    f"| {ref.steps:,} | not reached: {len(partial)} in progress, at {where} | {best_cell} "
+                    f"| 0 | | [png]({image}) |"
+                )
+            details += [
+                f"### {row.title}",
+                "",
+                f"- command: `{row.command()}` (+ `seed=K`)",
+                *([f"- reference: {'; '.join(r.source for r in row.references)}"] if row.references else []),
+                progress_line(row, partial),
+                *([f"- {row.note}"] if row.note else []),
+                "",
+                f"![{row.title}]({image})",
+                "",
+            ]
+            continue
         if not summary_path.exists():
             for ref in row.references:
                 lines.append(
@@ -1578,6 +1632,8 @@ def page() -> str:
                 for s in seeds
             ),
         ]
+        if partial:
+            details.append(progress_line(row, partial))
         if paper:
             d = row.digits
             details.append(
@@ -1594,6 +1650,23 @@ def page() -> str:
     return (
         "\n".join(lines + supervised_table() + peer_lines + not_yet() + ["", "## Rows", ""] + details + peer_details)
         + "\n"
+    )
+
+
+def progress_line(row: Row, partial: list[dict]) -> str:
+    """The page's line for a long row's seeds still part-way (:func:`in_progress`)."""
+    total = int(dict(key.split("=", 1) for key in row.keys)["steps"])
+
+    def seed(s: dict) -> str:
+        evals = ", ".join(f"{value:.{row.digits}f} at {step:,}" for step, value in s["evals"]) or "none yet"
+        return (
+            f"seed {s['seed']} at {s['step']:,} of {total:,} steps after {s['wall_s'] / 3600:.1f} h of "
+            f"training, evaluations: {evals}"
+        )
+
+    return (
+        "- in progress (each seed as its last sitting left it, stopped with a checkpoint that `--resume` goes "
+        "on from; a seed leaves this line for the results when it ends): " + "; ".join(seed(s) for s in partial)
     )
 
 
