@@ -40,7 +40,9 @@ class MetricsLogger:
         if not is_main:
             return
         if resumed:
-            _drop_rows_after(self.run_dir / "metrics.jsonl", start_step)
+            # wall_time goes on from the last row kept, so that it only grows over the sittings of
+            # a job (the time between that row and the stop, and the restart, are not counted)
+            self.start_time -= _drop_rows_after(self.run_dir / "metrics.jsonl", start_step)
         self._jsonl = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
         from torch.utils.tensorboard import SummaryWriter
 
@@ -123,20 +125,24 @@ def _start_wandb(cfg: Any, run_dir: Path):
     )
 
 
-def _drop_rows_after(path: Path, step: int) -> None:
-    """Keep the rows of ``path`` up to global ``step`` (atomically rewritten; no file: nothing to do)."""
+def _drop_rows_after(path: Path, step: int) -> float:
+    """Keep the rows of ``path`` up to global ``step`` (atomically rewritten; no file: nothing to
+    do); returns the last kept row's ``wall_time`` (0 when none)."""
     if not path.exists():
-        return
-    kept = []
+        return 0.0
+    kept, wall_time = [], 0.0
     for line in path.read_text().splitlines():
         try:
-            if json.loads(line)["step"] <= step:
+            row = json.loads(line)
+            if row["step"] <= step:
                 kept.append(line + "\n")
+                wall_time = float(row.get("wall_time", wall_time))
         except (ValueError, KeyError, TypeError):  # a line cut short by a killed job
             continue
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(kept))
     os.replace(tmp, path)
+    return wall_time
 
 
 def metrics_path(run_dir: str | Path) -> Path:

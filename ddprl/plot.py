@@ -180,7 +180,8 @@ def default_keys(available: list[str]) -> list[str]:
 def load_runs(run_dirs: list[str | Path]) -> dict[str, list[dict[str, Any]]]:
     """``{label: records}`` in the given order; the label is the directory's name (its path when
     two runs share a name, e.g. ``seed0`` of two sweeps). Wall time is made cumulative over the
-    segments of a resumed run, whose logger restarts its clock at 0 in the same file."""
+    segments of a resumed run written before the logger went on from the last row's clock (it
+    restarted at 0 in the same file; a restart that stayed above the last row's time is not seen)."""
     paths = [Path(d) for d in run_dirs]
     names = [p.resolve().name for p in paths]
     runs: dict[str, list[dict[str, Any]]] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
 import os
 import signal
 import subprocess
@@ -149,6 +150,20 @@ def test_ppo_on_dmc_resume_reseeds_envs(tmp_path, monkeypatch):
 
 
 # -- metrics stay monotone after a resume ----------------------------------------------------------
+
+
+def test_resumed_logger_goes_on_from_the_last_kept_rows_clock(tmp_path):
+    """A job stopped after an hour and resumed: its wall_time goes on from the row at the
+    checkpoint (3600 s), not from 0, and a dropped row's later time does not count."""
+    rows = [{"step": 100, "wall_time": 1800.0}, {"step": 200, "wall_time": 3600.0}, {"step": 300, "wall_time": 5400.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    resumed = MetricsLogger(
+        tmp_path, load_config(["progress=false"]), True, total_steps=500, start_step=200, resumed=True
+    )
+    resumed.log(300, {"train/loss": 1.0})
+    resumed.close()
+    walls = [r["wall_time"] for r in read_metrics(tmp_path)]
+    assert walls[:2] == [1800.0, 3600.0] and 3600.0 <= walls[2] < 3660.0
 
 
 def test_resumed_logger_drops_rows_and_events_past_the_checkpoint(tmp_path):

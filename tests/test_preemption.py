@@ -106,6 +106,8 @@ def check_resumes_without_gaps(run_dir: Path, cwd: Path, extra: list[str], step_
     steps = [r["step"] for r in rows(run_dir)]
     assert steps[-1] >= total
     assert all(b - a == step_size for a, b in zip(steps, steps[1:], strict=False)), steps
+    walls = [r["wall_time"] for r in rows(run_dir)]
+    assert walls == sorted(walls), walls  # the resumed job's clock went on from the stopped one's
 
 
 @pytest.mark.parametrize("algo", ["ppo", "qmix"])
