@@ -814,7 +814,7 @@ def not_yet() -> list[str]:
         "ddprl run sharing the Intel machine's 2 cores), 71 min (2s-8x8, three of them alone), 84 to 87 min (10x10, "
         "two of them and a ddprl run, or one beside another EPyMARL run and a TD-MPC2 run), 53 to 59 min "
         "(simple_spread, one of them and a ddprl run; 92 min beside another EPyMARL run and a TD-MPC2 run) and "
-        "90 min (rware-tiny, one of them and a ddprl run)."
+        "90 and 98 min (rware-tiny: one beside a ddprl run; one beside two TD-MPC2 runs and the test suite)."
     )
     tdmpc2_missing = (
         "TD-MPC2 at 100k environment steps (50k agent steps, action repeat 2) against the official per-task CSVs "
