@@ -23,6 +23,21 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettemp
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
 
 
+# A TD-MPC2 small enough for a CPU test (model_size 1's structure, tiny widths and plans).
+TDMPC2_TINY = [
+    "model_size=1",
+    "enc_dim=32",
+    "mlp_dim=32",
+    "latent_dim=16",
+    "num_q=3",
+    "num_samples=32",
+    "num_elites=4",
+    "num_pi_trajs=4",
+    "iterations=2",
+    "batch_size=16",
+]
+
+
 def cli_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("MUJOCO_GL", "disable")

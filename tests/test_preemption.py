@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import cli_env, run_cli
+from conftest import TDMPC2_TINY, cli_env, run_cli
 
 from ddprl.checkpoint import load_checkpoint, save_atomically
 from ddprl.metrics import read_metrics
@@ -180,16 +180,7 @@ def test_sigterm_to_one_rank_stops_every_rank(tmp_path):
 TDMPC2 = [
     "algo=tdmpc2",
     "task=cartpole-balance",
-    "model_size=1",
-    "enc_dim=32",
-    "mlp_dim=32",
-    "latent_dim=16",
-    "num_q=3",
-    "num_samples=32",
-    "num_elites=4",
-    "num_pi_trajs=4",
-    "iterations=2",
-    "batch_size=16",
+    *TDMPC2_TINY,
     "episode_length=50",
     "num_envs=2",
     "seed_steps=1000",

@@ -19,7 +19,7 @@ import torch
 
 pytest.importorskip("dm_control")
 
-from conftest import run_cli  # noqa: E402
+from conftest import TDMPC2_TINY, run_cli  # noqa: E402
 
 from ddprl.algos.graphs import training_step_unsupported  # noqa: E402
 from ddprl.algos.tdmpc2.acting import Acting, EpisodeRecorder, UnitBoxActions, episode_length_of, make_tdmpc2_env  # noqa: E402
@@ -36,18 +36,7 @@ from ddprl.metrics import read_metrics  # noqa: E402
 from ddprl.runtime import launch  # noqa: E402
 from ddprl.runtime.compat import COMPILED_PREFIX  # noqa: E402
 
-TINY = [
-    "model_size=1",
-    "enc_dim=32",
-    "mlp_dim=32",
-    "latent_dim=16",
-    "num_q=3",
-    "num_samples=32",
-    "num_elites=4",
-    "num_pi_trajs=4",
-    "iterations=2",
-    "batch_size=16",
-]
+TINY = TDMPC2_TINY
 
 
 def tiny_cfg(*overrides: str, world_size: int = 1):
