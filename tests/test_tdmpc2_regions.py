@@ -16,6 +16,7 @@ import torch
 
 pytest.importorskip("dm_control")
 
+from conftest import TDMPC2_TINY  # noqa: E402
 from test_tdmpc2_loop import _batch_and_noise  # noqa: E402
 
 from ddprl.algos.graphs import capture_graphs, host_syncs, training_step_unsupported  # noqa: E402
@@ -33,20 +34,7 @@ pytestmark = pytest.mark.skipif(training_step_unsupported() is not None, reason=
 
 # small widths, and a short horizon and few iterations: the graph (and its compile time on a
 # 2-core CPU) grows with the unrolled steps, not with the widths
-TINY = [
-    "model_size=1",
-    "enc_dim=32",
-    "mlp_dim=32",
-    "latent_dim=16",
-    "num_q=3",
-    "num_samples=32",
-    "num_elites=4",
-    "num_pi_trajs=4",
-    "iterations=2",
-    "horizon=2",
-    "batch_size=8",
-    "dropout=0",
-]
+TINY = [*TDMPC2_TINY, "horizon=2", "batch_size=8", "dropout=0"]  # later keys win
 OBS, ACT, E = 5, 2, 2
 
 

@@ -1029,14 +1029,15 @@ def train_and_keep(
         progress = keep.parent / IN_PROGRESS / keep.name
         if work is not None:
             (work / SITTINGS).write_text(json.dumps([*sittings(work), round(time.time() - start, 1)]) + "\n")
-        if code == 75 and work is not None:
-            keep_run(run_dir, progress, SITTINGS)  # how far it got, on the page until the seed ends
-            raise Stopped(f"{what}: stopped with a checkpoint in {work}; `--resume` goes on from it")
+            if code == 75:
+                keep_run(run_dir, progress, SITTINGS)  # how far it got, on the page until the seed ends
+                raise Stopped(f"{what}: stopped with a checkpoint in {work}; `--resume` goes on from it")
         if code != 0:
             raise SystemExit(f"{what}: ddprl train exited {code}")
-        shutil.rmtree(progress, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            progress.parent.rmdir()  # once empty
+        if work is not None:  # ended: its in-progress copy gives way to the kept run
+            shutil.rmtree(progress, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                progress.parent.rmdir()  # once empty
         keep_run(run_dir, keep)
     if work is None:
         return round(time.time() - start, 1)
@@ -1448,6 +1449,11 @@ def fmt(value: float | None) -> str:
     return "—" if value is None else f"{value:.1f}"
 
 
+def ref_cell(ref: Reference) -> str:
+    """A reference's number on the page: value ± its source's std, and what it is measured on."""
+    return f"{ref.value:g}{f' ± {ref.std:g}' if ref.std is not None else ''}{on(ref)}"
+
+
 def on(ref: Reference) -> str:
     """The page's marker for a reference not measured on the evaluation return."""
     return "" if ref.metric == EVAL else " (training episodes)"
@@ -1565,7 +1571,7 @@ def page() -> str:
             where = " and ".join(f"{s['step']:,}" for s in partial)
             for ref in row.references:
                 lines.append(
-                    f"| {row.title} | {ref.value:g}{f' ± {ref.std:g}' if ref.std is not None else ''}{on(ref)} "
+                    f"| {row.title} | {ref_cell(ref)} "
                     f"| {ref.steps:,} | not reached: {len(partial)} in progress, at {where} | {best_cell} "
                     f"| 0 | | [png]({image}) |"
                 )
@@ -1583,10 +1589,7 @@ def page() -> str:
             continue
         if not summary_path.exists():
             for ref in row.references:
-                lines.append(
-                    f"| {row.title} | {ref.value:g}{f' ± {ref.std:g}' if ref.std is not None else ''}{on(ref)} "
-                    f"| {ref.steps:,} | not run yet | | | | |"
-                )
+                lines.append(f"| {row.title} | {ref_cell(ref)} | {ref.steps:,} | not run yet | | | | |")
             if not row.references:
                 lines.append(f"| {row.title} | not transcribed | | not run yet | | | | |")
             continue
@@ -1598,7 +1601,7 @@ def page() -> str:
         for i, ref in enumerate(row.references):
             ours = [s["at_reference"][i] for s in seeds if s["at_reference"][i] is not None]
             lines.append(
-                f"| {row.title} | {ref.value:g}{f' ± {ref.std:g}' if ref.std is not None else ''}{on(ref)} "
+                f"| {row.title} | {ref_cell(ref)} "
                 f"| {ref.steps:,} | {mean_std(ours)} | {mean_std([s['best'] for s in seeds])} "
                 f"| {len(seeds)} | {wall} | [png]({image}) |"
             )
