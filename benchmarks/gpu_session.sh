@@ -15,6 +15,7 @@
 #
 #   bash benchmarks/gpu_session.sh snake     # Snake throughput on CUDA, 4 sizes (target: >= 1M steps/s)
 #   bash benchmarks/gpu_session.sh tdmpc2    # TD-MPC2 ms/update, ms/act, sizes 1 5 19, compile off/on
+#   bash benchmarks/gpu_session.sh results   # the results page's GPU row: TD-MPC2 cartpole-swingup, its next seed
 #   bash benchmarks/gpu_session.sh returns   # TD-MPC2 walker-run learning (as far as time allows)
 #   bash benchmarks/gpu_session.sh vmas      # QMIX on VMAS with 1k and 4k envs
 #   bash benchmarks/gpu_session.sh jax       # engine=jax: brax/humanoid (MJX) steps/s at 1k and 4k envs
@@ -28,7 +29,7 @@
 # commands, keys and files, to check the script on a machine without a GPU (with the Python
 # packages installed here; the gpu tests are then skipped).
 set -uo pipefail
-phase=${1:?phase: all | all1 | all2 | all3 | snake | tdmpc2 | returns | vmas | jax | regions}
+phase=${1:?phase: all | all1 | all2 | all3 | results | snake | tdmpc2 | returns | vmas | jax | regions}
 if [ "$phase" = all ]; then
   failed=0
   for p in all1 all2 all3; do bash "$0" "$p" || failed=1; done
@@ -190,6 +191,19 @@ case "$phase" in
     ;;
   tdmpc2)
     python3 benchmarks/tdmpc2_speed.py --devices cuda --sizes 1 5 19 --compile off on --updates 50 --acts 50 2>&1 | tee -a "$log"
+    ;;
+  results)
+    # The results page's GPU row (docs/results.md): its next seeds, one at a time, for RESULTS_S seconds
+    # (a seed took 11 min on an H200, two compiles included). SIGTERM at the limit stops the seed in
+    # training with a checkpoint in benchmarks/results/work/ (git-ignored, so it stays on a warm
+    # machine): this phase run again at once on the same machine goes on from it. The row's finished
+    # seeds come back as $out/results-runs.tgz (unpack into benchmarks/results/ here, then
+    # `python benchmarks/results/run.py --page`); a seed cut short does not (its checkpoint is lost
+    # with the machine, so the next session trains it afresh).
+    row=${RESULTS_ROW:-tdmpc2-cartpole-swingup-gpu}
+    timeout -s TERM -k 60 "${RESULTS_S:-500}" python3 benchmarks/results/run.py "$row" --seeds 3 --resume 2>&1 | tee -a "$log"
+    [ -d "benchmarks/results/runs/$row" ] &&
+      tar czf "$out/results-runs.tgz" --exclude=in_progress -C benchmarks/results "runs/$row"
     ;;
   returns)
     # 100k env steps of walker-run take longer than one device command at ~100 agent steps/s:

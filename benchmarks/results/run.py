@@ -375,7 +375,25 @@ TDMPC2_NOTE = (
     "and 2 began before sittings were timed so: their first four and three sittings' times are estimated from "
     "their logs' timestamps (to about a minute each)."
 )
+TDMPC2_GPU_NOTE = (
+    "The CSVs' model (model_size 5, 5M parameters) on one GPU, compiled (`compile=true`, fp32), one seed at "
+    "a time (`bash benchmarks/gpu_session.sh results`, whose device commands last 10 min at most). Seed 1 "
+    "made 45,249 agent steps in its first command (about 9 min; it reached step 3,000 after 75 s, the "
+    "compile and 2,500 pretraining updates included) and was stopped there with a checkpoint; a second "
+    "command at once on the same machine resumed it and ended it (about 2 min, compiling again from warm "
+    "caches): 11.0 min in all, 124 to 130 agent steps/s between evaluations (an H200; an H100 made 112 to 125 "
+    "in the speed benchmark, docs/benchmarks.md). A GPU session's 15 min of device time trains about one seed, "
+    "so seeds 2 and 3 wait for later sessions (seed 2 was cut at 7,391 steps when the time ran out; it starts "
+    "afresh, as its checkpoint went with the machine). Evaluation: 10 episodes every 10,000 agent steps, as "
+    "the official code plays. Steps are agent steps (action repeat 2)."
+)
 for task, published in TDMPC2_TASKS.items():
+    reference = Reference(
+        TDMPC2_CSV.format(task=task, seeds=" / ".join(f"{v:g}" for v in published)),
+        round(statistics.mean(published), 1),
+        round(statistics.stdev(published), 1),
+        50_000,
+    )
     ROWS[f"tdmpc2-{task}"] = Row(
         f"TD-MPC2, {task}, model_size 1 (agent steps: half the environment steps)",
         (
@@ -389,15 +407,27 @@ for task, published in TDMPC2_TASKS.items():
             "checkpoint_freq=2500",
             "checkpoint_buffer=true",
         ),
-        (
-            Reference(
-                TDMPC2_CSV.format(task=task, seeds=" / ".join(f"{v:g}" for v in published)),
-                round(statistics.mean(published), 1),
-                round(statistics.stdev(published), 1),
-                50_000,
-            ),
-        ),
+        (reference,),
         TDMPC2_NOTE,
+        long=True,
+    )
+    ROWS[f"tdmpc2-{task}-gpu"] = Row(
+        f"TD-MPC2, {task}, model_size 5, one GPU (agent steps: half the environment steps)",
+        (
+            "algo=tdmpc2",
+            f"task={task}",
+            "model_size=5",
+            "device=cuda",
+            "compile=true",
+            "world_size=1",
+            "steps=50000",
+            "eval_freq=10000",
+            "eval_episodes=10",
+            "checkpoint_freq=10000",
+            "checkpoint_buffer=true",
+        ),
+        (reference,),
+        TDMPC2_GPU_NOTE,
         long=True,
     )
 
@@ -823,10 +853,10 @@ def not_yet() -> list[str]:
         "makes about 2.5 agent steps per second on a core (docs/benchmarks.md), about 6 hours per seed, so the "
         "cartpole-swingup row trains across sittings, two seeds at once, each going on from its checkpoint and "
         "replay buffer (`run.py tdmpc2-cartpole-swingup --seeds 3 --jobs 2 --resume`; its row above says how far "
-        "each seed got); reacher-easy and finger-spin are not started. On a GPU (`benchmarks/gpu_session.sh "
-        "returns`) one H100 made 99 to 119 agent steps/s compiled at model_size 1, some 8 min per seed, but the "
-        "GPU sessions so far (15 min of device time each) went to the checks and speed tables. docs/benchmarks.md "
-        "has a 30k-step cartpole-swingup run on 2 ranks."
+        "each seed got); reacher-easy and finger-spin are not started. On a GPU the CSVs' own model trains a seed "
+        "in about 11 min (the row 'model_size 5, one GPU': seed 1 on an H200 ended at 873.3), but a session gets "
+        "15 min of a GPU when it gets one at all, so its seeds 2 and 3 wait for later sessions. "
+        "docs/benchmarks.md has a 30k-step cartpole-swingup run on 2 ranks."
     )
     return [
         "",
@@ -1161,10 +1191,19 @@ def seeds_to_train(out: Path, name: str, command: str, seeds: int, resume: bool)
     return kept, [seed for seed in range(1, seeds + 1) if all(s["seed"] != seed for s in kept)]
 
 
+@functools.cache
 def this_machine() -> str:
+    """The CPU and its cores, after the GPU's name where ``nvidia-smi`` finds one (a GPU row's machine)."""
     from machine import cpu_model
 
-    return f"{cpu_model()}, {os.cpu_count()} cores"
+    cpu = f"{cpu_model()}, {os.cpu_count()} cores"
+    try:
+        gpus = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=60
+        ).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):  # no driver here: a CPU machine
+        return cpu
+    return f"{gpus[0].strip()}, {cpu}" if gpus and gpus[0].strip() else cpu
 
 
 def seed_machine(seed: dict, summary: dict) -> str:
@@ -1438,11 +1477,16 @@ def draw(name: str, row: Row, peer: dict | None = None) -> Path:
     for ax, metric in zip(fig.axes, metrics, strict=True):
         if lines[metric]:
             ax.legend(handles=lines[metric], loc="lower right", fontsize=8)  # the seeds: the figure's legend
-        ax.set_title(f"{row.title}: {METRIC_NAMES[metric]}", fontsize=10)
+        ax.set_title(wrap_title(f"{row.title}: {METRIC_NAMES[metric]}"), fontsize=10)
     IMAGES.mkdir(parents=True, exist_ok=True)
     path = IMAGES / f"{name}.png"
     fig.savefig(path, dpi=90)
     return path
+
+
+def wrap_title(title: str) -> str:
+    """A figure's title in lines that fit its width (one line ran past both edges and was cut)."""
+    return "\n".join(textwrap.wrap(title, 50))
 
 
 def fmt(value: float | None) -> str:
@@ -1705,7 +1749,7 @@ def draw_peer(name: str, row: PeerRow, seeds: list[int], steps: int) -> Path:
         mean = [statistics.mean(b[i] for b in per_seed) for i in common]
         handles += ax.plot([(i + 0.5) * width for i in common], mean, color=colours[impl], linewidth=2)
     ax.legend(handles, [IMPLS[impl] for impl in row.impls], loc="lower right", fontsize=8)
-    ax.set_title(f"{row.title}: {METRIC_NAMES[TRAIN]}, {len(seeds)} seed(s) each", fontsize=10)
+    ax.set_title(wrap_title(f"{row.title}: {METRIC_NAMES[TRAIN]}, {len(seeds)} seed(s) each"), fontsize=10)
     IMAGES.mkdir(parents=True, exist_ok=True)
     path = IMAGES / f"{name}.png"
     fig.savefig(path, dpi=90)
