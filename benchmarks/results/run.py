@@ -1524,7 +1524,9 @@ def wall_per_seed(summary: dict) -> str:
     groups = by_machine(summary)
     walls = {machine: statistics.mean(s["wall_s"] for s in seeds) / 60 for machine, seeds in groups.items()}
     if len(walls) == 1:
-        return f"{next(iter(walls.values())):.1f} min"
+        machine, wall = next(iter(walls.items()))
+        on_gpu = f" ({short_machine(machine)})" if machine.startswith("NVIDIA") else ""  # the CPU rows' is the page's
+        return f"{wall:.1f} min{on_gpu}"
     return "; ".join(f"{wall:.1f} min ({short_machine(machine)})" for machine, wall in walls.items())
 
 
