@@ -15,7 +15,7 @@
 #
 #   bash benchmarks/gpu_session.sh snake     # Snake throughput on CUDA, 4 sizes (target: >= 1M steps/s)
 #   bash benchmarks/gpu_session.sh tdmpc2    # TD-MPC2 ms/update, ms/act, sizes 1 5 19, compile off/on
-#   bash benchmarks/gpu_session.sh results   # the results page's GPU row: TD-MPC2 cartpole-swingup, its next seed
+#   bash benchmarks/gpu_session.sh results   # the results page's GPU rows (TD-MPC2 on DMC): their next seeds
 #   bash benchmarks/gpu_session.sh returns   # TD-MPC2 walker-run learning (as far as time allows)
 #   bash benchmarks/gpu_session.sh vmas      # QMIX on VMAS with 1k and 4k envs
 #   bash benchmarks/gpu_session.sh jax       # engine=jax: brax/humanoid (MJX) steps/s at 1k and 4k envs
@@ -193,17 +193,24 @@ case "$phase" in
     python3 benchmarks/tdmpc2_speed.py --devices cuda --sizes 1 5 19 --compile off on --updates 50 --acts 50 2>&1 | tee -a "$log"
     ;;
   results)
-    # The results page's GPU row (docs/results.md): its next seeds, one at a time, for RESULTS_S seconds
+    # The results page's GPU rows (docs/results.md; `run.py --list`: those that run on cuda), in order:
+    # each row's missing seeds, one at a time (RESULTS_JOBS at once), for RESULTS_S seconds in all
     # (a seed took 11 min on an H200, two compiles included). SIGTERM at the limit stops the seed in
     # training with a checkpoint in benchmarks/results/work/ (git-ignored, so it stays on a warm
-    # machine): this phase run again at once on the same machine goes on from it. The row's finished
+    # machine): this phase run again at once on the same machine goes on from it. The rows' finished
     # seeds come back as $out/results-runs.tgz (unpack into benchmarks/results/ here, then
     # `python benchmarks/results/run.py --page`); a seed cut short does not (its checkpoint is lost
-    # with the machine, so the next session trains it afresh).
-    row=${RESULTS_ROW:-tdmpc2-cartpole-swingup-gpu}
-    timeout -s TERM -k 60 "${RESULTS_S:-500}" python3 benchmarks/results/run.py "$row" --seeds 3 --resume 2>&1 | tee -a "$log"
-    [ -d "benchmarks/results/runs/$row" ] &&
-      tar czf "$out/results-runs.tgz" --exclude=in_progress -C benchmarks/results "runs/$row"
+    # with the machine, so a later session trains it afresh).
+    rows=${RESULTS_ROWS:-$(python3 benchmarks/results/run.py --list | awk '/ device=cuda / {print $1}')}
+    for row in $rows; do
+      left=$((${RESULTS_S:-500} - (SECONDS - phase_start)))
+      ((left < 120)) && break  # too short for a compile and a seed's first evaluation
+      timeout -s TERM -k 60 "$left" python3 benchmarks/results/run.py "$row" --seeds 3 --resume \
+        --jobs "${RESULTS_JOBS:-1}" 2>&1 | tee -a "$log"
+      ((PIPESTATUS[0] == 0)) || break  # stopped at the limit (or failed): the time is spent
+    done
+    kept=$(cd benchmarks/results && for row in $rows; do [ -d "runs/$row" ] && echo "runs/$row"; done)
+    [ -n "$kept" ] && tar czf "$out/results-runs.tgz" --exclude=in_progress -C benchmarks/results $kept
     ;;
   returns)
     # 100k env steps of walker-run take longer than one device command at ~100 agent steps/s:

@@ -478,9 +478,21 @@ def test_a_long_row_stopped_by_sigterm_goes_on_from_its_checkpoint(run, tmp_path
     steps = [r["step"] for r in rows]
     assert steps == sorted(set(steps)) and steps[-1] >= 30000  # one curve, no step twice
     assert rows[: len(so_far)] == so_far  # the first sitting's rows, then the second's
-    # the second process counted its wall time from zero again: the two sittings are summed
-    assert wall >= round(first + rows[-1]["wall_time"], 1) and wall - first < rows[-1]["wall_time"] + 60
+    # the seed's wall time is its sittings' summed: the first, then at least the second's training
+    # (its rows' wall_time runs on from the first sitting's last kept row)
+    second = rows[-1]["wall_time"] - so_far[-1]["wall_time"]
+    assert wall >= round(first + second, 1) and wall - first < second + 60
     assert not work.exists() and not progress.parent.exists()
+
+
+def test_a_long_row_refused_at_its_start_fails_with_the_exit_and_leaves_nothing(run, tmp_path):
+    """``ddprl train`` refusing its keys (exit 2, no run directory) ends a long row's seed with that
+    exit, not with an error writing the sitting's time into a directory that was never made."""
+    keys = ("algo=tdmpc2", "task=cartpole-swingup", "model_size=3")  # no such size
+    work, keep = tmp_path / "work", tmp_path / "runs" / "row" / "seed1"
+    with pytest.raises(SystemExit, match="exited 2"):
+        run.train_and_keep(keys, 1, keep, "row seed 1", work=work)
+    assert not work.exists() and not keep.parent.exists()
 
 
 def test_a_long_row_part_way_shows_how_far_each_seed_got(run, tmp_path, monkeypatch):

@@ -365,7 +365,11 @@ TDMPC2_CSV = (
     "official TD-MPC2 per-task CSV (github.com/nicklashansen/tdmpc2 `results/tdmpc2/{task}.csv`, the default "
     "5M-parameter model; mean ± std of its 3 seeds, {seeds}, at 100,000 environment steps = 50,000 agent steps)"
 )
-TDMPC2_TASKS = {"cartpole-swingup": (789.8, 867.9, 860.5)}  # the CSV's 3 seeds at 100k environment steps
+TDMPC2_TASKS = {  # the CSV's 3 seeds at 100k environment steps
+    "cartpole-swingup": (789.8, 867.9, 860.5),
+    "reacher-easy": (972.8, 977.9, 859.9),
+    "finger-spin": (985.6, 937.3, 919.6),
+}
 TDMPC2_NOTE = (
     "ddprl runs model_size 1 (1M parameters) where the CSVs' runs have 5M: a 2-core CPU makes ~2.5 agent steps/s "
     "at model_size 1, half that at 5. Steps on the page and the curve are agent steps (action repeat 2). "
@@ -377,16 +381,23 @@ TDMPC2_NOTE = (
 )
 TDMPC2_GPU_NOTE = (
     "The CSVs' model (model_size 5, 5M parameters) on one GPU, compiled (`compile=true`, fp32), one seed at "
-    "a time (`bash benchmarks/gpu_session.sh results`, whose device commands last 10 min at most). Seed 1 "
-    "made 45,249 agent steps in its first command (about 9 min; it reached step 3,000 after 75 s, the "
-    "compile and 2,500 pretraining updates included) and was stopped there with a checkpoint; a second "
-    "command at once on the same machine resumed it and ended it (about 2 min, compiling again from warm "
-    "caches): 11.0 min in all, 124 to 130 agent steps/s between evaluations (an H200; an H100 made 112 to 125 "
-    "in the speed benchmark, docs/benchmarks.md). A GPU session's 15 min of device time trains about one seed, "
-    "so seeds 2 and 3 wait for later sessions (seed 2 was cut at 7,391 steps when the time ran out; it starts "
-    "afresh, as its checkpoint went with the machine). Evaluation: 10 episodes every 10,000 agent steps, as "
-    "the official code plays. Steps are agent steps (action repeat 2)."
+    "a time: `bash benchmarks/gpu_session.sh results` trains the next seeds of these GPU rows in order, in "
+    "device commands of 10 min at most; a seed stopped by a command's end goes on from its checkpoint when "
+    "the phase runs again at once on the same machine, and starts afresh in a later session (its checkpoint "
+    "goes with the machine). A GPU session's 15 min of device time trains about one seed. Evaluation: 10 "
+    "episodes every 10,000 agent steps, as the official code plays. Steps are agent steps (action repeat 2)."
 )
+TDMPC2_GPU_RUNS = {  # how each task's GPU seeds went, where the row's note has more to say than its numbers
+    "cartpole-swingup": (
+        " Seed 1 (an H200) made 45,249 agent steps in its first command (about 9 min; it reached step 3,000 "
+        "after 75 s, the compile and 2,500 pretraining updates included) and was stopped there with a "
+        "checkpoint; a second command at once on the same machine resumed it and ended it (about 2 min, "
+        "compiling again from warm caches): 11.0 min in all, 124 to 130 agent steps/s between evaluations (an "
+        "H100 made 112 to 125 in the speed benchmark, docs/benchmarks.md). Seed 2 was cut at 7,391 steps when "
+        "the session's device time ran out."
+    ),
+}
+TDMPC2_CPU_TASKS = ("cartpole-swingup",)  # what 2 cores carry: some 6 h a seed (reacher-easy, finger-spin: GPU rows)
 for task, published in TDMPC2_TASKS.items():
     reference = Reference(
         TDMPC2_CSV.format(task=task, seeds=" / ".join(f"{v:g}" for v in published)),
@@ -394,23 +405,24 @@ for task, published in TDMPC2_TASKS.items():
         round(statistics.stdev(published), 1),
         50_000,
     )
-    ROWS[f"tdmpc2-{task}"] = Row(
-        f"TD-MPC2, {task}, model_size 1 (agent steps: half the environment steps)",
-        (
-            "algo=tdmpc2",
-            f"task={task}",
-            "model_size=1",
-            "world_size=1",
-            "steps=50000",
-            "eval_freq=10000",
-            "eval_episodes=4",
-            "checkpoint_freq=2500",
-            "checkpoint_buffer=true",
-        ),
-        (reference,),
-        TDMPC2_NOTE,
-        long=True,
-    )
+    if task in TDMPC2_CPU_TASKS:
+        ROWS[f"tdmpc2-{task}"] = Row(
+            f"TD-MPC2, {task}, model_size 1 (agent steps: half the environment steps)",
+            (
+                "algo=tdmpc2",
+                f"task={task}",
+                "model_size=1",
+                "world_size=1",
+                "steps=50000",
+                "eval_freq=10000",
+                "eval_episodes=4",
+                "checkpoint_freq=2500",
+                "checkpoint_buffer=true",
+            ),
+            (reference,),
+            TDMPC2_NOTE,
+            long=True,
+        )
     ROWS[f"tdmpc2-{task}-gpu"] = Row(
         f"TD-MPC2, {task}, model_size 5, one GPU (agent steps: half the environment steps)",
         (
@@ -427,7 +439,7 @@ for task, published in TDMPC2_TASKS.items():
             "checkpoint_buffer=true",
         ),
         (reference,),
-        TDMPC2_GPU_NOTE,
+        TDMPC2_GPU_NOTE + TDMPC2_GPU_RUNS.get(task, ""),
         long=True,
     )
 
@@ -846,17 +858,21 @@ def not_yet() -> list[str]:
         "(simple_spread, one of them and a ddprl run; 92 min beside another EPyMARL run and a TD-MPC2 run) and "
         "90 and 98 min (rware-tiny: one beside a ddprl run; one beside two TD-MPC2 runs and the test suite)."
     )
+    csv = ", ".join(f"{task} {' / '.join(f'{v:g}' for v in values)}" for task, values in TDMPC2_TASKS.items())
+    gpu_rows = {task: f"tdmpc2-{task}-gpu" for task in TDMPC2_TASKS}
+    gpu_seeds = ", ".join(
+        f"{task} {len(kept_seeds(RUNS / name, name, ROWS[name].command(), 3))}" for task, name in gpu_rows.items()
+    )
     tdmpc2_missing = (
         "TD-MPC2 at 100k environment steps (50k agent steps, action repeat 2) against the official per-task CSVs "
-        "(github.com/nicklashansen/tdmpc2, `results/tdmpc2/`, 3 seeds, at 100k: cartpole-swingup 789.8 / 867.9 / "
-        "860.5, reacher-easy 972.8 / 977.9 / 859.9, finger-spin 985.6 / 937.3 / 919.6): at model_size 1 this CPU "
-        "makes about 2.5 agent steps per second on a core (docs/benchmarks.md), about 6 hours per seed, so the "
-        "cartpole-swingup row trains across sittings, two seeds at once, each going on from its checkpoint and "
-        "replay buffer (`run.py tdmpc2-cartpole-swingup --seeds 3 --jobs 2 --resume`; its row above says how far "
-        "each seed got); reacher-easy and finger-spin are not started. On a GPU the CSVs' own model trains a seed "
-        "in about 11 min (the row 'model_size 5, one GPU': seed 1 on an H200 ended at 873.3), but a session gets "
-        "15 min of a GPU when it gets one at all, so its seeds 2 and 3 wait for later sessions. "
-        "docs/benchmarks.md has a 30k-step cartpole-swingup run on 2 ranks."
+        f"(github.com/nicklashansen/tdmpc2, `results/tdmpc2/`, 3 seeds, at 100k: {csv}): at model_size 1 this "
+        "CPU makes about 2.5 agent steps per second on a core (docs/benchmarks.md), about 6 hours per seed, so "
+        "the CPU carries cartpole-swingup only: its row trains across sittings, two seeds at once, each going on "
+        "from its checkpoint and replay buffer (`run.py tdmpc2-cartpole-swingup --seeds 3 --jobs 2 --resume`; "
+        "its row above says how far each seed got). On a GPU the CSVs' own model trains a seed in about 11 min "
+        "(the rows 'model_size 5, one GPU'), but a session gets 15 min of a GPU when it gets one at all, about "
+        f"one seed: seeds kept so far of 3, {gpu_seeds}. docs/benchmarks.md has a 30k-step cartpole-swingup "
+        "run on 2 ranks."
     )
     return [
         "",
@@ -1057,7 +1073,7 @@ def train_and_keep(
         finally:
             LIVE_RUNS.discard(proc)
         progress = keep.parent / IN_PROGRESS / keep.name
-        if work is not None:
+        if work is not None and work.is_dir():  # a run refused at its start (exit 2) made no directory
             (work / SITTINGS).write_text(json.dumps([*sittings(work), round(time.time() - start, 1)]) + "\n")
             if code == 75:
                 keep_run(run_dir, progress, SITTINGS)  # how far it got, on the page until the seed ends
