@@ -25,6 +25,10 @@ finished seed is kept as any other (its in-progress copy removed)::
     python benchmarks/results/run.py tdmpc2-cartpole-swingup --seeds 3 --jobs 2 --resume   # again each sitting
     kill -TERM <its pid>                                                                    # at a sitting's end
 
+GPU rows (``tdmpc2-<task>-gpu``: ``device=cuda``) are long rows too, trained on a GPU machine by
+``bash benchmarks/gpu_session.sh results`` (their missing seeds, in order, as far as its time goes);
+the summary names the GPU with the machine.
+
 Peer rows (``jax-cartpole``, ``jax-acrobot``) run another library here, on the same machine:
 per seed, PureJaxRL's own PPO, then ddprl ``engine=jax`` on 1 and on 2 simulated CPU devices,
 then ddprl ``engine=torch`` (2 ranks), all with the hyperparameters of PureJaxRL's ``ppo.py``. PureJaxRL
