@@ -167,6 +167,7 @@ def _bad(tmp_path, args, message, devices=4):
         (["algo=qmix"], r"algo=qmix has no engine=jax; it runs on engine=torch"),
         (["engine=jaxx"], r"unknown engine 'jaxx' \(did you mean jax\?\); choose from torch, jax"),
         (["precision=bf16"], r"engine=jax trains in fp32 only"),
+        (["precision=tf32"], r"engine=jax trains in fp32 only"),
         (["batch_size=4096"], r"batch_size=4096 is larger than the per-device rollout"),
         (["minibatches=3"], r"minibatches=3 does not divide the rollout of each rank \(or JAX device\), 512 samples"),
         (["env_kwargs={gravity_x: 1}"], r"env_kwargs \['gravity_x'\] are not parameters of CartPole-v1"),

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import cli_env, run_cli
 
 from ddprl.checkpoint import strip_prefixes
+from ddprl.config import load_config
 from ddprl.metrics import read_metrics
-from ddprl.runtime import free_port
+from ddprl.runtime import free_port, launch
 from ddprl.runtime.compat import COMPILED_PREFIX
+from ddprl.runtime.launch import float32_matmuls
 
 # 8 envs x 64 steps = 512 global steps per iteration: quick iterations for quick tests.
 FAST = ["n_steps=64", "batch_size=64", "epochs=2", "progress=false", "eval_episodes=2", "dist_timeout=120"]
@@ -310,6 +314,57 @@ def test_continuous_actions_and_mixed_precision(tmp_path):
     assert -200 * (math.pi**2 + 0.1 * 64 + 0.001 * 4) <= final["eval/return_mean"] <= 0
     rms = torch.load(tmp_path / "p" / "checkpoints" / "latest.pt", weights_only=True)["state"]["obs_rms"]
     assert rms["count"].item() == 1024  # both ranks' observations, counted once each
+
+
+def test_tf32_trains_on_a_cpu_exactly_as_fp32(tmp_path):
+    """precision=tf32 changes nothing on a CPU (its TF32 matrix products are a CUDA setting): the
+    same seed gives the same weights as fp32, bit for bit."""
+    weights = {}
+    for precision in ("fp32", "tf32"):
+        run_dir = tmp_path / precision
+        keys = ["task=CartPole-v1", "world_size=1", "steps=512", f"precision={precision}", f"run_dir={run_dir}"]
+        res = run_cli(["train", *keys, *FAST], cwd=tmp_path)
+        assert res.returncode == 0, res.stderr[-3000:]
+        weights[precision] = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)["state"]["model"]
+    assert weights["fp32"].keys() == weights["tf32"].keys()
+    assert all(torch.equal(weights["fp32"][k], weights["tf32"][k]) for k in weights["fp32"])
+
+
+def test_tf32_is_set_for_cuda_ranks_only():
+    """The process setting behind precision=tf32 (no GPU needed to set it: it is read when a CUDA
+    matrix product runs): made for a CUDA device, never for a CPU, never for the other precisions."""
+    before = torch.get_float32_matmul_precision()
+    try:
+        for precision, device in (("tf32", "cpu"), ("fp32", "cuda"), ("bf16", "cuda")):
+            float32_matmuls(precision, torch.device(device))
+            assert torch.get_float32_matmul_precision() == "highest", (precision, device)
+        float32_matmuls("tf32", torch.device("cuda"))
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def report_matmul_precision(rt, cfg, out):
+    (Path(out) / f"rank{rt.rank}.txt").write_text(torch.get_float32_matmul_precision())
+
+
+@pytest.mark.parametrize(
+    "device, expected",
+    [
+        ("cpu", "highest"),
+        pytest.param(
+            "cuda",
+            "high",
+            marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")],
+        ),
+    ],
+)
+def test_tf32_reaches_the_ranks_of_a_launched_job(tmp_path, device, expected):
+    """Each rank of a job with precision=tf32 runs its float32 matrix products in TF32 on CUDA
+    ("high") and in full fp32 on a CPU ("highest"): the setting is made where the rank starts."""
+    cfg = load_config(["task=CartPole-v1", "world_size=1", f"device={device}", "precision=tf32", "dist_timeout=120"])
+    launch(functools.partial(report_matmul_precision, out=str(tmp_path)), cfg)
+    assert (tmp_path / "rank0.txt").read_text() == expected
 
 
 def test_console_script_installed():

@@ -8,8 +8,9 @@ import torch
 
 
 def autocast_context(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    """Mixed precision for forward passes: bf16/fp16 autocast, or nothing for fp32."""
-    if precision == "fp32":
+    """Mixed precision for forward passes: bf16/fp16 autocast, or nothing for fp32 and tf32 (whose
+    TF32 matrix products are a process setting: :func:`ddprl.runtime.launch.float32_matmuls`)."""
+    if precision in ("fp32", "tf32"):
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
 

@@ -70,7 +70,10 @@ class JobConfig:
     # -- optimisation -----------------------------------------------------------------------
     batch_size: int = key("samples per update on each rank", 256)
     sync_freq: int = key("all-reduce gradients every k updates (accumulate locally in between)", 1)
-    precision: str = key("fp32 | bf16 | fp16 (fp16 uses a gradient scaler)", "fp32")
+    precision: str = key(
+        "fp32 | tf32 (fp32 with TF32 matrix products on CUDA; fp32 on a CPU) | bf16 | fp16 (with a gradient scaler)",
+        "fp32",
+    )
     compile: bool = key(
         "torch.compile the hot paths (each algorithm's guide says which; CUDA graphs on one GPU)", False
     )
@@ -98,7 +101,8 @@ class JobConfig:
         _check(self.dist_timeout > 0, f"dist_timeout={self.dist_timeout} must be > 0")
         _check(self.keep_last >= 0, f"keep_last={self.keep_last} must be >= 0 (0 keeps every checkpoint)")
         _check(
-            self.precision in ("fp32", "bf16", "fp16"), f"precision={self.precision!r} is not one of fp32, bf16, fp16"
+            self.precision in ("fp32", "tf32", "bf16", "fp16"),
+            f"precision={self.precision!r} is not one of fp32, tf32, bf16, fp16",
         )
         _check(self.device in ("auto", "cpu", "cuda"), f"device={self.device!r} is not one of auto, cpu, cuda")
         _check(self.backend in ("auto", "nccl", "gloo"), f"backend={self.backend!r} is not one of auto, nccl, gloo")
