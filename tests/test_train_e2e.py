@@ -336,9 +336,9 @@ def test_tf32_is_set_for_cuda_ranks_only():
     before = torch.get_float32_matmul_precision()
     try:
         for precision, device in (("tf32", "cpu"), ("fp32", "cuda"), ("bf16", "cuda")):
-            float32_matmuls(precision, torch.device(device))
+            assert float32_matmuls(precision, torch.device(device)) == "highest"
             assert torch.get_float32_matmul_precision() == "highest", (precision, device)
-        float32_matmuls("tf32", torch.device("cuda"))
+        assert float32_matmuls("tf32", torch.device("cuda")) == "highest"  # what the rank restores at its end
         assert torch.get_float32_matmul_precision() == "high"
     finally:
         torch.set_float32_matmul_precision(before)
@@ -361,10 +361,13 @@ def report_matmul_precision(rt, cfg, out):
 )
 def test_tf32_reaches_the_ranks_of_a_launched_job(tmp_path, device, expected):
     """Each rank of a job with precision=tf32 runs its float32 matrix products in TF32 on CUDA
-    ("high") and in full fp32 on a CPU ("highest"): the setting is made where the rank starts."""
+    ("high") and in full fp32 on a CPU ("highest"): the setting is made where the rank starts, and
+    undone where it ends (one rank runs in the calling process: a notebook's next job is unchanged)."""
+    before = torch.get_float32_matmul_precision()
     cfg = load_config(["task=CartPole-v1", "world_size=1", f"device={device}", "precision=tf32", "dist_timeout=120"])
     launch(functools.partial(report_matmul_precision, out=str(tmp_path)), cfg)
     assert (tmp_path / "rank0.txt").read_text() == expected
+    assert torch.get_float32_matmul_precision() == before
 
 
 def test_console_script_installed():

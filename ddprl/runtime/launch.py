@@ -167,7 +167,7 @@ def _run_rank(placement: Placement, fn: Callable, cfg: Any, dist_timeout: float)
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
     rt = Runtime(placement, dist_timeout)
-    float32_matmuls(getattr(cfg, "precision", "fp32"), rt.device)
+    matmuls_before = float32_matmuls(getattr(cfg, "precision", "fp32"), rt.device)
     try:
         result = fn(rt, cfg)
         # Leave together: no rank tears its process group down while a peer still has a
@@ -189,17 +189,21 @@ def _run_rank(placement: Placement, fn: Callable, cfg: Any, dist_timeout: float)
         raise
     finally:
         rt.close()
+        torch.set_float32_matmul_precision(matmuls_before)  # one rank runs in the caller's process
         preemption.restore_handlers(previous_handlers)
 
 
-def float32_matmuls(precision: str, device: torch.device) -> None:
+def float32_matmuls(precision: str, device: torch.device) -> str:
     """``precision=tf32`` on CUDA: float32 matrix products on TF32 tensor cores (inputs rounded to
     10 mantissa bits, sums in fp32; TD-MPC2 at model_size 5 made 135 agent steps/s on an H100
     against 112-125 in fp32). A process-wide setting, so it is made here, once per rank, and never
     on a CPU, where the same setting may pick oneDNN kernels that round through bf16: tf32 trains
-    on a CPU exactly as fp32 does."""
+    on a CPU exactly as fp32 does. Other precisions leave the process's setting as it is. Returns
+    the setting before, which the rank restores as it ends."""
+    before = torch.get_float32_matmul_precision()
     if precision == "tf32" and device.type == "cuda":
         torch.set_float32_matmul_precision("high")
+    return before
 
 
 def launch(fn: Callable[[Runtime, Any], Any], cfg: Any) -> Any:
