@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 5])
     parser.add_argument("--devices", nargs="+", default=["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
     parser.add_argument("--compile", nargs="+", default=["off"], choices=["off", "on", "whole"])
-    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"])
     parser.add_argument("--updates", type=int, default=20, help="timed updates per configuration")
     parser.add_argument("--acts", type=int, default=20, help="timed MPPI acts per configuration")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch intra-op threads on CPU")
