@@ -860,7 +860,7 @@ def not_yet() -> list[str]:
         "ddprl run sharing the Intel machine's 2 cores), 71 min (2s-8x8, three of them alone), 84 to 87 min (10x10, "
         "two of them and a ddprl run, or one beside another EPyMARL run and a TD-MPC2 run), 53 to 59 min "
         "(simple_spread, one of them and a ddprl run; 92 min beside another EPyMARL run and a TD-MPC2 run) and "
-        "90 and 98 min (rware-tiny: one beside a ddprl run; one beside two TD-MPC2 runs and the test suite)."
+        "85 to 98 min (rware-tiny: 90 beside a ddprl run; 98 and 85 beside two TD-MPC2 runs and the test suite)."
     )
     csv = ", ".join(f"{task} {' / '.join(f'{v:g}' for v in values)}" for task, values in TDMPC2_TASKS.items())
     gpu_rows = {task: f"tdmpc2-{task}-gpu" for task in TDMPC2_TASKS}
