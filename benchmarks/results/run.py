@@ -127,6 +127,10 @@ class Row:
     def command(self) -> str:
         return "ddprl train " + " ".join(self.keys)
 
+    def key(self, name: str) -> str | None:
+        """The value the row gives ``name`` (None where it leaves ddprl's default)."""
+        return dict(key.split("=", 1) for key in self.keys).get(name)
+
 
 METRIC_NAMES = {EVAL: "evaluation return", TRAIN: "training episodes' return"}
 CLEANRL = (
@@ -863,9 +867,10 @@ def not_yet() -> list[str]:
         "85 to 98 min (rware-tiny: 90 beside a ddprl run; 98 and 85 beside two TD-MPC2 runs and the test suite)."
     )
     csv = ", ".join(f"{task} {' / '.join(f'{v:g}' for v in values)}" for task, values in TDMPC2_TASKS.items())
-    gpu_rows = {task: f"tdmpc2-{task}-gpu" for task in TDMPC2_TASKS}
     gpu_seeds = ", ".join(
-        f"{task} {len(kept_seeds(RUNS / name, name, ROWS[name].command(), 3))}" for task, name in gpu_rows.items()
+        f"{row.key('task')} {len(kept_seeds(RUNS / name, name, row.command(), 3))}"
+        for name, row in ROWS.items()
+        if row.key("device") == "cuda"
     )
     tdmpc2_missing = (
         "TD-MPC2 at 100k environment steps (50k agent steps, action repeat 2) against the official per-task CSVs "
@@ -1539,14 +1544,14 @@ def by_machine(summary: dict) -> dict[str, list[dict]]:
     return groups
 
 
-def wall_per_seed(summary: dict) -> str:
-    """The mean wall time per seed, on each machine apart when the seeds ran on several."""
+def wall_per_seed(summary: dict, name_machine: bool = False) -> str:
+    """The mean wall time per seed, on each machine apart when the seeds ran on several, and with
+    its machine's name where ``name_machine`` (a GPU row's: the CPU rows' machine is the page's)."""
     groups = by_machine(summary)
     walls = {machine: statistics.mean(s["wall_s"] for s in seeds) / 60 for machine, seeds in groups.items()}
     if len(walls) == 1:
         machine, wall = next(iter(walls.items()))
-        on_gpu = f" ({short_machine(machine)})" if machine.startswith("NVIDIA") else ""  # the CPU rows' is the page's
-        return f"{wall:.1f} min{on_gpu}"
+        return f"{wall:.1f} min" + (f" ({short_machine(machine)})" if name_machine else "")
     return "; ".join(f"{wall:.1f} min ({short_machine(machine)})" for machine, wall in walls.items())
 
 
@@ -1663,7 +1668,7 @@ def page() -> str:
         seeds = summary["seeds"]
         peer = epymarl_runs(row)
         image = draw(name, row, peer).relative_to(PAGE.parent)
-        wall = wall_per_seed(summary)
+        wall = wall_per_seed(summary, name_machine=row.key("device") == "cuda")
         for i, ref in enumerate(row.references):
             ours = [s["at_reference"][i] for s in seeds if s["at_reference"][i] is not None]
             lines.append(
@@ -1724,7 +1729,7 @@ def page() -> str:
 
 def progress_line(row: Row, partial: list[dict]) -> str:
     """The page's line for a long row's seeds still part-way (:func:`in_progress`)."""
-    total = int(dict(key.split("=", 1) for key in row.keys)["steps"])
+    total = int(row.key("steps"))
 
     def seed(s: dict) -> str:
         evals = ", ".join(f"{value:.{row.digits}f} at {step:,}" for step, value in s["evals"]) or "none yet"
