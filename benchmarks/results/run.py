@@ -401,8 +401,11 @@ TDMPC2_GPU_RUNS = {  # how each task's GPU seeds went, where the row's note has 
         "after 75 s, the compile and 2,500 pretraining updates included) and was stopped there with a "
         "checkpoint; a second command at once on the same machine resumed it and ended it (about 2 min, "
         "compiling again from warm caches): 11.0 min in all, 124 to 130 agent steps/s between evaluations (an "
-        "H100 made 112 to 125 in the speed benchmark, docs/benchmarks.md). Seed 2 was cut at 7,391 steps when "
-        "the session's device time ran out."
+        "H100 made 112 to 125 in the speed benchmark, docs/benchmarks.md). Seeds 2 and 3 are not run "
+        "yet: a later session trained them side by side on one H200 (RESULTS_JOBS=2), 28,441 and 28,794 agent "
+        "steps in 8.6 min (in all about 1.3 times the agent steps/s of one seed alone, two thirds of it "
+        "each), stopped with checkpoints that went with the machine before the command that would have "
+        "finished them."
     ),
 }
 TDMPC2_CPU_TASKS = ("cartpole-swingup",)  # what 2 cores carry: some 6 h a seed (reacher-easy, finger-spin: GPU rows)
