@@ -388,12 +388,14 @@ TDMPC2_NOTE = (
     "their logs' timestamps (to about a minute each)."
 )
 TDMPC2_GPU_NOTE = (
-    "The CSVs' model (model_size 5, 5M parameters) on one GPU, compiled (`compile=true`, fp32), one seed at "
-    "a time: `bash benchmarks/gpu_session.sh results` trains the next seeds of these GPU rows in order, in "
-    "device commands of 10 min at most; a seed stopped by a command's end goes on from its checkpoint when "
-    "the phase runs again at once on the same machine, and starts afresh in a later session (its checkpoint "
-    "goes with the machine). A GPU session's 15 min of device time trains about one seed. Evaluation: 10 "
-    "episodes every 10,000 agent steps, as the official code plays. Steps are agent steps (action repeat 2)."
+    "The CSVs' model (model_size 5, 5M parameters) on one GPU, compiled (`compile=true`), in fp32 (the "
+    "official training script has turned TF32 on since September 2024; the CSVs were committed before "
+    "that), one seed at a time: `bash benchmarks/gpu_session.sh results` trains the next seeds of these "
+    "GPU rows in order, in device commands of 10 min at most; a seed stopped by a command's end goes on "
+    "from its checkpoint when the phase runs again at once on the same machine, and starts afresh in a "
+    "later session (its checkpoint goes with the machine). A GPU session's 15 min of device time trains "
+    "about one seed. Evaluation: 10 episodes every 10,000 agent steps, as the official code plays. Steps "
+    "are agent steps (action repeat 2)."
 )
 TDMPC2_GPU_RUNS = {  # how each task's GPU seeds went, where the row's note has more to say than its numbers
     "cartpole-swingup": (
