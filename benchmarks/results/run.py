@@ -22,8 +22,11 @@ so far are kept in ``runs/<row>/in_progress/seed<K>/`` (committed: the page show
 got, and draws it); the same command with ``--resume`` goes on from each seed's checkpoint, and a
 finished seed is kept as any other (its in-progress copy removed)::
 
-    python benchmarks/results/run.py tdmpc2-cartpole-swingup --seeds 3 --jobs 2 --resume   # again each sitting
+    python benchmarks/results/run.py tdmpc2-cartpole-swingup --seeds 3 --jobs 3 --resume   # again each sitting
     kill -TERM <its pid>                                                                    # at a sitting's end
+
+(``--jobs 3`` on 2 cores: the three seeds share them and end about together, where two at a
+time would leave the last seed alone on one core.)
 
 GPU rows (``tdmpc2-<task>-gpu``: ``device=cuda``) are long rows too, trained on a GPU machine by
 ``bash benchmarks/gpu_session.sh results`` (their missing seeds, in order, as far as its time goes);
@@ -881,8 +884,8 @@ def not_yet() -> list[str]:
         "TD-MPC2 at 100k environment steps (50k agent steps, action repeat 2) against the official per-task CSVs "
         f"(github.com/nicklashansen/tdmpc2, `results/tdmpc2/`, 3 seeds, at 100k: {csv}): at model_size 1 this "
         "CPU makes about 2.5 agent steps per second on a core (docs/benchmarks.md), about 6 hours per seed, so "
-        "the CPU carries cartpole-swingup only: its row trains across sittings, two seeds at once, each going on "
-        "from its checkpoint and replay buffer (`run.py tdmpc2-cartpole-swingup --seeds 3 --jobs 2 --resume`; "
+        "the CPU carries cartpole-swingup only: its row trains across sittings, its seeds at once, each going on "
+        "from its checkpoint and replay buffer (`run.py tdmpc2-cartpole-swingup --seeds 3 --jobs 3 --resume`; "
         "its row above says how far each seed got). On a GPU the CSVs' own model trains a seed in about 11 min "
         "(the rows 'model_size 5, one GPU'), but a session gets 15 min of a GPU when it gets one at all, about "
         f"one seed: seeds kept so far of 3, {gpu_seeds}. docs/benchmarks.md has a 30k-step cartpole-swingup "
