@@ -25,8 +25,9 @@ finished seed is kept as any other (its in-progress copy removed)::
     python benchmarks/results/run.py tdmpc2-cartpole-swingup --seeds 3 --jobs 3 --resume   # again each sitting
     kill -TERM <its pid>                                                                    # at a sitting's end
 
-(``--jobs 3`` on 2 cores: the three seeds share them and end about together, where two at a
-time would leave the last seed alone on one core.)
+(``--jobs 3`` on 2 cores: the last seed starts now rather than when another ends, and the row
+waits for it alone: its process keeps a core to itself while the others, at ``renice 10``,
+share the second.)
 
 GPU rows (``tdmpc2-<task>-gpu``: ``device=cuda``) are long rows too, trained on a GPU machine by
 ``bash benchmarks/gpu_session.sh results`` (their missing seeds, in order, as far as its time goes);
