@@ -129,8 +129,16 @@ def figure(runs: dict[str, list[dict[str, Any]]], keys: list[str], x: str = "ste
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: compact(v)))
         ax.yaxis.set_major_formatter(FuncFormatter(functools.partial(_y_tick, ax)))
         ax.grid(alpha=0.3)
-    fig.legend(list(handles.values()), list(handles), loc="outside upper center", ncol=min(4, len(handles)))
+    fig.legend(list(handles.values()), list(handles), loc="outside upper center", ncol=legend_columns(fig, handles))
     return fig
+
+
+def legend_columns(fig: Any, labels: Any) -> int:
+    """Up to 4 legend entries a row, fewer where long names would run past the figure's edges
+    (a 10-point character is ~0.076 inch wide; a handle and the gaps ~0.6 inch an entry)."""
+    longest = max((len(label) for label in labels), default=1)
+    fits = int(fig.get_figwidth() // (0.076 * longest + 0.6))
+    return max(1, min(4, len(labels), fits))
 
 
 def _y_tick(ax: Any, value: float, _pos: Any) -> str:

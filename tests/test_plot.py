@@ -11,7 +11,7 @@ import pytest
 from conftest import run_cli
 
 from ddprl.errors import UsageError
-from ddprl.plot import compact, default_keys, figure, load_runs, parse_plot_args, plot_runs, y_label
+from ddprl.plot import compact, default_keys, figure, legend_columns, load_runs, parse_plot_args, plot_runs, y_label
 
 
 def write_run(run_dir, records):
@@ -284,3 +284,14 @@ def test_a_run_kept_gzipped_reads_and_draws_as_the_plain_one(two_runs, tmp_path)
     (packed / "metrics.jsonl.gz").unlink()
     with pytest.raises(UsageError, match="has no metrics.jsonl"):
         load_runs([packed])
+
+
+def test_long_run_names_wrap_the_legend_onto_more_rows():
+    """Three runs named 'seedK, in progress' on a one-panel figure (4.8 inches) ran past both
+    edges in one row of three; short names still share one row."""
+    from matplotlib.figure import Figure  # matplotlib: an extra, imported where a test needs it
+
+    fig = Figure(figsize=(4.8, 3.4))
+    assert legend_columns(fig, [f"seed{k}, in progress" for k in (1, 2, 3)]) == 2
+    assert legend_columns(fig, ["seed1", "seed2", "seed3"]) == 3
+    assert legend_columns(Figure(figsize=(9.6, 3.4)), [f"seed{k}, in progress" for k in (1, 2, 3)]) == 3
