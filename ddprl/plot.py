@@ -12,6 +12,7 @@ import difflib
 import functools
 import json
 import math
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +134,7 @@ def figure(runs: dict[str, list[dict[str, Any]]], keys: list[str], x: str = "ste
     return fig
 
 
-def legend_columns(fig: Any, labels: Any) -> int:
+def legend_columns(fig: Any, labels: Collection[str]) -> int:
     """Up to 4 legend entries a row, fewer where long names would run past the figure's edges
     (a 10-point character is ~0.076 inch wide; a handle and the gaps ~0.6 inch an entry)."""
     longest = max((len(label) for label in labels), default=1)

@@ -26,8 +26,8 @@ finished seed is kept as any other (its in-progress copy removed)::
     kill -TERM <its pid>                                                                    # at a sitting's end
 
 (``--jobs 3`` on 2 cores: the last seed starts now rather than when another ends, and the row
-waits for it alone: its process keeps a core to itself while the others, at ``renice 10``,
-share the second.)
+waits for it alone: renice the others to 10 by hand (``renice -n 10 -p PID``; this script leaves
+priorities alone) and it keeps a core to itself while they share the second.)
 
 GPU rows (``tdmpc2-<task>-gpu``: ``device=cuda``) are long rows too, trained on a GPU machine by
 ``bash benchmarks/gpu_session.sh results`` (their missing seeds, in order, as far as its time goes);
@@ -407,7 +407,7 @@ TDMPC2_GPU_RUNS = {  # how each task's GPU seeds went, where the row's note has 
         "after 75 s, the compile and 2,500 pretraining updates included) and was stopped there with a "
         "checkpoint; a second command at once on the same machine resumed it and ended it (about 2 min, "
         "compiling again from warm caches): 11.0 min in all, 124 to 130 agent steps/s between evaluations (an "
-        "H100 made 112 to 125 in the speed benchmark, docs/benchmarks.md). Seeds 2 and 3 are not run "
+        "H100 made 112 to 125 in the speed benchmark, docs/benchmarks.md). Seeds 2 and 3 are not kept "
         "yet: a later session trained them side by side on one H200 (RESULTS_JOBS=2), 28,441 and 28,794 agent "
         "steps in 8.6 min (in all about 1.3 times the agent steps/s of one seed alone, two thirds of it "
         "each), stopped with checkpoints that went with the machine before the command that would have "
