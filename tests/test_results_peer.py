@@ -524,6 +524,45 @@ def test_a_long_row_part_way_shows_how_far_each_seed_got(run, tmp_path, monkeypa
     assert (tmp_path / "images" / f"{row}.png").exists()
 
 
+def test_a_long_row_whose_checkpoint_is_gone_keeps_the_lost_attempt_and_shows_both(run, tmp_path, monkeypatch):
+    """A sitting on a new machine finds a seed's in-progress record but no checkpoint (the work
+    directory is not committed): the record moves to ``lost/`` (a second loss beside the first)
+    rather than being overwritten by the fresh start, and the page shows both attempts apart."""
+    row = "tdmpc2-cartpole-swingup"
+    out, work = tmp_path / "runs" / row, tmp_path / "work" / "seed1"
+
+    def record(folder: str, rows: list[tuple[int, float, float | None]], walls: list[float]) -> None:
+        keep = out / folder / "seed1"
+        keep.mkdir(parents=True)
+        lines = [{"step": step, "wall_time": wall, **({run.EVAL: ev} if ev else {})} for step, wall, ev in rows]
+        (keep / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        (keep / run.SITTINGS).write_text(json.dumps(walls))
+
+    assert run.set_aside_lost(out, 1, work) is None  # nothing recorded: nothing to set aside
+    record(run.IN_PROGRESS, [(10000, 3600.0, 277.9), (40000, 9000.0, 819.5)], [30600.0])
+    (work / "checkpoints").mkdir(parents=True)
+    (work / "checkpoints" / "latest.pt").write_bytes(b"")
+    assert run.set_aside_lost(out, 1, work) is None  # its checkpoint is there: it goes on
+    (work / "checkpoints" / "latest.pt").unlink()
+    assert run.set_aside_lost(out, 1, work) == out / run.LOST / "seed1"
+    assert not (out / run.IN_PROGRESS).exists()
+    record(run.IN_PROGRESS, [(2500, 100.0, None)], [100.0])
+    assert run.set_aside_lost(out, 1, work) == out / run.LOST / "seed1-2"  # lost again: both kept
+
+    record(run.IN_PROGRESS, [(5000, 1800.0, None)], [1800.0])  # the third attempt, going on
+    monkeypatch.setattr(run, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(run, "IMAGES", tmp_path / "images")
+    monkeypatch.setattr(run, "PAGE", tmp_path / "results.md")
+    page = run.page()
+    assert "| not reached: 1 in progress, at 5,000; 2 lost, at 40,000 and 2,500 | 819.5 so far (seed 1, lost) |" in page
+    assert "seed 1 at 5,000 of 50,000 steps after 0.5 h of training, evaluations: none yet\n- lost (" in page
+    assert (
+        "seed 1 at 40,000 of 50,000 steps after 8.5 h of training, evaluations: 277.9 at 10,000, 819.5 at 40,000; "
+        "seed 1 at 2,500 of 50,000 steps after 0.0 h of training, evaluations: none yet" in page
+    )
+    assert (tmp_path / "images" / f"{row}.png").exists()
+
+
 def test_a_stopped_long_row_keeps_the_seeds_that_finished_and_exits_75(run, tmp_path, monkeypatch):
     """Seeds run ``jobs`` at once; one stopped with its checkpoint leaves the others kept, starts no
     further seed, and run.py exits 75 (as ddprl does); each kept seed says how many ran beside it."""

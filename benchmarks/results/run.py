@@ -22,12 +22,14 @@ so far are kept in ``runs/<row>/in_progress/seed<K>/`` (committed: the page show
 got, and draws it); the same command with ``--resume`` goes on from each seed's checkpoint, and a
 finished seed is kept as any other (its in-progress copy removed)::
 
-    python benchmarks/results/run.py tdmpc2-cartpole-swingup --seeds 3 --jobs 3 --resume   # again each sitting
+    python benchmarks/results/run.py tdmpc2-cartpole-swingup --seeds 3 --jobs 2 --resume   # again each sitting
     kill -TERM <its pid>                                                                    # at a sitting's end
 
-(``--jobs 3`` on 2 cores: the last seed starts now rather than when another ends, and the row
-waits for it alone: renice the others to 10 by hand (``renice -n 10 -p PID``; this script leaves
-priorities alone) and it keeps a core to itself while they share the second.)
+(``--jobs 2`` on 2 cores: a seed to each core, the third when one ends. ``--jobs 3`` finishes the
+row about as soon, but keeps no seed until near its end.) The work directory does not outlive its
+machine: a sitting on a new one finds a seed's in-progress record and no checkpoint, moves the
+record to ``runs/<row>/lost/seed<K>`` (kept and drawn: what that attempt measured) and starts the
+seed again.
 
 GPU rows (``tdmpc2-<task>-gpu``: ``device=cuda``) are long rows too, trained on a GPU machine by
 ``bash benchmarks/gpu_session.sh results`` (their missing seeds, in order, as far as its time goes);
@@ -94,6 +96,7 @@ ROOT = HERE.parents[1]
 RUNS = HERE / "runs"
 WORK = HERE / "work"  # long rows' runs in progress, between sittings (git-ignored): checkpoints, replay buffers
 IN_PROGRESS = "in_progress"  # RUNS/<row>/in_progress/seed<K>: a long row's seed as its last sitting left it (kept)
+LOST = "lost"  # RUNS/<row>/lost/seed<K>[-N]: a long row's seed whose checkpoint went with its machine: how far it got
 SITTINGS = "sittings.json"  # a long row's run: the wall time of each sitting's `ddprl train` (start-up included)
 PAGE = ROOT / "docs" / "results.md"
 IMAGES = ROOT / "docs" / "results"
@@ -885,9 +888,10 @@ def not_yet() -> list[str]:
         "TD-MPC2 at 100k environment steps (50k agent steps, action repeat 2) against the official per-task CSVs "
         f"(github.com/nicklashansen/tdmpc2, `results/tdmpc2/`, 3 seeds, at 100k: {csv}): at model_size 1 this "
         "CPU makes about 2.5 agent steps per second on a core (docs/benchmarks.md), about 6 hours per seed, so "
-        "the CPU carries cartpole-swingup only: its row trains across sittings, its seeds at once, each going on "
-        "from its checkpoint and replay buffer (`run.py tdmpc2-cartpole-swingup --seeds 3 --jobs 3 --resume`; "
-        "its row above says how far each seed got). On a GPU the CSVs' own model trains a seed in about 11 min "
+        "the CPU carries cartpole-swingup only: its row trains across sittings, two seeds at once, each going on "
+        "from its checkpoint and replay buffer (`run.py tdmpc2-cartpole-swingup --seeds 3 --jobs 2 --resume`; "
+        "its row above says how far each seed got, and how far a first attempt got before its checkpoints went "
+        "with the machine they were on). On a GPU the CSVs' own model trains a seed in about 11 min "
         "(the rows 'model_size 5, one GPU'), but a session gets 15 min of a GPU when it gets one at all, about "
         f"one seed: seeds kept so far of 3, {gpu_seeds}. docs/benchmarks.md has a 30k-step cartpole-swingup "
         "run on 2 ranks."
@@ -1125,15 +1129,36 @@ def keep_run(run_dir: Path, keep: Path, *more: str) -> None:
     pack(keep)
 
 
-def in_progress(name: str) -> list[dict]:
+def in_progress(name: str, folder: str = IN_PROGRESS) -> list[dict]:
     """A long row's seeds stopped part-way, as each one's last sitting left it: its seed, last step,
-    evaluations so far and training time so far (the sum of its sittings)."""
+    evaluations so far and training time so far (the sum of its sittings). ``folder=LOST``: the
+    attempts set aside by :func:`set_aside_lost` instead."""
     seeds = []
-    for keep in sorted((RUNS / name / IN_PROGRESS).glob("seed*")):
+    for keep in sorted((RUNS / name / folder).glob("seed*")):
         rows = read_rows(keep)
         wall = sum(sittings(keep))
-        seeds.append({"seed": int(keep.name[4:]), "step": rows[-1]["step"], "evals": curve(rows), "wall_s": wall})
+        seed = int(re.match(r"seed(\d+)", keep.name)[1])
+        seeds.append({"seed": seed, "step": rows[-1]["step"], "evals": curve(rows), "wall_s": wall})
     return seeds
+
+
+def set_aside_lost(out: Path, seed: int, work: Path) -> Path | None:
+    """Move a long row's in-progress record of ``seed`` to ``out/LOST/`` when ``work`` holds no
+    checkpoint to go on from (the work directory is not committed: a sitting on a new machine finds
+    none). The seed then starts again, and its fresh record would otherwise overwrite how far the
+    lost attempt got. Returns where the record went (None: nothing to set aside)."""
+    progress = out / IN_PROGRESS / f"seed{seed}"
+    if not progress.is_dir() or (work / "checkpoints" / "latest.pt").exists():
+        return None
+    lost = out / LOST / f"seed{seed}"
+    attempt = 2
+    while lost.exists():  # a seed lost twice keeps both
+        lost, attempt = out / LOST / f"seed{seed}-{attempt}", attempt + 1
+    lost.parent.mkdir(parents=True, exist_ok=True)
+    progress.rename(lost)
+    with contextlib.suppress(OSError):
+        progress.parent.rmdir()  # once empty
+    return lost
 
 
 def run_row(name: str, seeds: int, resume: bool = False, jobs: int = 1) -> dict:
@@ -1157,6 +1182,14 @@ def run_row(name: str, seeds: int, resume: bool = False, jobs: int = 1) -> dict:
         if work is not None and not resume:  # not resuming: no seed goes on from an earlier sitting either
             shutil.rmtree(work, ignore_errors=True)
             shutil.rmtree(out / IN_PROGRESS / f"seed{seed}", ignore_errors=True)
+            for lost in [*(out / LOST).glob(f"seed{seed}"), *(out / LOST).glob(f"seed{seed}-*")]:
+                shutil.rmtree(lost)
+        elif work is not None and (lost := set_aside_lost(out, seed, work)):
+            print(
+                f"{name} seed {seed}: no checkpoint in {work} to go on from: starts again; "
+                f"how far it got is kept in {lost.relative_to(ROOT)}",
+                flush=True,
+            )
         try:
             return train_and_keep(row.keys, seed, out / f"seed{seed}", f"{name} seed {seed}", work=work)
         except (SystemExit, Stopped):
@@ -1485,6 +1518,8 @@ def draw(name: str, row: Row, peer: dict | None = None) -> Path:
     runs = load_runs(sorted((RUNS / name).glob("seed*")))
     partial = load_runs(sorted((RUNS / name / IN_PROGRESS).glob("seed*")))
     runs.update({f"{label}, in progress": records for label, records in partial.items()})
+    lost = load_runs(sorted((RUNS / name / LOST).glob("seed*")))
+    runs.update({f"{label}, lost": records for label, records in lost.items()})
     metrics = [EVAL] + ([TRAIN] if any(ref.metric == TRAIN for ref in row.references) else [])
     fig = figure(runs, metrics)
     lines: dict[str, list] = {metric: [] for metric in metrics}
@@ -1643,24 +1678,36 @@ def page() -> str:
     details = []
     for name, row in ROWS.items():
         summary_path = RUNS / name / "summary.json"
-        partial = in_progress(name)
-        if not summary_path.exists() and partial:  # a long row whose seeds are all part-way
+        partial, lost = in_progress(name), in_progress(name, LOST)
+        if not summary_path.exists() and (partial or lost):  # a long row whose seeds are all part-way
             image = draw(name, row).relative_to(PAGE.parent)
-            best = max(((value, s["seed"]) for s in partial for _, value in s["evals"]), default=None)
-            best_cell = f"{best[0]:.{row.digits}f} so far (seed {best[1]})" if best else ""
-            where = " and ".join(f"{s['step']:,}" for s in partial)
+            best = max(
+                (
+                    (value, f"seed {s['seed']}{how}")
+                    for seeds, how in ((partial, ""), (lost, ", lost"))
+                    for s in seeds
+                    for _, value in s["evals"]
+                ),
+                default=None,
+            )
+            best_cell = f"{best[0]:.{row.digits}f} so far ({best[1]})" if best else ""
+            where = "; ".join(
+                f"{len(seeds)} {what}, at " + " and ".join(f"{s['step']:,}" for s in seeds)
+                for seeds, what in ((partial, "in progress"), (lost, "lost"))
+                if seeds
+            )
             for ref in row.references:
                 lines.append(
                     f"| {row.title} | {ref_cell(ref)} "
-                    f"| {ref.steps:,} | not reached: {len(partial)} in progress, at {where} | {best_cell} "
-                    f"| 0 | | [png]({image}) |"
+                    f"| {ref.steps:,} | not reached: {where} | {best_cell} | 0 | | [png]({image}) |"
                 )
             details += [
                 f"### {row.title}",
                 "",
                 f"- command: `{row.command()}` (+ `seed=K`)",
                 *([f"- reference: {'; '.join(r.source for r in row.references)}"] if row.references else []),
-                progress_line(row, partial),
+                *([progress_line(row, partial)] if partial else []),
+                *([lost_line(row, lost)] if lost else []),
                 *([f"- {row.note}"] if row.note else []),
                 "",
                 f"![{row.title}]({image})",
@@ -1717,6 +1764,8 @@ def page() -> str:
         ]
         if partial:
             details.append(progress_line(row, partial))
+        if lost:
+            details.append(lost_line(row, lost))
         if paper:
             d = row.digits
             details.append(
@@ -1738,18 +1787,27 @@ def page() -> str:
 
 def progress_line(row: Row, partial: list[dict]) -> str:
     """The page's line for a long row's seeds still part-way (:func:`in_progress`)."""
-    total = int(row.key("steps"))
-
-    def seed(s: dict) -> str:
-        evals = ", ".join(f"{value:.{row.digits}f} at {step:,}" for step, value in s["evals"]) or "none yet"
-        return (
-            f"seed {s['seed']} at {s['step']:,} of {total:,} steps after {s['wall_s'] / 3600:.1f} h of "
-            f"training, evaluations: {evals}"
-        )
-
     return (
         "- in progress (each seed as its last sitting left it, stopped with a checkpoint that `--resume` goes "
-        "on from; a seed leaves this line for the results when it ends): " + "; ".join(seed(s) for s in partial)
+        "on from; a seed leaves this line for the results when it ends): " + "; ".join(how_far(row, s) for s in partial)
+    )
+
+
+def lost_line(row: Row, lost: list[dict]) -> str:
+    """The page's line for a long row's attempts whose checkpoints were lost (:func:`set_aside_lost`)."""
+    return (
+        "- lost (a seed's earlier attempt, stopped with a checkpoint that went with the machine it was on: "
+        "checkpoints and replay buffers are not committed, so the seed started again; what it measured is "
+        "kept here and drawn, and counts for nothing above): " + "; ".join(how_far(row, s) for s in lost)
+    )
+
+
+def how_far(row: Row, seed: dict) -> str:
+    """One part-way seed (:func:`in_progress`): its step, training time and evaluations so far."""
+    evals = ", ".join(f"{value:.{row.digits}f} at {step:,}" for step, value in seed["evals"]) or "none yet"
+    return (
+        f"seed {seed['seed']} at {seed['step']:,} of {int(row.key('steps')):,} steps after "
+        f"{seed['wall_s'] / 3600:.1f} h of training, evaluations: {evals}"
     )
 
 
