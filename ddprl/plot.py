@@ -81,9 +81,16 @@ def plot_runs(
     return out
 
 
-def figure(runs: dict[str, list[dict[str, Any]]], keys: list[str], x: str = "step") -> Any:
+def figure(
+    runs: dict[str, list[dict[str, Any]]],
+    keys: list[str],
+    x: str = "step",
+    styles: dict[str, dict[str, Any]] | None = None,
+) -> Any:
     """The matplotlib Figure of ``keys`` of ``runs`` (``load_runs``) against ``x``; its ``axes``
-    are the subplots, in the order of ``keys``."""
+    are the subplots, in the order of ``keys``. ``styles``: a run's line keywords instead of the
+    defaults (``{"color": "C0", "linestyle": "--"}``: two attempts of one seed in one colour, say);
+    its spread band takes the line's colour."""
     from matplotlib.figure import Figure  # a bare Figure draws with Agg: no display, no global backend switch
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
@@ -101,6 +108,7 @@ def figure(runs: dict[str, list[dict[str, Any]]], keys: list[str], x: str = "ste
     handles = {}
     for ax, key in zip(axes, keys, strict=True):
         for i, (label, records) in enumerate(runs.items()):
+            style = {"color": f"C{i}", **(styles or {}).get(label, {})}
             points = sorted(
                 ((r[x] / scale, r[key], r.get("eval/return_std")) for r in records if key in r and x in r),
                 key=lambda p: p[0],
@@ -109,16 +117,15 @@ def figure(runs: dict[str, list[dict[str, Any]]], keys: list[str], x: str = "ste
                 continue
             xs, ys, stds = zip(*points, strict=True)
             # Few points (evaluations, a short run) get markers: a single point draws no line.
-            (handles[label],) = ax.plot(
-                xs, ys, color=f"C{i}", label=label, marker="o" if len(xs) <= 20 else None, markersize=3
-            )
+            marker = "o" if len(xs) <= 20 else None
+            (handles[label],) = ax.plot(xs, ys, label=label, marker=marker, markersize=3, **style)
             # The spread over eval episodes tells a real gain from a lucky evaluation.
             if key == "eval/return_mean" and all(s is not None for s in stds):
                 ax.fill_between(
                     xs,
                     [y - s for y, s in zip(ys, stds, strict=True)],
                     [y + s for y, s in zip(ys, stds, strict=True)],
-                    color=f"C{i}",
+                    color=style["color"],
                     alpha=0.2,
                     linewidth=0,
                 )

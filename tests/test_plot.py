@@ -295,3 +295,20 @@ def test_long_run_names_wrap_the_legend_onto_more_rows():
     assert legend_columns(fig, [f"seed{k}, in progress" for k in (1, 2, 3)]) == 2
     assert legend_columns(fig, ["seed1", "seed2", "seed3"]) == 3
     assert legend_columns(Figure(figsize=(9.6, 3.4)), [f"seed{k}, in progress" for k in (1, 2, 3)]) == 3
+
+
+def test_styles_give_a_run_its_line_and_band_colour(two_runs):
+    """A run named in ``styles`` draws with those line keywords (dashed, the other run's colour) and
+    its evaluation band in the same colour; the run not named keeps its default."""
+    from matplotlib.colors import to_rgba
+
+    runs = load_runs(list(two_runs))
+    styles = {"ppo-b": {"color": "C0", "linestyle": "--"}}
+    ax = figure(runs, ["eval/return_mean"], styles=styles).axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert lines["ppo-a"].get_color() == lines["ppo-b"].get_color() == "C0"
+    assert lines["ppo-a"].get_linestyle() == "-" and lines["ppo-b"].get_linestyle() == "--"
+    bands = [tuple(band.get_facecolor()[0][:3]) for band in ax.collections]
+    assert bands == [to_rgba("C0")[:3]] * 2
+    default = figure(runs, ["eval/return_mean"]).axes[0]
+    assert [line.get_color() for line in default.get_lines()] == ["C0", "C1"]

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ddprl import plot
 from ddprl.checkpoint import load_checkpoint
 from ddprl.config import load_config
 
@@ -553,7 +554,18 @@ def test_a_long_row_whose_checkpoint_is_gone_keeps_the_lost_attempt_and_shows_bo
     monkeypatch.setattr(run, "RUNS", tmp_path / "runs")
     monkeypatch.setattr(run, "IMAGES", tmp_path / "images")
     monkeypatch.setattr(run, "PAGE", tmp_path / "results.md")
+    drawn, draw_figure = [], plot.figure
+
+    def figure(runs, keys, x="step", styles=None):
+        drawn.append((list(runs), styles))
+        return draw_figure(runs, keys, x, styles)
+
+    monkeypatch.setattr(plot, "figure", figure)
     page = run.page()
+    # both lost attempts dashed in the colour of the seed's run in progress
+    dashed = {"linestyle": "--", "color": "C0"}
+    labels = ["seed1, in progress", "seed1, lost", "seed1-2, lost"]
+    assert drawn == [(labels, {"seed1, lost": dashed, "seed1-2, lost": dashed})]
     assert "| not reached: 1 in progress, at 5,000; 2 lost, at 40,000 and 2,500 | 819.5 so far (seed 1, lost) |" in page
     assert "seed 1 at 5,000 of 50,000 steps after 0.5 h of training, evaluations: none yet\n- lost (" in page
     assert (

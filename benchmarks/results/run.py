@@ -1537,8 +1537,16 @@ def draw(name: str, row: Row, peer: dict | None = None) -> Path:
     runs.update({f"{label}, in progress": records for label, records in partial.items()})
     lost = load_runs(sorted((RUNS / name / LOST).glob("seed*")))
     runs.update({f"{label}, lost": records for label, records in lost.items()})
+    # A lost attempt dashed, in the colour of its seed's run where there is one: a restarted seed
+    # retraces its lost attempt (same machine, same seed), and the two lines lie on each other.
+    colour = {re.match(r"seed(\d+)", label)[1]: f"C{i}" for i, label in enumerate(runs) if "lost" not in label}
+    styles = {
+        label: {"linestyle": "--", **({"color": colour[seed]} if seed in colour else {})}
+        for label in runs
+        if label.endswith(", lost") and (seed := re.match(r"seed(\d+)", label)[1])
+    }
     metrics = [EVAL] + ([TRAIN] if any(ref.metric == TRAIN for ref in row.references) else [])
-    fig = figure(runs, metrics)
+    fig = figure(runs, metrics, styles=styles)
     lines: dict[str, list] = {metric: [] for metric in metrics}
     for i, ref in enumerate(row.references):
         ax = fig.axes[metrics.index(ref.metric)]
