@@ -1537,8 +1537,9 @@ def draw(name: str, row: Row, peer: dict | None = None) -> Path:
     runs.update({f"{label}, in progress": records for label, records in partial.items()})
     lost = load_runs(sorted((RUNS / name / LOST).glob("seed*")))
     runs.update({f"{label}, lost": records for label, records in lost.items()})
-    # A lost attempt dashed, in the colour of its seed's run where there is one: a restarted seed
-    # retraces its lost attempt (same machine, same seed), and the two lines lie on each other.
+    # A lost attempt dashed, in the colour of its seed's run where there is one: two attempts of one
+    # seed train alike up to the lost one's first resume (a resumed DMC run starts new episodes from
+    # other seeds, docs/distributed.md), and the lines lie on each other that far.
     colour = {re.match(r"seed(\d+)", label)[1]: f"C{i}" for i, label in enumerate(runs) if "lost" not in label}
     styles = {
         label: {"linestyle": "--", **({"color": colour[seed]} if seed in colour else {})}
