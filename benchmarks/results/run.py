@@ -1154,9 +1154,13 @@ def in_progress(name: str, folder: str = IN_PROGRESS) -> list[dict]:
     for keep in sorted((RUNS / name / folder).glob("seed*")):
         rows = read_rows(keep)
         wall = sum(sittings(keep))
-        seed = int(re.match(r"seed(\d+)", keep.name)[1])
-        seeds.append({"seed": seed, "step": rows[-1]["step"], "evals": curve(rows), "wall_s": wall})
+        seeds.append({"seed": seed_of(keep.name), "step": rows[-1]["step"], "evals": curve(rows), "wall_s": wall})
     return seeds
+
+
+def seed_of(name: str) -> int:
+    """The seed a kept run's directory or its curve's label names: seed<K>, seed<K>-<N>, 'seed<K>, lost'."""
+    return int(re.match(r"seed(\d+)", name)[1])
 
 
 def set_aside_lost(out: Path, seed: int, work: Path) -> Path | None:
@@ -1535,17 +1539,18 @@ def draw(name: str, row: Row, peer: dict | None = None) -> Path:
     runs = load_runs(sorted((RUNS / name).glob("seed*")))
     partial = load_runs(sorted((RUNS / name / IN_PROGRESS).glob("seed*")))
     runs.update({f"{label}, in progress": records for label, records in partial.items()})
-    lost = load_runs(sorted((RUNS / name / LOST).glob("seed*")))
-    runs.update({f"{label}, lost": records for label, records in lost.items()})
+    lost = {
+        f"{label}, lost": records for label, records in load_runs(sorted((RUNS / name / LOST).glob("seed*"))).items()
+    }
     # A lost attempt dashed, in the colour of its seed's run where there is one: two attempts of one
     # seed train alike up to the lost one's first resume (a resumed DMC run starts new episodes from
     # other seeds, docs/distributed.md), and the lines lie on each other that far.
-    colour = {re.match(r"seed(\d+)", label)[1]: f"C{i}" for i, label in enumerate(runs) if "lost" not in label}
+    colour = {seed_of(label): f"C{i}" for i, label in enumerate(runs)}
     styles = {
-        label: {"linestyle": "--", **({"color": colour[seed]} if seed in colour else {})}
-        for label in runs
-        if label.endswith(", lost") and (seed := re.match(r"seed(\d+)", label)[1])
+        label: {"linestyle": "--", **({"color": colour[seed_of(label)]} if seed_of(label) in colour else {})}
+        for label in lost
     }
+    runs.update(lost)
     metrics = [EVAL] + ([TRAIN] if any(ref.metric == TRAIN for ref in row.references) else [])
     fig = figure(runs, metrics, styles=styles)
     lines: dict[str, list] = {metric: [] for metric in metrics}
