@@ -1203,8 +1203,9 @@ def run_row(name: str, seeds: int, resume: bool = False, jobs: int = 1) -> dict:
         if work is not None and not resume:  # not resuming: no seed goes on from an earlier sitting either
             shutil.rmtree(work, ignore_errors=True)
             shutil.rmtree(out / IN_PROGRESS / f"seed{seed}", ignore_errors=True)
-            for lost in [*(out / LOST).glob(f"seed{seed}"), *(out / LOST).glob(f"seed{seed}-*")]:
-                shutil.rmtree(lost)
+            for lost in (out / LOST).glob("seed*"):
+                if seed_of(lost.name) == seed:
+                    shutil.rmtree(lost)
         elif work is not None and (lost := set_aside_lost(out, seed, work)):
             print(
                 f"{name} seed {seed}: no checkpoint in {work} to go on from: starts again; "
