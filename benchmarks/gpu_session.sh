@@ -195,13 +195,15 @@ case "$phase" in
   results)
     # The results page's GPU rows (docs/results.md; `run.py --list`: those that run on cuda), in order:
     # each row's missing seeds, one at a time (RESULTS_JOBS at once), for RESULTS_S seconds in all
-    # (a seed took 11 min on an H200, two compiles included). SIGTERM at the limit stops the seed in
+    # (a seed took 9.2 min alone on an H200 in one command, 11 min in two). SIGTERM at the limit stops the seed in
     # training with a checkpoint in benchmarks/results/work/ (git-ignored, so it stays on a warm
     # machine): this phase run again at once on the same machine goes on from it. The rows' finished
     # seeds come back as $out/results-runs.tgz (unpack into benchmarks/results/ here, then
     # `python benchmarks/results/run.py --page`); a seed cut short does not (its checkpoint is lost
     # with the machine, so a later session trains it afresh). RESULTS_JOBS=2 (two seeds on the one GPU)
     # made about 1.3x the agent steps/s of one seed alone on an H200, but each seed then needs two commands.
+    # RESULTS_S=530 in a device command of 600 s (the wheels' install and the start-up fit in the rest)
+    # trains one seed to its end on an H200.
     rows=${RESULTS_ROWS:-$(python3 benchmarks/results/run.py --list | awk '/ device=cuda / {print $1}')}
     for row in $rows; do
       left=$((${RESULTS_S:-500} - (SECONDS - phase_start)))

@@ -426,11 +426,13 @@ TDMPC2_GPU_RUNS = {  # how each task's GPU seeds went, where the row's note has 
         "after 75 s, the compile and 2,500 pretraining updates included) and was stopped there with a "
         "checkpoint; a second command at once on the same machine resumed it and ended it (about 2 min, "
         "compiling again from warm caches): 11.0 min in all, 124 to 130 agent steps/s between evaluations (an "
-        "H100 made 112 to 125 in the speed benchmark, docs/benchmarks.md). Seeds 2 and 3 are not kept "
-        "yet: a later session trained them side by side on one H200 (RESULTS_JOBS=2), 28,441 and 28,794 agent "
-        "steps in 8.6 min (in all about 1.3 times the agent steps/s of one seed alone, two thirds of it "
-        "each), stopped with checkpoints that went with the machine before the command that would have "
-        "finished them."
+        "H100 made 112 to 125 in the speed benchmark, docs/benchmarks.md). A later session trained seeds 2 "
+        "and 3 side by side on one H200 (RESULTS_JOBS=2), 28,441 and 28,794 agent steps in 8.6 min (in all "
+        "about 1.3 times the agent steps/s of one seed alone, two thirds of it each), stopped with "
+        "checkpoints that went with the machine before the command that would have finished them: lost. "
+        "Seed 2 was trained again alone in the next GPU session (2026-11-27, an H200) and finished within "
+        "one command: 9.2 min, step 3,000 after 57 s, then 113 to 137 agent steps/s (median 133). Seed 3: "
+        "not run yet."
     ),
 }
 TDMPC2_CPU_TASKS = ("cartpole-swingup",)  # what 2 cores carry: some 6 h a seed (reacher-easy, finger-spin: GPU rows)
@@ -907,7 +909,7 @@ def not_yet() -> list[str]:
         "the CPU carries cartpole-swingup only: its row trains across sittings, two seeds at once, each going on "
         "from its checkpoint and replay buffer (`run.py tdmpc2-cartpole-swingup --seeds 3 --jobs 2 --resume`; "
         "its row above says how far each seed got, and how far a first attempt got before its checkpoints went "
-        "with the machine they were on). On a GPU the CSVs' own model trains a seed in about 11 min "
+        "with the machine they were on). On a GPU the CSVs' own model trains a seed in 9 to 11 min "
         "(the rows 'model_size 5, one GPU'), but a session gets 15 min of a GPU when it gets one at all, about "
         f"one seed: seeds kept so far of 3, {gpu_seeds}. docs/benchmarks.md has a 30k-step cartpole-swingup "
         "run on 2 ranks."
