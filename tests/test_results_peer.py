@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import signal
 import sys
 import threading
 import time
@@ -21,23 +22,17 @@ from ddprl.config import load_config
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 
-def load(name: str, folder: Path = RESULTS):
-    sys.path.insert(0, str(RESULTS.parent))  # run.py imports benchmarks/machine.py
+sys.path.insert(0, str(RESULTS.parent))  # the results package, and the benchmarks' modules it imports
+from results import page, peers, rows, stats, store, training  # noqa: E402 (the path above first)
+
+
+def load_module(name: str, folder: Path = RESULTS.parent):
+    """A module of benchmarks/ (beside the results package), or of ``folder``, loaded afresh."""
     spec = importlib.util.spec_from_file_location(f"results_{name}", folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     return module
-
-
-def load_module(name: str):
-    """A module of benchmarks/ (beside run.py's folder), loaded afresh."""
-    return load(name, RESULTS.parent)
-
-
-@pytest.fixture(scope="module")
-def run():
-    return load("run")
 
 
 PEER_RUNS = [(row, impl) for row in ("jax-cartpole", "jax-acrobot") for impl in ("jax1", "jax", "torch")] + [
@@ -46,13 +41,13 @@ PEER_RUNS = [(row, impl) for row in ("jax-cartpole", "jax-acrobot") for impl in 
 
 
 @pytest.mark.parametrize("row,impl", PEER_RUNS)
-def test_keys_resolve_to_purejaxrl_sizes(run, row, impl):
-    peer = run.PEER_ROWS[row]
+def test_keys_resolve_to_purejaxrl_sizes(row, impl):
+    peer = rows.PEER_ROWS[row]
     config = peer.config()
     cfg = load_config(list(peer.keys(impl)))
     assert cfg.engine == ("jax" if impl.startswith("jax") else "torch")
     devices = cfg.devices if cfg.engine == "jax" else cfg.world_size
-    assert devices == run.DEVICES[impl] == (1 if impl == "jax1" else run.PEER_DEVICES)
+    assert devices == rows.DEVICES[impl] == (1 if impl == "jax1" else rows.PEER_DEVICES)
     rollout = cfg.num_envs * cfg.n_steps  # num_envs is global
     sizes = {"jax-breakout": (8192, 1220, 1024), "jax-spaceinvaders": (8192, 1220, 1024)}  # MinAtar's notebook
     size, updates, minibatch = sizes.get(row, (512, 976, 128))  # ppo.py's configuration
@@ -86,17 +81,17 @@ def test_keys_resolve_to_purejaxrl_sizes(run, row, impl):
     assert [k for k, source in cfg.sources.items() if source == "task preset"] in ([], ["checkpoint_freq"])
 
 
-def test_minatar_rows_run_the_notebooks_relu_configuration_on_jax_only(run):
+def test_minatar_rows_run_the_notebooks_relu_configuration_on_jax_only():
     for name in ("jax-breakout", "jax-spaceinvaders"):
-        row = run.PEER_ROWS[name]
+        row = rows.PEER_ROWS[name]
         assert row.impls == ("purejaxrl", "jax1", "jax")  # MinAtar is a gymnax task: no torch run
         assert row.config()["ACTIVATION"] == "relu" and row.config()["ENV_NAME"].endswith("-MinAtar")
         assert "eval_freq=500000" in row.keys("jax")
-    assert run.PEER_ROWS["jax-cartpole"].impls == tuple(run.IMPLS)
+    assert rows.PEER_ROWS["jax-cartpole"].impls == tuple(rows.IMPLS)
 
 
 def test_purejaxrl_curve_rows():
-    driver = load("purejaxrl_ppo")
+    driver = load_module("purejaxrl_ppo", RESULTS)
     # 3 updates x 2 steps x 2 envs: update 0 ends episodes of 10 and 20, update 1 none, update 2 one of 5
     returns = np.zeros((3, 2, 2))
     ended = np.zeros((3, 2, 2), bool)
@@ -111,7 +106,7 @@ def test_purejaxrl_curve_rows():
 
 
 def test_five_tuple_step_merges_terminated_and_truncated_and_drops_the_final_observation():
-    driver = load("purejaxrl_ppo")
+    driver = load_module("purejaxrl_ppo", RESULTS)
 
     class Env:  # gymnax >= 1.0's step
         name = "fake"
@@ -126,7 +121,7 @@ def test_five_tuple_step_merges_terminated_and_truncated_and_drops_the_final_obs
     assert env.name == "fake"  # everything else is the env's own
 
 
-def test_a_row_keeps_each_finished_seed_and_resumes_with_the_others(run, tmp_path, monkeypatch):
+def test_a_row_keeps_each_finished_seed_and_resumes_with_the_others(tmp_path, monkeypatch):
     """A long row stopped part-way (here: seed 2 fails) keeps seed 1 in its summary; ``--resume``
     trains seeds 2 and 3 only. No training: train_and_keep is replaced by a fake run."""
     trained = []
@@ -140,19 +135,19 @@ def test_a_row_keeps_each_finished_seed_and_resumes_with_the_others(run, tmp_pat
         (keep / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         return 1.0
 
-    monkeypatch.setattr(run, "RUNS", tmp_path)
-    monkeypatch.setattr(run, "train_and_keep", fake_train)
+    monkeypatch.setattr(store, "RUNS", tmp_path)
+    monkeypatch.setattr(training, "train_and_keep", fake_train)
     with pytest.raises(SystemExit):
-        run.run_row("ppo-cartpole", 3)
+        training.run_row("ppo-cartpole", 3)
     kept = json.loads((tmp_path / "ppo-cartpole" / "summary.json").read_text())
     assert [s["seed"] for s in kept["seeds"]] == [1] and kept["seeds"][0]["final"] == 200.0
-    summary = run.run_row("ppo-cartpole", 3, resume=True)
+    summary = training.run_row("ppo-cartpole", 3, resume=True)
     assert trained == [1, 2, 2, 3]
     assert [s["final"] for s in summary["seeds"]] == [200.0, 400.0, 600.0]
-    assert run.run_row("ppo-cartpole", 3, resume=True) == summary and trained == [1, 2, 2, 3]  # all kept
+    assert training.run_row("ppo-cartpole", 3, resume=True) == summary and trained == [1, 2, 2, 3]  # all kept
 
 
-def test_a_peer_row_keeps_each_finished_seed_and_resumes_with_the_others(run, tmp_path, monkeypatch):
+def test_a_peer_row_keeps_each_finished_seed_and_resumes_with_the_others(tmp_path, monkeypatch):
     """A peer row stopped part-way keeps its finished seeds; ``--resume`` runs PureJaxRL and ddprl
     for the missing seeds only, and refuses kept seeds that ran another configuration. Nothing
     trains: PureJaxRL's and ddprl's runs are replaced by fakes writing one metrics row each."""
@@ -176,24 +171,24 @@ def test_a_peer_row_keeps_each_finished_seed_and_resumes_with_the_others(run, tm
         (keep / "metrics.jsonl").write_text(json.dumps(row) + "\n")
         return 2.0
 
-    monkeypatch.setattr(run, "RUNS", tmp_path)
-    monkeypatch.setattr(run, "check_purejaxrl", lambda checkout, python: None)
-    monkeypatch.setattr(run, "run_purejaxrl", fake_purejaxrl)
-    monkeypatch.setattr(run, "train_and_keep", fake_train)
+    monkeypatch.setattr(store, "RUNS", tmp_path)
+    monkeypatch.setattr(peers, "check_purejaxrl", lambda checkout, python: None)
+    monkeypatch.setattr(peers, "run_purejaxrl", fake_purejaxrl)
+    monkeypatch.setattr(training, "train_and_keep", fake_train)
     with pytest.raises(SystemExit):
-        run.run_peer_row("jax-breakout", 3, tmp_path, "python", steps=8192 * 2)
+        peers.run_peer_row("jax-breakout", 3, tmp_path, "python", steps=8192 * 2)
     kept = json.loads((tmp_path / "jax-breakout" / "summary.json").read_text())
     assert [s["seed"] for s in kept["seeds"]] == [1] and kept["seeds"][0]["jax"]["train_return"] == 10.0
     ran.clear()
-    summary = run.run_peer_row("jax-breakout", 3, tmp_path, "python", steps=8192 * 2, resume=True)
+    summary = peers.run_peer_row("jax-breakout", 3, tmp_path, "python", steps=8192 * 2, resume=True)
     assert [s["seed"] for s in summary["seeds"]] == [1, 2, 3]
     assert ran == [(impl, seed) for seed in (2, 3) for impl in ("purejaxrl", "jax1", "jax")]
     assert summary["seeds"][2]["purejaxrl"]["train_return"] == 3.0
     with pytest.raises(SystemExit, match="other commands"):  # another budget: the kept seeds do not count
-        run.run_peer_row("jax-breakout", 4, tmp_path, "python", steps=8192 * 4, resume=True)
+        peers.run_peer_row("jax-breakout", 4, tmp_path, "python", steps=8192 * 4, resume=True)
 
 
-def test_a_row_without_a_transcribed_reference_shows_ours_at_the_end_and_best(run, tmp_path, monkeypatch):
+def test_a_row_without_a_transcribed_reference_shows_ours_at_the_end_and_best(tmp_path, monkeypatch):
     """The QMIX rows (Papoudakis et al.'s table not transcribed): the page gives the final and the
     best evaluation over seeds, at LBF's two decimals, and draws the curves."""
 
@@ -203,24 +198,24 @@ def test_a_row_without_a_transcribed_reference_shows_ours_at_the_end_and_best(ru
         (keep / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         return 60.0
 
-    monkeypatch.setattr(run, "RUNS", tmp_path / "runs")
-    monkeypatch.setattr(run, "IMAGES", tmp_path / "images")
-    monkeypatch.setattr(run, "PAGE", tmp_path / "results.md")
-    monkeypatch.setattr(run, "train_and_keep", fake_train)
-    run.run_row("qmix-lbf-8x8-2p-2f-coop", 2)
-    page = run.page()
+    monkeypatch.setattr(store, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(store, "IMAGES", tmp_path / "images")
+    monkeypatch.setattr(store, "PAGE", tmp_path / "results.md")
+    monkeypatch.setattr(training, "train_and_keep", fake_train)
+    training.run_row("qmix-lbf-8x8-2p-2f-coop", 2)
+    text = page.page()
     assert (
         "| QMIX, Foraging-8x8-2p-2f-coop-v3 | not transcribed | 100,000 | 0.15 ± 0.07 "
-        "| 0.30 ± 1.27 (95 % CI) at 50,000 | 2 | 1.0 min |" in page  # the mean over seeds peaks at 50k
+        "| 0.30 ± 1.27 (95 % CI) at 50,000 | 2 | 1.0 min |" in text  # the mean over seeds peaks at 50k
     )
-    assert "maximum returns 0.30 ± 1.27" in page and "average returns over all evaluations 0.23 ± 0.95" in page
-    assert "| QMIX, Foraging-10x10-3p-3f-v3 | not transcribed | | not run yet |" in page
+    assert "maximum returns 0.30 ± 1.27" in text and "average returns over all evaluations 0.23 ± 0.95" in text
+    assert "| QMIX, Foraging-10x10-3p-3f-v3 | not transcribed | | not run yet |" in text
     assert (tmp_path / "images" / "qmix-lbf-8x8-2p-2f-coop.png").exists()
     # the seeds still to run are counted from the summaries, not written by hand
-    assert "| Foraging-8x8-2p-2f-coop-v3 | 2 of 3 | 0 of 3 | 0 of 3 | not measured |" in page
+    assert "| Foraging-8x8-2p-2f-coop-v3 | 2 of 3 | 0 of 3 | 0 of 3 | not measured |" in text
 
 
-def test_papoudakis_returns_peak_where_the_mean_over_seeds_does(run):
+def test_papoudakis_returns_peak_where_the_mean_over_seeds_does():
     """Maximum returns: the step of the highest mean over seeds (not each seed's own best);
     average returns: each seed's mean over its evaluations; steps some seed lacks left out."""
     curves = [
@@ -228,28 +223,28 @@ def test_papoudakis_returns_peak_where_the_mean_over_seeds_does(run):
         [(50, 0.6), (100, 0.2), (150, 0.7), (200, 1.0)],  # 200: only this seed reached it
         [(50, 0.0), (100, 0.9), (150, 0.6)],
     ]
-    out = run.papoudakis_returns(curves)
+    out = stats.papoudakis_returns(curves)
     assert out["max_step"] == 100 and out["max_mean"] == pytest.approx(0.7)
     # each seed's best is 1.0, 0.7 (without step 200), 0.9: their mean would be 0.87
     assert out["max_ci95"] == pytest.approx(4.302653 * np.std([1.0, 0.2, 0.9], ddof=1) / 3**0.5, rel=1e-6)
     assert out["average_mean"] == pytest.approx(np.mean([0.4, 0.5, 0.5]))
 
 
-def test_every_row_command_is_a_valid_configuration(run):
+def test_every_row_command_is_a_valid_configuration():
     """A row's keys resolve (no unknown key or bad value waits for a sitting to be found)."""
-    for name, row in {**run.ROWS, **run.SUPERVISED_ROWS}.items():
+    for name, row in {**rows.ROWS, **rows.SUPERVISED_ROWS}.items():
         cfg = load_config(list(row.keys))
         # the zoo's keys: one env; TD-MPC2: one update per agent step, as the published runs
         assert cfg.world_size == (1 if name.endswith("-zoo") or name.startswith("tdmpc2-") else 2), name
-    epymarl = load_config(list(run.ROWS["qmix-lbf-8x8-2p-2f-coop-epymarl"].keys))
+    epymarl = load_config(list(rows.ROWS["qmix-lbf-8x8-2p-2f-coop-epymarl"].keys))
     assert (epymarl.batch_size * 2, epymarl.standardise_state, epymarl.bootstrap_truncated) == (32, False, False)
-    zoo = load_config(list(run.ROWS["ppo-halfcheetah-zoo"].keys))  # hyperparams/ppo.yml's HalfCheetah-v3
+    zoo = load_config(list(rows.ROWS["ppo-halfcheetah-zoo"].keys))  # hyperparams/ppo.yml's HalfCheetah-v3
     assert (zoo.num_envs, zoo.n_steps, zoo.batch_size, zoo.epochs, zoo.hidden_sizes) == (1, 512, 64, 20, [256, 256])
     assert (zoo.log_std_init, zoo.ortho_init, zoo.activation, zoo.anneal_lr) == (-2.0, False, "relu", False)
 
 
-def test_a_kept_run_is_packed_the_same_bytes_every_time_and_reads_back(run, tmp_path):
-    """Kept runs travel gzipped (run.pack): the rows read back unchanged, and packing the same
+def test_a_kept_run_is_packed_the_same_bytes_every_time_and_reads_back(tmp_path):
+    """Kept runs travel gzipped (store.pack): the rows read back unchanged, and packing the same
     file twice gives the same bytes (no time stamp inside), so a rerun page does not churn git."""
     rows = [{"step": 512 * i, "eval/return_mean": 1.5 * i} for i in range(1, 4)]
     packed = []
@@ -257,9 +252,9 @@ def test_a_kept_run_is_packed_the_same_bytes_every_time_and_reads_back(run, tmp_
         keep = tmp_path / name
         keep.mkdir()
         (keep / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        run.pack(keep)
+        store.pack(keep)
         assert not (keep / "metrics.jsonl").exists()
-        assert run.read_rows(keep) == rows
+        assert store.read_rows(keep) == rows
         packed.append((keep / "metrics.jsonl.gz").read_bytes())
     assert packed[0] == packed[1]
 
@@ -282,7 +277,7 @@ def test_epymarl_tests_are_read_from_sacred_not_from_its_console(tmp_path):
         qmix_learning.epymarl_tests(tmp_path / "sacred")
 
 
-def test_epymarl_run_here_is_the_reference_of_both_qmix_rows_of_its_task(run, tmp_path, monkeypatch):
+def test_epymarl_run_here_is_the_reference_of_both_qmix_rows_of_its_task(tmp_path, monkeypatch):
     """An EPyMARL row keeps each seed's tests on the 50k grid (and the step each ran at); the two
     QMIX rows of its task show its final test as their reference, its curve on their PNG and its
     details. Nothing runs EPyMARL or trains: fakes stand in for both."""
@@ -307,20 +302,20 @@ def test_epymarl_run_here_is_the_reference_of_both_qmix_rows_of_its_task(run, tm
 
     monkeypatch.setattr(qmix_learning, "run_epymarl", fake_epymarl)
     monkeypatch.setitem(sys.modules, "qmix_learning", qmix_learning)
-    monkeypatch.setattr(run, "RUNS", tmp_path / "runs")
-    monkeypatch.setattr(run, "IMAGES", tmp_path / "images")
-    monkeypatch.setattr(run, "PAGE", tmp_path / "results.md")
-    monkeypatch.setattr(run, "train_and_keep", fake_train)
+    monkeypatch.setattr(store, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(store, "IMAGES", tmp_path / "images")
+    monkeypatch.setattr(store, "PAGE", tmp_path / "results.md")
+    monkeypatch.setattr(training, "train_and_keep", fake_train)
     checkout = tmp_path / "epymarl"
     (checkout / "src").mkdir(parents=True)
     (checkout / "src" / "main.py").write_text("")
     (checkout / "COMMIT").write_text("cbc38c09588064eab978501d0f12c2cf58fa7fc2\n")
     with pytest.raises(SystemExit, match="not an EPyMARL tree"):
-        run.run_epymarl_row("epymarl-lbf-8x8-2p-2f-coop", 2, tmp_path, sys.executable)
-    run.run_epymarl_row("epymarl-lbf-8x8-2p-2f-coop", 2, checkout, sys.executable, jobs=2)  # seeds at once
-    run.run_epymarl_row("epymarl-lbf-8x8-2p-2f-coop", 2, checkout, sys.executable, resume=True)
+        peers.run_epymarl_row("epymarl-lbf-8x8-2p-2f-coop", 2, tmp_path, sys.executable)
+    peers.run_epymarl_row("epymarl-lbf-8x8-2p-2f-coop", 2, checkout, sys.executable, jobs=2)  # seeds at once
+    peers.run_epymarl_row("epymarl-lbf-8x8-2p-2f-coop", 2, checkout, sys.executable, resume=True)
     assert sorted(ran) == [1, 2]  # the resumed row had both seeds
-    kept = run.read_rows(tmp_path / "runs" / "epymarl-lbf-8x8-2p-2f-coop" / "seed2")
+    kept = store.read_rows(tmp_path / "runs" / "epymarl-lbf-8x8-2p-2f-coop" / "seed2")
     assert kept == [
         {"step": 0, "t_env": 50, "eval/return_mean": 0.0},
         {"step": 50_000, "t_env": 50_049, "eval/return_mean": 0.2},
@@ -330,26 +325,26 @@ def test_epymarl_run_here_is_the_reference_of_both_qmix_rows_of_its_task(run, tm
     assert summary["epymarl_commit"].startswith("cbc38c0") and "seed=" not in summary["command"]
     assert "numpy " in summary["epymarl_versions"]  # what EPyMARL's python has (here: the test's own)
     assert summary["command"].startswith("python src/main.py --config=qmix --env-config=gymma with ")
-    run.run_row("qmix-lbf-8x8-2p-2f-coop", 2)
-    run.run_row("qmix-lbf-8x8-2p-2f-coop-epymarl", 2)
-    page = run.page()
+    training.run_row("qmix-lbf-8x8-2p-2f-coop", 2)
+    training.run_row("qmix-lbf-8x8-2p-2f-coop-epymarl", 2)
+    text = page.page()
     for title in ("QMIX, Foraging-8x8-2p-2f-coop-v3", "QMIX, Foraging-8x8-2p-2f-coop-v3, EPyMARL's settings"):
-        assert f"| {title} | EPyMARL run here: 0.30 ± 0.14 at 100,000 | 100,000 | 0.60 ± 0.28 |" in page
-    assert page.count("EPyMARL's maximum returns here 0.30 ± 1.27 (95 % CI, at step 100,000)") == 2
-    assert page.count("2.0 min per seed (up to 2 seeds at once, one core each)") == 2
-    assert "| QMIX, Foraging-10x10-3p-3f-v3 | not transcribed | | not run yet |" in page
+        assert f"| {title} | EPyMARL run here: 0.30 ± 0.14 at 100,000 | 100,000 | 0.60 ± 0.28 |" in text
+    assert text.count("EPyMARL's maximum returns here 0.30 ± 1.27 (95 % CI, at step 100,000)") == 2
+    assert text.count("2.0 min per seed (up to 2 seeds at once, one core each)") == 2
+    assert "| QMIX, Foraging-10x10-3p-3f-v3 | not transcribed | | not run yet |" in text
     assert (tmp_path / "images" / "qmix-lbf-8x8-2p-2f-coop.png").exists()
     # the seeds still to run are counted from the summaries, not written by hand
     mean_above = "2 of 3, above EPyMARL's by more than one std"
-    assert f"| Foraging-8x8-2p-2f-coop-v3 | {mean_above} | {mean_above} | 2 of 3 | not measured |" in page
-    assert "| Foraging-10x10-3p-3f-v3 | 0 of 3 | 0 of 3 | 0 of 3 | not measured |" in page
+    assert f"| Foraging-8x8-2p-2f-coop-v3 | {mean_above} | {mean_above} | 2 of 3 | not measured |" in text
+    assert "| Foraging-10x10-3p-3f-v3 | 0 of 3 | 0 of 3 | 0 of 3 | not measured |" in text
 
 
-def test_a_qmix_row_is_set_against_epymarl_in_its_standard_deviations(run, tmp_path, monkeypatch):
+def test_a_qmix_row_is_set_against_epymarl_in_its_standard_deviations(tmp_path, monkeypatch):
     """Within one of EPyMARL's standard deviations, or how many below with Welch's t-test and where
     the maximum returns fall against EPyMARL's confidence interval; nothing while either side has
     one seed."""
-    monkeypatch.setattr(run, "RUNS", tmp_path)
+    monkeypatch.setattr(store, "RUNS", tmp_path)
 
     def keep(row, finals):
         (tmp_path / row).mkdir()
@@ -363,97 +358,98 @@ def test_a_qmix_row_is_set_against_epymarl_in_its_standard_deviations(run, tmp_p
     keep("epymarl-lbf-8x8-2p-2f-coop", [0.5, 0.6, 0.7])  # mean 0.6, std 0.1
     keep("qmix-lbf-8x8-2p-2f-coop", [0.45, 0.55, 0.6])  # mean 0.533: within
     keep("qmix-lbf-8x8-2p-2f-coop-epymarl", [0.1, 0.2, 0.3])  # mean 0.2: 4 std below; t = -4.90, 4 dof
-    assert run.against_epymarl("qmix-lbf-8x8-2p-2f-coop") == ", within one std of EPyMARL's"
-    assert run.against_epymarl("qmix-lbf-8x8-2p-2f-coop-epymarl") == (
+    assert page.against_epymarl("qmix-lbf-8x8-2p-2f-coop") == ", within one std of EPyMARL's"
+    assert page.against_epymarl("qmix-lbf-8x8-2p-2f-coop-epymarl") == (
         ", 4.00 std below EPyMARL's (Welch's t-test p = 0.01); its maximum returns outside EPyMARL's 95 % "
         "confidence interval"  # 0.2 against 0.6 ± 0.25 (t(2) 4.30 times 0.1 / sqrt(3))
     )
     keep("qmix-lbf-2s-8x8-2p-2f-coop", [0.35, 0.4, 0.45])  # 2 std below, but within 0.6 ± 0.25
     keep("epymarl-lbf-2s-8x8-2p-2f-coop", [0.5, 0.6, 0.7])
-    assert run.against_epymarl("qmix-lbf-2s-8x8-2p-2f-coop").endswith(
+    assert page.against_epymarl("qmix-lbf-2s-8x8-2p-2f-coop").endswith(
         "its maximum returns inside EPyMARL's 95 % confidence interval"
     )
     keep("qmix-lbf-10x10-3p-3f", [0.1, 0.2])
     keep("epymarl-lbf-10x10-3p-3f", [0.3])
-    assert run.against_epymarl("qmix-lbf-10x10-3p-3f") == ""
+    assert page.against_epymarl("qmix-lbf-10x10-3p-3f") == ""
 
 
-def test_random_actions_on_a_qmix_task_are_kept_reproducibly_and_shown(run, tmp_path, monkeypatch):
+def test_random_actions_on_a_qmix_task_are_kept_reproducibly_and_shown(tmp_path, monkeypatch):
     """``run.py ROW --random`` steps ddprl's own environment with random available actions; the
     same seed gives the same returns, kept in the row's folder and shown on both rows of its task."""
-    monkeypatch.setattr(run, "RUNS", tmp_path)
-    first = run.random_baseline("qmix-lbf-8x8-2p-2f-coop", episodes=12)
-    assert run.random_baseline("qmix-lbf-8x8-2p-2f-coop", episodes=12) == first
+    monkeypatch.setattr(store, "RUNS", tmp_path)
+    first = peers.random_baseline("qmix-lbf-8x8-2p-2f-coop", episodes=12)
+    assert peers.random_baseline("qmix-lbf-8x8-2p-2f-coop", episodes=12) == first
     assert (first["task"], first["episodes"]) == ("Foraging-8x8-2p-2f-coop-v3", 12)
     assert 0 <= first["positive"] <= 12 and first["mean"] >= 0
     assert json.loads((tmp_path / "qmix-lbf-8x8-2p-2f-coop" / "random.json").read_text()) == first
     for row in ("qmix-lbf-8x8-2p-2f-coop", "qmix-lbf-8x8-2p-2f-coop-epymarl"):
-        (line,) = run.random_line(row, 1, 2)
+        (line,) = page.random_line(row, 1, 2)
         command = "python benchmarks/results/run.py qmix-lbf-8x8-2p-2f-coop --random"
         assert line.startswith(f"- random actions (`{command}`): {first['mean']:.2f} ± ")
-    assert run.random_line("qmix-lbf-10x10-3p-3f", 1, 2) == []
+    assert page.random_line("qmix-lbf-10x10-3p-3f", 1, 2) == []
 
 
-def test_a_row_resumed_on_another_machine_gives_each_machine_its_wall_time(run, tmp_path, monkeypatch):
+def test_a_row_resumed_on_another_machine_gives_each_machine_its_wall_time(tmp_path, monkeypatch):
     """Seeds kept from a summary that named one machine for all keep that machine when the row is
     resumed elsewhere; the page's wall time is then per machine."""
-    monkeypatch.setattr(run, "RUNS", tmp_path)
+    monkeypatch.setattr(store, "RUNS", tmp_path)
     out = tmp_path / "ppo-cartpole"
     (out / "seed1").mkdir(parents=True)
-    old = {"command": run.ROWS["ppo-cartpole"].command(), "machine": "AMD EPYC, 2 cores", "date": "2026-11-25"}
+    old = {"command": rows.ROWS["ppo-cartpole"].command(), "machine": "AMD EPYC, 2 cores", "date": "2026-11-25"}
     (out / "summary.json").write_text(json.dumps({**old, "seeds": [{"seed": 1, "wall_s": 600.0}]}))
-    monkeypatch.setattr(run, "this_machine", lambda: "Intel(R) Xeon(R) Processor, 2 cores")
-    kept = run.kept_seeds(out, "ppo-cartpole", old["command"], 3)
+    monkeypatch.setattr(store, "this_machine", lambda: "Intel(R) Xeon(R) Processor, 2 cores")
+    kept = store.kept_seeds(out, "ppo-cartpole", old["command"], 3)
     assert kept == [{"seed": 1, "wall_s": 600.0, "machine": "AMD EPYC, 2 cores"}]
-    new = run.seed_summary(2, 180.0, [(100, 1.0)])
-    summary = {**old, "machine": run.this_machine(), "seeds": [*kept, new]}
-    assert run.wall_per_seed(summary) == "10.0 min (AMD EPYC); 3.0 min (Intel Xeon)"
-    assert run.machine_line(summary).startswith("machines: seed 1: AMD EPYC, 2 cores; seed 2: Intel(R)")
-    assert run.wall_per_seed({**summary, "seeds": [new]}) == "3.0 min"
+    new = store.seed_summary(2, 180.0, [(100, 1.0)])
+    summary = {**old, "machine": store.this_machine(), "seeds": [*kept, new]}
+    assert page.wall_per_seed(summary) == "10.0 min (AMD EPYC); 3.0 min (Intel Xeon)"
+    assert page.machine_line(summary).startswith("machines: seed 1: AMD EPYC, 2 cores; seed 2: Intel(R)")
+    assert page.wall_per_seed({**summary, "seeds": [new]}) == "3.0 min"
 
 
-def test_epymarl_on_mpe_steps_its_pettingzoo_key_and_the_page_divides_by_the_agents(run, tmp_path, monkeypatch):
+def test_epymarl_on_mpe_steps_its_pettingzoo_key_and_the_page_divides_by_the_agents(tmp_path, monkeypatch):
     """simple_spread's EPyMARL row runs EPyMARL's PettingZoo key with MPE's 25-step episodes, and
     its team returns are divided by the 3 agents in the reference cell and in its maximum returns,
     as ddprl's own are."""
     qmix_learning = load_module("qmix_learning")
     assert qmix_learning.task_spec("simple_spread_v3") == ("pz-mpe-simple-spread-v3", 25)
-    assert run.EPYMARL_ROWS["epymarl-mpe-simple-spread"] == "simple_spread_v3"
-    assert run.ROWS["qmix-mpe-simple-spread"].epymarl == "epymarl-mpe-simple-spread"
-    assert "env_args.key=pz-mpe-simple-spread-v3 env_args.time_limit=25 " in run.epymarl_row_command("simple_spread_v3")
+    assert rows.EPYMARL_ROWS["epymarl-mpe-simple-spread"] == "simple_spread_v3"
+    assert rows.ROWS["qmix-mpe-simple-spread"].epymarl == "epymarl-mpe-simple-spread"
+    command = peers.epymarl_row_command("simple_spread_v3")
+    assert "env_args.key=pz-mpe-simple-spread-v3 env_args.time_limit=25 " in command
 
     def fake_epymarl(args, tmp):
         return {50: -90.0, 50_010: -60.0 - 3 * args.seed}, 60.0
 
     monkeypatch.setattr(qmix_learning, "run_epymarl", fake_epymarl)
     monkeypatch.setitem(sys.modules, "qmix_learning", qmix_learning)
-    monkeypatch.setattr(run, "RUNS", tmp_path / "runs")
-    monkeypatch.setattr(run, "IMAGES", tmp_path / "images")
+    monkeypatch.setattr(store, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(store, "IMAGES", tmp_path / "images")
     checkout = tmp_path / "epymarl"
     (checkout / "src").mkdir(parents=True)
     (checkout / "src" / "main.py").write_text("")
-    run.run_epymarl_row("epymarl-mpe-simple-spread", 2, checkout, sys.executable, jobs=2)
-    reference, details = run.epymarl_lines(
-        run.ROWS["qmix-mpe-simple-spread"], run.epymarl_runs(run.ROWS["qmix-mpe-simple-spread"])
+    peers.run_epymarl_row("epymarl-mpe-simple-spread", 2, checkout, sys.executable, jobs=2)
+    reference, details = page.epymarl_lines(
+        rows.ROWS["qmix-mpe-simple-spread"], page.epymarl_runs(rows.ROWS["qmix-mpe-simple-spread"])
     )
     assert reference == "EPyMARL run here: -21.50 ± 0.71 at 50,000"  # team returns -63 and -66, per agent
     assert "EPyMARL's maximum returns here -21.50 ± 6.35 (95 % CI, at step 50,000)" in details[-1]  # per agent too
 
 
-def test_a_long_row_stopped_by_sigterm_goes_on_from_its_checkpoint(run, tmp_path):
+def test_a_long_row_stopped_by_sigterm_goes_on_from_its_checkpoint(tmp_path):
     """A real run in a long row's work directory: SIGTERM to it (as to run.py, passed on) saves a
     checkpoint, keeps how far it got in ``in_progress/`` and raises Stopped; the next sitting resumes
     it to the end, keeps the one metrics file and the wall time of both sittings, and removes the
     work directory and the in-progress copy."""
     keys = ("task=CartPole-v1", "world_size=1", "steps=30000", "checkpoint_freq=4096", "eval_episodes=2")
     work, keep = tmp_path / "work", tmp_path / "runs" / "row" / "seed1"
-    progress = tmp_path / "runs" / "row" / run.IN_PROGRESS / "seed1"
+    progress = tmp_path / "runs" / "row" / store.IN_PROGRESS / "seed1"
     stopped = []
 
     def first_sitting():
         try:
-            run.train_and_keep(keys, 1, keep, "cartpole seed 1", work=work)
-        except run.Stopped as e:
+            training.train_and_keep(keys, 1, keep, "cartpole seed 1", work=work)
+        except training.Stopped as e:
             stopped.append(str(e))
 
     sitting = threading.Thread(target=first_sitting)
@@ -462,20 +458,20 @@ def test_a_long_row_stopped_by_sigterm_goes_on_from_its_checkpoint(run, tmp_path
     while not (work / "metrics.jsonl").exists() or not (work / "metrics.jsonl").read_text():
         assert time.time() < deadline and sitting.is_alive(), "the run logged nothing"
         time.sleep(0.1)
-    for proc in list(run.LIVE_RUNS):
-        proc.send_signal(run.signal.SIGTERM)
+    for proc in list(training.LIVE_RUNS):
+        proc.send_signal(signal.SIGTERM)
     sitting.join(timeout=120)
     assert stopped and "--resume" in stopped[0] and (work / "checkpoints" / "latest.pt").exists()
     assert not keep.exists()  # nothing kept of an unfinished run but how far it got:
-    so_far = run.read_rows(progress)
-    assert so_far == run.read_rows(work) and (progress / "config.yaml").exists()
+    so_far = store.read_rows(progress)
+    assert so_far == store.read_rows(work) and (progress / "config.yaml").exists()
     assert so_far[-1]["step"] <= load_checkpoint(work / "checkpoints" / "latest.pt")["step"]
 
-    (first,) = run.sittings(progress)  # the whole command: at least the training it logged
+    (first,) = store.sittings(progress)  # the whole command: at least the training it logged
     assert first >= so_far[-1]["wall_time"]
 
-    wall = run.train_and_keep(keys, 1, keep, "cartpole seed 1", work=work)
-    rows = run.read_rows(keep)
+    wall = training.train_and_keep(keys, 1, keep, "cartpole seed 1", work=work)
+    rows = store.read_rows(keep)
     steps = [r["step"] for r in rows]
     assert steps == sorted(set(steps)) and steps[-1] >= 30000  # one curve, no step twice
     assert rows[: len(so_far)] == so_far  # the first sitting's rows, then the second's
@@ -486,17 +482,17 @@ def test_a_long_row_stopped_by_sigterm_goes_on_from_its_checkpoint(run, tmp_path
     assert not work.exists() and not progress.parent.exists()
 
 
-def test_a_long_row_refused_at_its_start_fails_with_the_exit_and_leaves_nothing(run, tmp_path):
+def test_a_long_row_refused_at_its_start_fails_with_the_exit_and_leaves_nothing(tmp_path):
     """``ddprl train`` refusing its keys (exit 2, no run directory) ends a long row's seed with that
     exit, not with an error writing the sitting's time into a directory that was never made."""
     keys = ("algo=tdmpc2", "task=cartpole-swingup", "model_size=3")  # no such size
     work, keep = tmp_path / "work", tmp_path / "runs" / "row" / "seed1"
     with pytest.raises(SystemExit, match="exited 2"):
-        run.train_and_keep(keys, 1, keep, "row seed 1", work=work)
+        training.train_and_keep(keys, 1, keep, "row seed 1", work=work)
     assert not work.exists() and not keep.parent.exists()
 
 
-def test_a_long_row_part_way_shows_how_far_each_seed_got(run, tmp_path, monkeypatch):
+def test_a_long_row_part_way_shows_how_far_each_seed_got(tmp_path, monkeypatch):
     """No seed of the TD-MPC2 row has ended: the page says where each one stands, with its
     evaluations and training time so far (two sittings: wall time summed), and draws its curve."""
     row = "tdmpc2-cartpole-swingup"
@@ -504,56 +500,56 @@ def test_a_long_row_part_way_shows_how_far_each_seed_got(run, tmp_path, monkeypa
         1: ([(2500, 10.0, None), (10000, 3600.0, 277.9), (12000, 600.0, None)], [3600.0, 600.0]),
         2: ([(5000, 1800.0, None)], [1800.0]),
     }
-    for seed, (rows, walls) in seeds.items():
-        keep = tmp_path / "runs" / row / run.IN_PROGRESS / f"seed{seed}"
+    for seed, (points, walls) in seeds.items():
+        keep = tmp_path / "runs" / row / store.IN_PROGRESS / f"seed{seed}"
         keep.mkdir(parents=True)
-        lines = [{"step": step, "wall_time": wall, **({run.EVAL: ev} if ev else {})} for step, wall, ev in rows]
+        lines = [{"step": step, "wall_time": wall, **({rows.EVAL: ev} if ev else {})} for step, wall, ev in points]
         (keep / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-        (keep / run.SITTINGS).write_text(json.dumps(walls))
-    monkeypatch.setattr(run, "RUNS", tmp_path / "runs")
-    monkeypatch.setattr(run, "IMAGES", tmp_path / "images")
-    monkeypatch.setattr(run, "PAGE", tmp_path / "results.md")
-    page = run.page()
+        (keep / store.SITTINGS).write_text(json.dumps(walls))
+    monkeypatch.setattr(store, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(store, "IMAGES", tmp_path / "images")
+    monkeypatch.setattr(store, "PAGE", tmp_path / "results.md")
+    text = page.page()
     assert (
         "| 50,000 | not reached: 2 in progress, at 12,000 and 5,000 | 277.9 so far (seed 1) | 0 | | "
-        "[png](images/tdmpc2-cartpole-swingup.png) |" in page
+        "[png](images/tdmpc2-cartpole-swingup.png) |" in text
     )
     assert (
         "seed 1 at 12,000 of 50,000 steps after 1.2 h of training, evaluations: 277.9 at 10,000; "
-        "seed 2 at 5,000 of 50,000 steps after 0.5 h of training, evaluations: none yet" in page
+        "seed 2 at 5,000 of 50,000 steps after 0.5 h of training, evaluations: none yet" in text
     )
     assert (tmp_path / "images" / f"{row}.png").exists()
 
 
-def test_a_long_row_whose_checkpoint_is_gone_keeps_the_lost_attempt_and_shows_both(run, tmp_path, monkeypatch):
+def test_a_long_row_whose_checkpoint_is_gone_keeps_the_lost_attempt_and_shows_both(tmp_path, monkeypatch):
     """A sitting on a new machine finds a seed's in-progress record but no checkpoint (the work
     directory is not committed): the record moves to ``lost/`` (a second loss beside the first)
     rather than being overwritten by the fresh start, and the page shows both attempts apart."""
     row = "tdmpc2-cartpole-swingup"
     out, work = tmp_path / "runs" / row, tmp_path / "work" / "seed1"
 
-    def record(folder: str, rows: list[tuple[int, float, float | None]], walls: list[float]) -> None:
+    def record(folder: str, points: list[tuple[int, float, float | None]], walls: list[float]) -> None:
         keep = out / folder / "seed1"
         keep.mkdir(parents=True)
-        lines = [{"step": step, "wall_time": wall, **({run.EVAL: ev} if ev else {})} for step, wall, ev in rows]
+        lines = [{"step": step, "wall_time": wall, **({rows.EVAL: ev} if ev else {})} for step, wall, ev in points]
         (keep / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-        (keep / run.SITTINGS).write_text(json.dumps(walls))
+        (keep / store.SITTINGS).write_text(json.dumps(walls))
 
-    assert run.set_aside_lost(out, 1, work) is None  # nothing recorded: nothing to set aside
-    record(run.IN_PROGRESS, [(10000, 3600.0, 277.9), (40000, 9000.0, 819.5)], [30600.0])
+    assert store.set_aside_lost(out, 1, work) is None  # nothing recorded: nothing to set aside
+    record(store.IN_PROGRESS, [(10000, 3600.0, 277.9), (40000, 9000.0, 819.5)], [30600.0])
     (work / "checkpoints").mkdir(parents=True)
     (work / "checkpoints" / "latest.pt").write_bytes(b"")
-    assert run.set_aside_lost(out, 1, work) is None  # its checkpoint is there: it goes on
+    assert store.set_aside_lost(out, 1, work) is None  # its checkpoint is there: it goes on
     (work / "checkpoints" / "latest.pt").unlink()
-    assert run.set_aside_lost(out, 1, work) == out / run.LOST / "seed1"
-    assert not (out / run.IN_PROGRESS).exists()
-    record(run.IN_PROGRESS, [(2500, 100.0, None)], [100.0])
-    assert run.set_aside_lost(out, 1, work) == out / run.LOST / "seed1-2"  # lost again: both kept
+    assert store.set_aside_lost(out, 1, work) == out / store.LOST / "seed1"
+    assert not (out / store.IN_PROGRESS).exists()
+    record(store.IN_PROGRESS, [(2500, 100.0, None)], [100.0])
+    assert store.set_aside_lost(out, 1, work) == out / store.LOST / "seed1-2"  # lost again: both kept
 
-    record(run.IN_PROGRESS, [(5000, 1800.0, None)], [1800.0])  # the third attempt, going on
-    monkeypatch.setattr(run, "RUNS", tmp_path / "runs")
-    monkeypatch.setattr(run, "IMAGES", tmp_path / "images")
-    monkeypatch.setattr(run, "PAGE", tmp_path / "results.md")
+    record(store.IN_PROGRESS, [(5000, 1800.0, None)], [1800.0])  # the third attempt, going on
+    monkeypatch.setattr(store, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(store, "IMAGES", tmp_path / "images")
+    monkeypatch.setattr(store, "PAGE", tmp_path / "results.md")
     drawn, draw_figure = [], plot.figure
 
     def figure(runs, keys, x="step", styles=None):
@@ -561,21 +557,21 @@ def test_a_long_row_whose_checkpoint_is_gone_keeps_the_lost_attempt_and_shows_bo
         return draw_figure(runs, keys, x, styles)
 
     monkeypatch.setattr(plot, "figure", figure)
-    page = run.page()
+    text = page.page()
     # both lost attempts dashed in the colour of the seed's run in progress
     dashed = {"linestyle": "--", "color": "C0"}
     labels = ["seed1, in progress", "seed1, lost", "seed1-2, lost"]
     assert drawn == [(labels, {"seed1, lost": dashed, "seed1-2, lost": dashed})]
-    assert "| not reached: 1 in progress, at 5,000; 2 lost, at 40,000 and 2,500 | 819.5 so far (seed 1, lost) |" in page
-    assert "seed 1 at 5,000 of 50,000 steps after 0.5 h of training, evaluations: none yet\n- lost (" in page
+    assert "| not reached: 1 in progress, at 5,000; 2 lost, at 40,000 and 2,500 | 819.5 so far (seed 1, lost) |" in text
+    assert "seed 1 at 5,000 of 50,000 steps after 0.5 h of training, evaluations: none yet\n- lost (" in text
     assert (
         "seed 1 at 40,000 of 50,000 steps after 8.5 h of training, evaluations: 277.9 at 10,000, 819.5 at 40,000; "
-        "seed 1 at 2,500 of 50,000 steps after 0.0 h of training, evaluations: none yet" in page
+        "seed 1 at 2,500 of 50,000 steps after 0.0 h of training, evaluations: none yet" in text
     )
     assert (tmp_path / "images" / f"{row}.png").exists()
 
 
-def test_a_stopped_long_row_keeps_the_seeds_that_finished_and_exits_75(run, tmp_path, monkeypatch):
+def test_a_stopped_long_row_keeps_the_seeds_that_finished_and_exits_75(tmp_path, monkeypatch):
     """Seeds run ``jobs`` at once; one stopped with its checkpoint leaves the others kept, starts no
     further seed, and run.py exits 75 (as ddprl does); each kept seed says how many ran beside it."""
     calls = []
@@ -583,16 +579,16 @@ def test_a_stopped_long_row_keeps_the_seeds_that_finished_and_exits_75(run, tmp_
     def fake_train(keys, seed, keep, what, env=None, work=None):
         calls.append((seed, work))
         if seed == 2:
-            raise run.Stopped(f"{what}: stopped")
+            raise training.Stopped(f"{what}: stopped")
         keep.mkdir(parents=True)
         (keep / "metrics.jsonl").write_text(json.dumps({"step": 50_000, "eval/return_mean": 800.0}) + "\n")
         return 60.0
 
-    monkeypatch.setattr(run, "RUNS", tmp_path / "runs")
-    monkeypatch.setattr(run, "WORK", tmp_path / "work")
-    monkeypatch.setattr(run, "train_and_keep", fake_train)
+    monkeypatch.setattr(store, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(store, "WORK", tmp_path / "work")
+    monkeypatch.setattr(training, "train_and_keep", fake_train)
     with pytest.raises(SystemExit) as stop:
-        run.run_row("tdmpc2-cartpole-swingup", 2, jobs=2)
+        training.run_row("tdmpc2-cartpole-swingup", 2, jobs=2)
     assert stop.value.code == 75
     assert sorted(calls) == [(s, tmp_path / "work" / "tdmpc2-cartpole-swingup" / f"seed{s}") for s in (1, 2)]
     kept = json.loads((tmp_path / "runs" / "tdmpc2-cartpole-swingup" / "summary.json").read_text())
@@ -601,5 +597,5 @@ def test_a_stopped_long_row_keeps_the_seeds_that_finished_and_exits_75(run, tmp_
     # one at a time, resumed: the stopped seed ends the sitting, no seed starts after it
     calls.clear()
     with pytest.raises(SystemExit) as stop:
-        run.run_row("tdmpc2-cartpole-swingup", 3, resume=True, jobs=1)
+        training.run_row("tdmpc2-cartpole-swingup", 3, resume=True, jobs=1)
     assert stop.value.code == 75 and [seed for seed, _ in calls] == [2]
