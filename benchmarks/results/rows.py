@@ -311,8 +311,8 @@ for name, (task, agents) in QMIX_TASKS.items():
 
 # TD-MPC2 on DeepMind Control at 100k environment steps against the official per-task CSVs. DMC
 # repeats each action twice, so 100k environment steps are 50k agent steps (ddprl's `steps`).
-# model_size 1 (1M parameters; the CSVs' model has 5M): ~2.5 agent steps/s on one core of the
-# 2-core CPU, some 6 h a seed, so a seed runs across sittings (Row.long). Evaluations: 4 episodes
+# model_size 1 (1M parameters; the CSVs' model has 5M): 2.1 to 2.5 agent steps/s on one core of the
+# 2-core CPU, 6 to 7 h a seed, so a seed runs across sittings (Row.long). Evaluations: 4 episodes
 # every 10k agent steps (the official code plays 10): on one core an MPPI act for 8 envs at once
 # took 6.5x one env's (2.8 s against 0.44, the machine shared), so 8 episodes would add ~2 h a seed.
 TDMPC2_CSV = (
@@ -327,8 +327,9 @@ TDMPC2_TASKS = {  # the CSV's 3 seeds at 100k environment steps
 }
 
 TDMPC2_NOTE = (
-    "ddprl runs model_size 1 (1M parameters) where the CSVs' runs have 5M: a 2-core CPU makes ~2.5 agent steps/s "
-    "at model_size 1, half that at 5. Steps on the page and the curve are agent steps (action repeat 2). "
+    "ddprl runs model_size 1 (1M parameters) where the CSVs' runs have 5M: a 2-core CPU makes 2.1 to 2.5 agent "
+    "steps/s a seed at model_size 1 (2.1 each with two seeds side by side, one a core), half that at 5. "
+    "Steps on the page and the curve are agent steps (action repeat 2). "
     "Evaluation: 4 episodes every 10,000 agent steps (the official code plays 10; each episode is 500 MPPI "
     "plans). A seed trains across sittings, checkpointed with its replay buffer every 2,500 agent steps; its "
     "wall time is the sum of its sittings' (each one's whole `ddprl train` command). The lost attempts of "
@@ -363,7 +364,7 @@ TDMPC2_GPU_RUNS = {  # how each task's GPU seeds went, where the row's note has 
     ),
 }
 
-TDMPC2_CPU_TASKS = ("cartpole-swingup",)  # what 2 cores carry: some 6 h a seed (reacher-easy, finger-spin: GPU rows)
+TDMPC2_CPU_TASKS = ("cartpole-swingup",)  # what 2 cores carry: 6 to 7 h a seed (reacher-easy, finger-spin: GPU rows)
 
 for task, published in TDMPC2_TASKS.items():
     reference = Reference(
