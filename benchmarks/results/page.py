@@ -488,7 +488,7 @@ def page() -> str:
 
 
 def progress_line(row: Row, partial: list[dict]) -> str:
-    """The page's line for a long row's seeds still part-way (:func:`in_progress`)."""
+    """The page's line for a long row's seeds still part-way (:func:`store.in_progress`)."""
     return (
         "- in progress (each seed as its last sitting left it, stopped with a checkpoint that `--resume` goes "
         "on from; a seed leaves this line for the results when it ends): " + "; ".join(how_far(row, s) for s in partial)
@@ -496,7 +496,7 @@ def progress_line(row: Row, partial: list[dict]) -> str:
 
 
 def lost_line(row: Row, lost: list[dict]) -> str:
-    """The page's line for a long row's attempts whose checkpoints were lost (:func:`set_aside_lost`)."""
+    """The page's line for a long row's attempts whose checkpoints were lost (:func:`store.set_aside_lost`)."""
     return (
         "- lost (a seed's earlier attempt, stopped with a checkpoint that went with the machine it was on: "
         "checkpoints and replay buffers are not committed, so the seed started again; what it measured is "
@@ -505,7 +505,7 @@ def lost_line(row: Row, lost: list[dict]) -> str:
 
 
 def how_far(row: Row, seed: dict) -> str:
-    """One part-way seed (:func:`in_progress`): its step, training time and evaluations so far."""
+    """One part-way seed (:func:`store.in_progress`): its step, training time and evaluations so far."""
     evals = ", ".join(f"{value:.{row.digits}f} at {step:,}" for step, value in seed["evals"]) or "none yet"
     return (
         f"seed {seed['seed']} at {seed['step']:,} of {int(row.key('steps')):,} steps after "

@@ -95,7 +95,7 @@ def run_epymarl_row(
     """Run EPyMARL's QMIX on the row's task, seeds 1..``seeds`` (``benchmarks/epymarl_probe.py``
     starts its unchanged ``src/main.py`` from ``checkout`` under ``python``); keep each seed's
     tests as ``seed<K>/metrics.jsonl.gz`` (``step``: the test's step on the 50k grid, ``t_env``:
-    the step it ran at) and the summary, as ``run_row`` does. EPyMARL runs on one core
+    the step it ran at) and the summary, as ``training.run_row`` does. EPyMARL runs on one core
     (``OMP_NUM_THREADS=1``, its episode runner): ``jobs`` seeds run at once, each one's wall time
     measured beside the others (the summary says how many)."""
     from concurrent.futures import ThreadPoolExecutor, as_completed

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from .baselines import graph_baselines, sklearn_baselines
 
 EVAL = "eval/return_mean"  # greedy actions, separate evaluation episodes
-
 TRAIN = "train/episode_return"  # the training episodes' return: sampled actions, as CleanRL reports it
 
 
@@ -48,18 +47,14 @@ class Row:
 
 
 METRIC_NAMES = {EVAL: "evaluation return", TRAIN: "training episodes' return"}
-
 CLEANRL = (
     "CleanRL `docs/benchmark/ppo_continuous_action.md` (Open RL Benchmark tag pr-424, {task}-v4, "
     "1M steps; the training episodes' return at the end of training, ± over 3 seeds)"
 )
-
 ZOO = "SB3 zoo `benchmark.md` (rl-baselines3-zoo, one trained agent; ± over its evaluation episodes)"
-
 LUNARLANDER_ZOO = (
     Reference(ZOO + " (LunarLander-v2: the same task before Gymnasium's fixes)", 242.119, 31.823, 1_000_000),
 )
-
 ROWS: dict[str, Row] = {
     "ppo-cartpole": Row(
         "PPO, CartPole-v1",
@@ -184,7 +179,6 @@ ROWS: dict[str, Row] = {
         "slightly lower for the same gait.",
     ),
 }
-
 # QMIX on EPyMARL's protocol (Papoudakis et al. 2021): 2M env steps (ddprl's QMIX defaults run
 # 2.05M), 100 greedy test episodes every 50k, the team return. The paper's Table 3 gives each
 # algorithm's "maximum returns": the evaluation step at which the mean over seeds is highest, and
@@ -199,7 +193,6 @@ PAPOUDAKIS_NOTE = (
     "except 8 environments in the job, standardised mixer states, time limits bootstrapped (not on MPE: "
     "its task preset) and 32 episodes per update on each rank (64 on these rows' 2 ranks) (docs/qmix.md)."
 )
-
 QMIX_TASKS = {  # row: (task, agents the page divides the team return by)
     "qmix-lbf-8x8-2p-2f-coop": ("Foraging-8x8-2p-2f-coop-v3", 1),
     "qmix-lbf-2s-8x8-2p-2f-coop": ("Foraging-2s-8x8-2p-2f-coop-v3", 1),
@@ -207,7 +200,6 @@ QMIX_TASKS = {  # row: (task, agents the page divides the team return by)
     "qmix-rware-tiny-2ag": ("rware-tiny-2ag-v2", 1),
     "qmix-mpe-simple-spread": ("simple_spread_v3", 3),
 }
-
 MPE_NOTE = (
     " The page shows simple_spread's return per agent, the team return (the sum of the 3 agents' rewards, "
     "what ddprl logs and the curve shows) divided by 3: Papoudakis et al.'s MPE returns are 'divided by the "
@@ -219,18 +211,15 @@ MPE_NOTE = (
     "episode's 25th step (PettingZoo has removed the agents by then and the wrapper fills in zeros): its returns "
     "miss one step of 25 (one episode of random actions: -63.15 through the wrapper, -65.09 from the game)."
 )
-
 # EPyMARL's QMIX settings on ddprl: its raw mixer states and unbootstrapped time limits, and its
 # 32 episodes per update (16 on each of 2 ranks); ddprl's defaults differ in these only (and run
 # 8 envs where EPyMARL's episode runner has one, which changes no update: one update per episode
 # limit of env steps). On MPE ddprl's task preset already treats time limits as terminal.
 EPYMARL_KEYS = ("batch_size=16", "standardise_state=false", "bootstrap_truncated=false")
-
 EPYMARL_NOTE = (
     " This row: EPyMARL's QMIX settings (raw mixer states, time limits not bootstrapped, 32 episodes per "
     "update: 16 per rank); the row without 'EPyMARL's settings' runs ddprl's defaults."
 )
-
 # EPyMARL itself, run here on the QMIX rows' tasks: the reference that remains while Papoudakis et
 # al.'s table is not transcribed. Its QMIX defaults (qmix_speed.SHARED writes out its config's
 # values), its protocol (2.05M env steps, a greedy test of 100 episodes every 50k), the tests read
@@ -238,9 +227,7 @@ EPYMARL_NOTE = (
 # ddprl's runs. EPyMARL finds simple_spread in pettingzoo.mpe, which PettingZoo 1.26 moved out to the
 # mpe2 package that ddprl steps: its environment has PettingZoo 1.24.3 (qmix_speed.EPYMARL_VENV).
 QMIX_STEPS = 2_050_000
-
 QMIX_EVAL_FREQ = 50_000
-
 QMIX_EVAL_EPISODES = 100
 
 
@@ -249,7 +236,6 @@ def epymarl_row(qmix_row: str) -> str:
 
 
 EPYMARL_ROWS = {epymarl_row(row): task for row, (task, _) in QMIX_TASKS.items()}
-
 # What a task asks of the agents, where its returns need it to be read.
 TASK_NOTES = {
     "qmix-lbf-10x10-3p-3f": (
@@ -279,7 +265,6 @@ BOOTSTRAP_NOTE = (
     "bounded (mean Q 51 at 400k, the greedy return still rising), and with the time limit as terminal too "
     "(the row 'QMIX, simple_spread_v3'); docs/qmix.md has the measurements."
 )
-
 QMIX_VARIANTS = {  # row: its extra rows (suffix, title, keys, note) beyond the two every task has
     "qmix-mpe-simple-spread": (
         (
@@ -308,24 +293,21 @@ for name, (task, agents) in QMIX_TASKS.items():
             epymarl=epymarl_row(name),
         )
 
-
 # TD-MPC2 on DeepMind Control at 100k environment steps against the official per-task CSVs. DMC
 # repeats each action twice, so 100k environment steps are 50k agent steps (ddprl's `steps`).
-# model_size 1 (1M parameters; the CSVs' model has 5M): 2.1 to 2.5 agent steps/s on one core of the
-# 2-core CPU, 6 to 7 h a seed, so a seed runs across sittings (Row.long). Evaluations: 4 episodes
+# model_size 1 (1M parameters; the CSVs' model has 5M): ~2.5 agent steps/s on one core of the
+# 2-core CPU, some 6 h a seed, so a seed runs across sittings (Row.long). Evaluations: 4 episodes
 # every 10k agent steps (the official code plays 10): on one core an MPPI act for 8 envs at once
 # took 6.5x one env's (2.8 s against 0.44, the machine shared), so 8 episodes would add ~2 h a seed.
 TDMPC2_CSV = (
     "official TD-MPC2 per-task CSV (github.com/nicklashansen/tdmpc2 `results/tdmpc2/{task}.csv`, the default "
     "5M-parameter model; mean ± std of its 3 seeds, {seeds}, at 100,000 environment steps = 50,000 agent steps)"
 )
-
 TDMPC2_TASKS = {  # the CSV's 3 seeds at 100k environment steps
     "cartpole-swingup": (789.8, 867.9, 860.5),
     "reacher-easy": (972.8, 977.9, 859.9),
     "finger-spin": (985.6, 937.3, 919.6),
 }
-
 TDMPC2_NOTE = (
     "ddprl runs model_size 1 (1M parameters) where the CSVs' runs have 5M: a 2-core CPU makes 2.1 to 2.5 agent "
     "steps/s a seed at model_size 1 (2.1 each with two seeds side by side, one a core), half that at 5. "
@@ -336,7 +318,6 @@ TDMPC2_NOTE = (
     "cartpole-swingup's seeds 1 and 2 began before sittings were timed so: their first four and three sittings' "
     "times are estimated from their logs' timestamps (to about a minute each)."
 )
-
 TDMPC2_GPU_NOTE = (
     "The CSVs' model (model_size 5, 5M parameters) on one GPU, compiled (`compile=true`), in fp32 (the "
     "official training script has turned TF32 on since September 2024; the CSVs were committed before "
@@ -347,7 +328,6 @@ TDMPC2_GPU_NOTE = (
     "about one seed. Evaluation: 10 episodes every 10,000 agent steps, as the official code plays. Steps "
     "are agent steps (action repeat 2)."
 )
-
 TDMPC2_GPU_RUNS = {  # how each task's GPU seeds went, where the row's note has more to say than its numbers
     "cartpole-swingup": (
         " Seed 1 (an H200) made 45,249 agent steps in its first command (about 9 min; it reached step 3,000 "
@@ -448,11 +428,8 @@ SUPERVISED_ROWS: dict[str, SupervisedRow] = {
 
 # -- peer rows: ddprl's two engines beside PureJaxRL's PPO, all run here ------------------------------
 PUREJAXRL_REPO = "https://github.com/luchris429/purejaxrl"
-
 PUREJAXRL_COMMIT = "31756b197773a52db763fdbe6d635e4b46522a73"  # 2024-09-09, the newest when this was written
-
 PUREJAXRL_CLONE = f"git clone {PUREJAXRL_REPO} purejaxrl && git -C purejaxrl checkout {PUREJAXRL_COMMIT}"
-
 # The separate environment PureJaxRL runs in: its ppo.py imports flax, distrax and its own
 # wrappers.py, which imports brax and navix. The same jax and gymnax as ddprl's jax extra.
 PUREJAXRL_VENV = (
@@ -460,7 +437,6 @@ PUREJAXRL_VENV = (
     "gymnax==1.0.1 flax==0.12.8 distrax==0.1.9 tfp-nightly==0.26.0.dev20261027 optax==0.2.8 chex==0.1.92 "
     "brax==0.14.2 mujoco==3.17.0 mujoco-mjx==3.17.0 navix==0.7.4"
 )
-
 # purejaxrl/ppo.py's own configuration (its __main__), ENV_NAME set per row. TOTAL_TIMESTEPS is
 # its 5e5 written as an integer: the number of updates, 976, is the same.
 PUREJAXRL_PPO = {
@@ -480,7 +456,6 @@ PUREJAXRL_PPO = {
     "ANNEAL_LR": True,
     "DEBUG": False,  # its __main__ says True: a host callback printing every episode, not timed here
 }
-
 # The configuration of its `examples/brax_minatar.ipynb` ("briefly tuned to do well on Gymnax's
 # MinAtar environments"), which runs the same make_train as ppo.py (the same code, its wrappers
 # imported from gymnax): 64 envs x 128 steps, 8 minibatches, relu, 1e7 steps.
@@ -492,7 +467,6 @@ PUREJAXRL_MINATAR = {
     "NUM_MINIBATCHES": 8,
     "ACTIVATION": "relu",
 }
-
 # What the kept runs of a MinAtar row showed, and what was checked about it (said on the page with them).
 MINATAR_FINDINGS = {
     "Breakout": " A run stays on a plateau near 25 to 30 for its first 3 to 6M steps, then climbs to between 35 "
@@ -511,11 +485,8 @@ MINATAR_FINDINGS = {
     "bootstrapped, the list below). That this accounts for the gap is not tested: ddprl has no key to "
     "treat a time limit PureJaxRL's way.",
 }
-
 PEER_DEVICES = 2  # ddprl's JAX engine on 2 simulated CPU devices, its torch engine on 2 ranks
-
 PEER_EVAL_FREQ = 50_000  # ddprl's greedy evaluations (10 episodes), outside the training time
-
 # The runs of a peer row: PureJaxRL (one device), ddprl jax on one device (the engine against
 # PureJaxRL alone) and on PEER_DEVICES (what sharding costs or gains), ddprl torch on PEER_DEVICES ranks.
 IMPLS = {
@@ -524,9 +495,7 @@ IMPLS = {
     "jax": f"ddprl jax ({PEER_DEVICES} devices)",
     "torch": f"ddprl torch ({PEER_DEVICES} ranks)",
 }
-
 DEVICES = {"purejaxrl": 1, "jax1": 1, "jax": PEER_DEVICES, "torch": PEER_DEVICES}
-
 DDPRL_IMPLS = ("jax1", "jax", "torch")
 
 
@@ -637,7 +606,6 @@ PEER_ROWS: dict[str, PeerRow] = {
         for game in ("Breakout", "SpaceInvaders")
     },
 }
-
 # What differs between PureJaxRL's and ddprl's runs of a peer row, and why it stays (on the page).
 PEER_NOTES = (
     "Advantages: PureJaxRL normalises them in each minibatch (its loss function), ddprl "
@@ -667,5 +635,4 @@ PEER_NOTES = (
     "(`XLA_FLAGS=--xla_force_host_platform_device_count=2`) sharing the machine's 2 cores; all "
     "`JAX_PLATFORMS=cpu`.",
 )
-
 QMIX_SEEDS = 3  # the seeds each QMIX row, and EPyMARL's run on its task, are to have

@@ -19,21 +19,13 @@ from pathlib import Path
 from .stats import curve
 
 HERE = Path(__file__).resolve().parent
-
 ROOT = HERE.parents[1]
-
 RUNS = HERE / "runs"
-
 WORK = HERE / "work"  # long rows' runs in progress, between sittings (git-ignored): checkpoints, replay buffers
-
 IN_PROGRESS = "in_progress"  # RUNS/<row>/in_progress/seed<K>: a long row's seed as its last sitting left it (kept)
-
 LOST = "lost"  # RUNS/<row>/lost/seed<K>[-N]: a long row's seed whose checkpoint went with its machine: how far it got
-
 SITTINGS = "sittings.json"  # a long row's run: the wall time of each sitting's `ddprl train` (start-up included)
-
 PAGE = ROOT / "docs" / "results.md"
-
 IMAGES = ROOT / "docs" / "results"
 
 

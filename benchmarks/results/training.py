@@ -42,7 +42,6 @@ class Stopped(Exception):
 
 
 LIVE_RUNS: set[subprocess.Popen] = set()  # the ddprl processes this script waits on
-
 STOPPING = threading.Event()  # a stop signal came: no seed starts after it
 
 
@@ -186,7 +185,7 @@ def run_row(name: str, seeds: int, resume: bool = False, jobs: int = 1) -> dict:
 
 
 def seeds_to_train(out: Path, name: str, command: str, seeds: int, resume: bool) -> tuple[list[dict], list[int]]:
-    """The seeds kept from earlier sittings (``resume``: :func:`kept_seeds`; none otherwise) and the
+    """The seeds kept from earlier sittings (``resume``: :func:`store.kept_seeds`; none otherwise) and the
     seeds of 1..``seeds`` still to train."""
     kept = kept_seeds(out, name, command, seeds) if resume else []
     for seed in sorted(s["seed"] for s in kept):
