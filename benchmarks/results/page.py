@@ -370,6 +370,8 @@ def page() -> str:
         "`python benchmarks/results/run.py ROW --seeds 3`",
         "reruns a row; `--page` rebuilds this page from the runs kept in `benchmarks/results/runs/`",
         "(their gzipped `metrics.jsonl` files: `ddprl plot benchmarks/results/runs/ROW/seed*` redraws them).",
+        "Each row's command, reference and notes are defined in `benchmarks/results/rows.py`: a new row is",
+        "an entry there.",
         "Mean ± standard deviation over seeds; a reference's ± is what its source reports.",
         "A QMIX row's reference, where it has run, is EPyMARL itself run here on the same task and",
         "protocol (its final test: mean ± standard deviation over its seeds).",
