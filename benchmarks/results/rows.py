@@ -310,7 +310,11 @@ TDMPC2_TASKS = {  # the CSV's 3 seeds at 100k environment steps
 }
 TDMPC2_NOTE = (
     "ddprl runs model_size 1 (1M parameters) where the CSVs' runs have 5M: a 2-core CPU makes 2.1 to 2.5 agent "
-    "steps/s a seed at model_size 1 (2.1 each with two seeds side by side, one a core), half that at 5. "
+    "steps/s a seed at model_size 1 (2.1 each with two seeds side by side, one a core), half that at 5, "
+    "computing Mish with torch's own kernel. Since 2026-11-27 ddprl computes Mish on a CPU as "
+    "x * tanh(softplus(x)) (equal to within 1e-6, about 1.2 times the agent steps/s: docs/benchmarks.md): "
+    "seeds 1 and 2 of cartpole-swingup from agent steps 22,405 and 22,382 on, seed 3 (not its lost attempt) "
+    "throughout. "
     "Steps on the page and the curve are agent steps (action repeat 2). "
     "Evaluation: 4 episodes every 10,000 agent steps (the official code plays 10; each episode is 500 MPPI "
     "plans). A seed trains across sittings, checkpointed with its replay buffer every 2,500 agent steps; its "
