@@ -26,12 +26,14 @@ from ddprl.algos.tdmpc2.math import (
 )
 from ddprl.algos.tdmpc2.networks import (
     MODEL_SIZES,
+    Mish,
     ModelDims,
     PolicyPrior,
     QEnsemble,
     SimNorm,
     WorldModel,
     dims_for_model_size,
+    mish,
 )
 from ddprl.algos.tdmpc2.planner import MPPI, MPPIConfig, mppi_iterations
 
@@ -178,6 +180,22 @@ def test_init_zeroes_reward_and_q_heads():
     assert w.std().item() == pytest.approx(0.02, rel=0.1) and (model.dynamics[0].linear.bias == 0).all()
     z, a = model.encode(torch.randn(4, 10)), torch.zeros(4, 3)
     torch.testing.assert_close(model.Q(z, a, "avg"), torch.zeros(4, 1))  # zero head -> Q = 0
+
+
+def test_mish_on_the_cpu_equals_torch_mish_values_and_gradients():
+    """networks.mish computes Mish as x * tanh(softplus(x)) on a CPU (faster there than torch's own
+    kernel): the values and gradients agree with F.mish, from far below zero to past softplus's
+    threshold (20), and the module keeps nn.Mish's empty state dict (checkpoints unchanged)."""
+    x = torch.cat([torch.linspace(-60, 60, 2001), torch.randn(4096) * 3]).requires_grad_()
+    ours = mish(x)
+    (grad_ours,) = torch.autograd.grad(ours.sum(), x)
+    theirs = F.mish(x)
+    (grad_theirs,) = torch.autograd.grad(theirs.sum(), x)
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad_ours, grad_theirs, rtol=1e-5, atol=1e-6)
+    assert torch.isfinite(ours).all() and torch.isfinite(grad_ours).all()
+    assert Mish().state_dict() == {} == torch.nn.Mish().state_dict()
+    torch.testing.assert_close(Mish()(x.detach()), theirs.detach(), rtol=1e-6, atol=1e-6)
 
 
 def _per_member_q(qs: QEnsemble, x: torch.Tensor) -> torch.Tensor:
