@@ -202,11 +202,14 @@ case "$phase" in
     # `python benchmarks/results/run.py --page`); a seed cut short does not (its checkpoint is lost
     # with the machine, so a later session trains it afresh). RESULTS_JOBS=2 (two seeds on the one GPU)
     # made about 1.3x the agent steps/s of one seed alone on an H200, but each seed then needs two commands.
-    # RESULTS_S=530 in a device command of 600 s (the wheels' install and the start-up fit in the rest)
-    # trains one seed to its end on an H200.
+    # One seed alone took 549 s of `ddprl train` on an H200 (2026-11-27): with RESULTS_S=530 in a device
+    # command of 600 s it ended only because the limit's SIGTERM came during its final evaluation (which
+    # runs to its end: 26 s there); the rest of that command (wheels, start-up, archive) took 13 s.
+    # RESULTS_S=550 (the default) gives a seed ~30 s of slack and still ends within 600 s if the signal
+    # comes just as the final evaluation starts.
     rows=${RESULTS_ROWS:-$(python3 benchmarks/results/run.py --list | awk '/ device=cuda / {print $1}')}
     for row in $rows; do
-      left=$((${RESULTS_S:-500} - (SECONDS - phase_start)))
+      left=$((${RESULTS_S:-550} - (SECONDS - phase_start)))
       ((left < 120)) && break  # too short for a compile and a seed's first evaluation
       timeout -s TERM -k 60 "$left" python3 benchmarks/results/run.py "$row" --seeds 3 --resume \
         --jobs "${RESULTS_JOBS:-1}" 2>&1 | tee -a "$log"
