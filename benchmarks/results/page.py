@@ -169,8 +169,8 @@ def not_yet() -> list[str]:
     tdmpc2_missing = (
         "TD-MPC2 at 100k environment steps (50k agent steps, action repeat 2) against the official per-task CSVs "
         f"(github.com/nicklashansen/tdmpc2, `results/tdmpc2/`, 3 seeds, at 100k: {csv}): at model_size 1 this "
-        "CPU makes 2.1 to 2.5 agent steps per second on a core (2.1 each with two seeds side by side), 6 to 7 "
-        "hours per seed, so "
+        "CPU made 2.1 to 2.5 agent steps per second on a core (2.1 each with two seeds side by side), 6 to 7 "
+        "hours per seed, and 2.4 each since Mish is computed the faster way (about 6 hours), so "
         "the CPU carries cartpole-swingup only: its row trains across sittings, two seeds at once, each going on "
         "from its checkpoint and replay buffer (`run.py tdmpc2-cartpole-swingup --seeds 3 --jobs 2 --resume`; "
         "its row above says how far each seed got, and how far a first attempt got before its checkpoints went "
