@@ -161,23 +161,26 @@ def not_yet() -> list[str]:
         "85 to 98 min (rware-tiny: 90 beside a ddprl run; 98 and 85 beside two TD-MPC2 runs and the test suite)."
     )
     csv = ", ".join(f"{task} {' / '.join(f'{v:g}' for v in values)}" for task, values in TDMPC2_TASKS.items())
-    gpu_seeds = ", ".join(
-        f"{row.key('task')} {len(kept_seeds(store.RUNS / name, name, row.command(), 3))}"
-        for name, row in ROWS.items()
-        if row.key("device") == "cuda"
-    )
+
+    def seeds_kept(on_gpu: bool) -> str:
+        return ", ".join(
+            f"{row.key('task')} {len(kept_seeds(store.RUNS / name, name, row.command(), 3))}"
+            for name, row in ROWS.items()
+            if row.key("algo") == "tdmpc2" and (row.key("device") == "cuda") == on_gpu
+        )
+
     tdmpc2_missing = (
         "TD-MPC2 at 100k environment steps (50k agent steps, action repeat 2) against the official per-task CSVs "
         f"(github.com/nicklashansen/tdmpc2, `results/tdmpc2/`, 3 seeds, at 100k: {csv}): at model_size 1 this "
         "CPU made 2.1 to 2.5 agent steps per second on a core (2.1 each with two seeds side by side), 6 to 7 "
-        "hours per seed, and 2.4 each since Mish is computed the faster way (about 6 hours), so "
-        "the CPU carries cartpole-swingup only: its row trains across sittings, two seeds at once, each going on "
-        "from its checkpoint and replay buffer (`run.py tdmpc2-cartpole-swingup --seeds 3 --jobs 2 --resume`; "
-        "its row above says how far each seed got, and how far a first attempt got before its checkpoints went "
-        "with the machine they were on). On a GPU the CSVs' own model trains a seed in 9 to 11 min "
+        "hours per seed, and 2.4 each since Mish is computed the faster way (about 6 hours), so each of the "
+        "three CPU rows trains across many sittings, a seed a core, each seed going on from its checkpoint and "
+        "replay buffer (`run.py tdmpc2-TASK --seeds 3 --jobs 2 --resume`; a row above says how far each seed "
+        "got, and how far an attempt got before its checkpoints went with the machine they were on): seeds "
+        f"kept so far of 3, {seeds_kept(False)}. On a GPU the CSVs' own model trains a seed in 9 to 11 min "
         "(the rows 'model_size 5, one GPU'), but a session gets 15 min of a GPU when it gets one at all, about "
-        f"one seed: seeds kept so far of 3, {gpu_seeds}. docs/benchmarks.md has a 30k-step cartpole-swingup "
-        "run on 2 ranks."
+        f"one seed: seeds kept so far of 3, {seeds_kept(True)}. docs/benchmarks.md has a 30k-step "
+        "cartpole-swingup run on 2 ranks."
     )
     return [
         "",
