@@ -521,6 +521,24 @@ def test_a_long_row_part_way_shows_how_far_each_seed_got(tmp_path, monkeypatch):
     assert (tmp_path / "images" / f"{row}.png").exists()
 
 
+def test_a_long_row_before_its_first_evaluation_has_no_curve(tmp_path, monkeypatch):
+    """A seed stopped before its first evaluation: the page says how far it got, draws no figure
+    (it would hold the reference alone) and links none."""
+    row = "tdmpc2-reacher-easy"
+    keep = tmp_path / "runs" / row / store.IN_PROGRESS / "seed1"
+    keep.mkdir(parents=True)
+    (keep / "metrics.jsonl").write_text(json.dumps({"step": 7000, "wall_time": 2400.0}) + "\n")
+    (keep / store.SITTINGS).write_text(json.dumps([2460.0]))
+    monkeypatch.setattr(store, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(store, "IMAGES", tmp_path / "images")
+    monkeypatch.setattr(store, "PAGE", tmp_path / "results.md")
+    text = page.page()
+    assert "| 50,000 | not reached: 1 in progress, at 7,000 |  | 0 | | no evaluation yet |" in text
+    assert "seed 1 at 7,000 of 50,000 steps after 0.7 h of training, evaluations: none yet" in text
+    assert not (tmp_path / "images" / f"{row}.png").exists()
+    assert f"images/{row}.png" not in text
+
+
 def test_a_long_row_whose_checkpoint_is_gone_keeps_the_lost_attempt_and_shows_both(tmp_path, monkeypatch):
     """A sitting on a new machine finds a seed's in-progress record but no checkpoint (the work
     directory is not committed): the record moves to ``lost/`` (a second loss beside the first)

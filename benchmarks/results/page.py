@@ -388,7 +388,10 @@ def page() -> str:
         summary_path = store.RUNS / name / "summary.json"
         partial, lost = in_progress(name), in_progress(name, LOST)
         if not summary_path.exists() and (partial or lost):  # a long row whose seeds are all part-way
-            image = draw(name, row).relative_to(store.PAGE.parent)
+            # no curve before a first evaluation: a figure of the reference alone says nothing
+            evaluated = any(s["evals"] for s in partial + lost)
+            image = draw(name, row).relative_to(store.PAGE.parent) if evaluated else None
+            curve_cell = f"[png]({image})" if image else "no evaluation yet"
             best = max(
                 (
                     (value, f"seed {s['seed']}{how}")
@@ -407,7 +410,7 @@ def page() -> str:
             for ref in row.references:
                 lines.append(
                     f"| {row.title} | {ref_cell(ref)} "
-                    f"| {ref.steps:,} | not reached: {where} | {best_cell} | 0 | | [png]({image}) |"
+                    f"| {ref.steps:,} | not reached: {where} | {best_cell} | 0 | | {curve_cell} |"
                 )
             details += [
                 f"### {row.title}",
@@ -418,8 +421,7 @@ def page() -> str:
                 *([lost_line(row, lost)] if lost else []),
                 *([f"- {row.note}"] if row.note else []),
                 "",
-                f"![{row.title}]({image})",
-                "",
+                *([f"![{row.title}]({image})", ""] if image else []),
             ]
             continue
         if not summary_path.exists():
