@@ -321,9 +321,9 @@ TDMPC2_NOTE = (
 )
 TDMPC2_CPU_RUNS = {  # how each task's CPU seeds went, where the row's note has more to say than its numbers
     "cartpole-swingup": (
-        " Mish the faster way: seeds 1 and 2 from agent steps 22,405 and 22,382 on, seed 3 (not its lost attempt) "
-        "throughout. The lost attempts of seeds 1 and 2 began before sittings were timed so: their first four and "
-        "three sittings' times are estimated from their logs' timestamps (to about a minute each)."
+        " Mish computed the faster way: seeds 1 and 2 from agent steps 22,405 and 22,382 on, seed 3 (not its lost "
+        "attempt) throughout. The lost attempts of seeds 1 and 2 began before sittings were timed so: their first "
+        "four and three sittings' times are estimated from their logs' timestamps (to about a minute each)."
     ),
 }
 TDMPC2_GPU_NOTE = (
@@ -353,6 +353,25 @@ TDMPC2_GPU_RUNS = {  # how each task's GPU seeds went, where the row's note has 
 }
 
 
+def tdmpc2_keys(
+    task: str, model_size: int, eval_episodes: int, checkpoint_freq: int, device: tuple[str, ...] = ()
+) -> tuple[str, ...]:
+    """A TD-MPC2 row's keys: 50k agent steps on one rank, evaluated every 10k, checkpointed with its
+    replay buffer (in this order: a kept run's command is matched to its row's as a string)."""
+    return (
+        "algo=tdmpc2",
+        f"task={task}",
+        f"model_size={model_size}",
+        *device,
+        "world_size=1",
+        "steps=50000",
+        "eval_freq=10000",
+        f"eval_episodes={eval_episodes}",
+        f"checkpoint_freq={checkpoint_freq}",
+        "checkpoint_buffer=true",
+    )
+
+
 for task, published in TDMPC2_TASKS.items():
     reference = Reference(
         TDMPC2_CSV.format(task=task, seeds=" / ".join(f"{v:g}" for v in published)),
@@ -362,35 +381,15 @@ for task, published in TDMPC2_TASKS.items():
     )
     ROWS[f"tdmpc2-{task}"] = Row(
         f"TD-MPC2, {task}, model_size 1 (agent steps: half the environment steps)",
-        (
-            "algo=tdmpc2",
-            f"task={task}",
-            "model_size=1",
-            "world_size=1",
-            "steps=50000",
-            "eval_freq=10000",
-            "eval_episodes=4",
-            "checkpoint_freq=2500",
-            "checkpoint_buffer=true",
-        ),
+        tdmpc2_keys(task, model_size=1, eval_episodes=4, checkpoint_freq=2500),
         (reference,),
         TDMPC2_NOTE + TDMPC2_CPU_RUNS.get(task, ""),
         long=True,
     )
     ROWS[f"tdmpc2-{task}-gpu"] = Row(
         f"TD-MPC2, {task}, model_size 5, one GPU (agent steps: half the environment steps)",
-        (
-            "algo=tdmpc2",
-            f"task={task}",
-            "model_size=5",
-            "device=cuda",
-            "compile=true",
-            "world_size=1",
-            "steps=50000",
-            "eval_freq=10000",
-            "eval_episodes=10",
-            "checkpoint_freq=10000",
-            "checkpoint_buffer=true",
+        tdmpc2_keys(
+            task, model_size=5, eval_episodes=10, checkpoint_freq=10000, device=("device=cuda", "compile=true")
         ),
         (reference,),
         TDMPC2_GPU_NOTE + TDMPC2_GPU_RUNS.get(task, ""),
