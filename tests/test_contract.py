@@ -76,11 +76,27 @@ def test_tdmpc2_one_env_per_rank_by_default():
 
 def test_seeds_fresh_and_resumed():
     s = Seeds(seed=1, rank=1)
-    assert (s.env(), s.torch(), s.eval_env()) == (10_001, 2, 1_010_001)
+    assert (s.env(), s.torch()) == (10_001, 2)
     resumed = {Seeds(1, r).env(step) for r in range(4) for step in (512, 1024, 10**9)}
     assert len(resumed) == 12  # distinct per rank and step
     assert all(seed >= 2**30 for seed in resumed)  # never a fresh run's seed + env index
     assert Seeds(1, 0).shared(512) == Seeds(1, 3).shared(512)  # shared streams agree on all ranks
+
+
+def test_evaluation_episodes_are_a_runs_own_and_the_same_at_every_evaluation():
+    """Eval env ``i`` of a rank is seeded ``eval_env() + i``: runs of different seeds (consecutive, as
+    a results row's are) and different ranks never share an evaluation episode's seed, and never a
+    fresh training env's."""
+    envs = 8
+    sets = {
+        (seed, rank): {Seeds(seed, rank).eval_env() + i for i in range(envs)} for seed in range(10) for rank in range(4)
+    }
+    every = set().union(*sets.values())
+    assert len(every) == len(sets) * envs  # pairwise disjoint
+    assert Seeds(2, 1).eval_env() == Seeds(2, 1).eval_env()  # the same episodes at every evaluation
+    training = {Seeds(seed, rank).env() + i for seed in range(10) for rank in range(4) for i in range(envs)}
+    assert not every & training
+    assert all(seed + envs < 2**32 for seed in every)  # dm_control seeds a uint32
 
 
 def _record_env_seeds(monkeypatch, module: str, name: str) -> list[int]:

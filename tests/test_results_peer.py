@@ -439,8 +439,8 @@ def test_epymarl_on_mpe_steps_its_pettingzoo_key_and_the_page_divides_by_the_age
 def test_a_long_row_stopped_by_sigterm_goes_on_from_its_checkpoint(tmp_path):
     """A real run in a long row's work directory: SIGTERM to it (as to run.py, passed on) saves a
     checkpoint, keeps how far it got in ``in_progress/`` and raises Stopped; the next sitting resumes
-    it to the end, keeps the one metrics file and the wall time of both sittings, and removes the
-    work directory and the in-progress copy."""
+    it to the end, keeps the one metrics file and the wall time of both sittings, keeps the final
+    agent, and removes the work directory and the in-progress copy."""
     keys = ("task=CartPole-v1", "world_size=1", "steps=30000", "checkpoint_freq=4096", "eval_episodes=2")
     work, keep = tmp_path / "work", tmp_path / "runs" / "row" / "seed1"
     progress = tmp_path / "runs" / "row" / store.IN_PROGRESS / "seed1"
@@ -480,6 +480,8 @@ def test_a_long_row_stopped_by_sigterm_goes_on_from_its_checkpoint(tmp_path):
     second = rows[-1]["wall_time"] - so_far[-1]["wall_time"]
     assert wall >= round(first + second, 1) and wall - first < second + 60
     assert not work.exists() and not progress.parent.exists()
+    final = load_checkpoint(tmp_path / "final" / "work.pt")  # the agent, to evaluate again later
+    assert final["step"] >= 30000
 
 
 def test_a_long_row_refused_at_its_start_fails_with_the_exit_and_leaves_nothing(tmp_path):

@@ -68,9 +68,10 @@ def train_and_keep(
 
     ``work`` (long rows): train in that directory instead, going on from its latest checkpoint
     where an earlier sitting left one; a run stopped with a checkpoint raises :class:`Stopped`, a
-    finished one's directory is removed once kept. Its wall time is then the sum of its sittings'
-    (each one's whole command, kept in ``SITTINGS`` as it ends: the metrics' ``wall_time`` restarts
-    in each process, and nothing marks where when a sitting was short)."""
+    finished one's directory is removed once kept (its agent kept by :func:`keep_final_agent`). Its
+    wall time is then the sum of its sittings' (each one's whole command, kept in ``SITTINGS`` as it
+    ends: the metrics' ``wall_time`` restarts in each process, and nothing marks where when a
+    sitting was short)."""
     with contextlib.ExitStack() as stack:
         run_dir = work or Path(stack.enter_context(tempfile.TemporaryDirectory())) / "run"
         resume = work is not None and (work / "checkpoints" / "latest.pt").exists()
@@ -103,8 +104,21 @@ def train_and_keep(
     if work is None:
         return round(time.time() - start, 1)
     wall = sum(sittings(work))
+    keep_final_agent(work)
     shutil.rmtree(work)
     return round(wall, 1)
+
+
+def keep_final_agent(work: Path) -> None:
+    """A finished long run's last checkpoint (the agent, not the replay buffer), kept as
+    ``final/<seed>.pt`` beside the work directories (git-ignored): the row's few evaluation episodes
+    can then be told from the agent's own failure rate by evaluating it again over more
+    (``ddprl eval checkpoint=... episodes=N``) without training the seed again."""
+    latest = work / "checkpoints" / "latest.pt"
+    if latest.exists():
+        final = work.parent / "final" / f"{work.name}.pt"
+        final.parent.mkdir(exist_ok=True)
+        shutil.copyfile(latest, final)  # latest.pt may be a link into the directory removed next
 
 
 def run_row(name: str, seeds: int, resume: bool = False, jobs: int = 1) -> dict:

@@ -1,9 +1,10 @@
 """Every seed of a job, derived in one place from (seed, global rank, purpose, step).
 
 A fresh run uses the classic formulas (docs/distributed.md, invariant 3: env ``i`` of rank
-``r`` is seeded ``seed + r * 10_000 + i``). A resumed run that cannot restore a generator's saved state (the
-environment gives none, or the world size changed) reseeds it from the global step it resumes
-at: never the start-of-run seeds, so no episode of the interrupted run is replayed.
+``r`` is seeded ``seed + r * 10_000 + i``); evaluation envs a hash of (seed, rank). A resumed run
+that cannot restore a generator's saved state (the environment gives none, or the world size
+changed) reseeds it from the global step it resumes at: never the start-of-run seeds, so no
+episode of the interrupted run is replayed.
 
 >>> s = Seeds(seed=1, rank=3)
 >>> s.env(), s.torch(), s.shared()
@@ -19,14 +20,14 @@ from dataclasses import dataclass
 import numpy as np
 
 RANK_STRIDE = 10_000  # env seeds of two ranks never overlap below this many envs per rank
-EVAL_OFFSET = 1_000_000  # eval envs never replay a training env's seed
+EVAL_OFFSET = 1_000_000  # sampled eval actions never replay a training stream's seed
 SHARED_OFFSET = 777  # the generator all ranks share (identical draws on every rank)
 EVAL_ACTION_STRIDE = 7919  # a prime: per-rank eval-action streams stay apart for any step
 # Derived (resume) seeds lie in [2^30, 2^31): apart from the fresh-run seeds, valid for every
 # simulator (dm_control wants a uint32, Gymnasium any int).
 _DERIVED_BASE, _DERIVED_RANGE = 2**30, 2**30
 
-_PURPOSES = {"env": 1, "torch": 2, "shared": 3}
+_PURPOSES = {"env": 1, "torch": 2, "shared": 3, "eval": 4}
 
 
 def derive_seed(seed: int, rank: int, purpose: str, step: int) -> int:
@@ -66,8 +67,11 @@ class Seeds:
         return self.seed + SHARED_OFFSET if step == 0 else derive_seed(self.seed, 0, "shared", step)
 
     def eval_env(self) -> int:
-        """First seed of this rank's evaluation envs (the same episodes at every evaluation)."""
-        return self.seed + EVAL_OFFSET + self.rank * RANK_STRIDE
+        """First seed of this rank's evaluation envs (env ``i`` adds i): the same episodes at every
+        evaluation of a run, none of another seed's. A hash, because ``seed + offset + i`` gave runs
+        of consecutive seeds the same episodes one env apart (seed 2's env 0 was seed 1's env 1),
+        so the seeds of a results row were scored on largely the same episodes."""
+        return derive_seed(self.seed, self.rank, "eval", 0)
 
     def eval_actions(self, step: int = 0) -> int:
         """Sampled eval actions (a generator of their own, so evaluating never moves training's)."""
