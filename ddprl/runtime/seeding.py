@@ -23,7 +23,7 @@ RANK_STRIDE = 10_000  # env seeds of two ranks never overlap below this many env
 EVAL_OFFSET = 1_000_000  # sampled eval actions never replay a training stream's seed
 SHARED_OFFSET = 777  # the generator all ranks share (identical draws on every rank)
 EVAL_ACTION_STRIDE = 7919  # a prime: per-rank eval-action streams stay apart for any step
-# Derived (resume) seeds lie in [2^30, 2^31): apart from the fresh-run seeds, valid for every
+# Derived seeds (resume, evaluation envs) lie in [2^30, 2^31): apart from the fresh-run seeds, valid for every
 # simulator (dm_control wants a uint32, Gymnasium any int).
 _DERIVED_BASE, _DERIVED_RANGE = 2**30, 2**30
 
