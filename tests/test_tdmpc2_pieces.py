@@ -183,9 +183,11 @@ def test_init_zeroes_reward_and_q_heads():
 
 
 def test_mish_on_the_cpu_equals_torch_mish_values_and_gradients():
-    """networks.mish computes Mish as x * tanh(softplus(x)) on a CPU (faster there than torch's own
-    kernel): the values and gradients agree with F.mish, from far below zero to past softplus's
-    threshold (20), and the module keeps nn.Mish's empty state dict (checkpoints unchanged)."""
+    """networks.mish computes Mish from one exp on a CPU, its gradient by hand (faster there than
+    torch's own kernel): values and gradients agree with F.mish from far below zero to past the
+    clamp (20), in float32 and float64, through autograd and torch.func alike; half types take
+    F.mish (e^x overflows float16); the module keeps nn.Mish's empty state dict (checkpoints
+    unchanged)."""
     x = torch.cat([torch.linspace(-60, 60, 2001), torch.randn(4096) * 3]).requires_grad_()
     ours = mish(x)
     (grad_ours,) = torch.autograd.grad(ours.sum(), x)
@@ -196,6 +198,17 @@ def test_mish_on_the_cpu_equals_torch_mish_values_and_gradients():
     assert torch.isfinite(ours).all() and torch.isfinite(grad_ours).all()
     assert Mish().state_dict() == {} == torch.nn.Mish().state_dict()
     torch.testing.assert_close(Mish()(x.detach()), theirs.detach(), rtol=1e-6, atol=1e-6)
+
+    x64 = x.detach().double()
+    torch.testing.assert_close(mish(x64), F.mish(x64), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        torch.func.grad(lambda v: mish(v).sum())(x64), torch.func.grad(lambda v: F.mish(v).sum())(x64)
+    )
+    assert torch.autograd.gradcheck(mish, (torch.randn(16, dtype=torch.float64, requires_grad=True) * 4,))
+    for half in (torch.float16, torch.bfloat16):
+        xh = x.detach().to(half)
+        torch.testing.assert_close(mish(xh), F.mish(xh))
+        assert torch.isfinite(mish(xh)).all()
 
 
 def _per_member_q(qs: QEnsemble, x: torch.Tensor) -> torch.Tensor:

@@ -313,7 +313,9 @@ TDMPC2_NOTE = (
     "steps/s a seed at model_size 1 (2.1 each with two seeds side by side, one a core), half that at 5, "
     "computing Mish with torch's own kernel. Since 2026-11-27 ddprl computes Mish on a CPU as "
     "x * tanh(softplus(x)) (equal to within 1e-6; 2.4 agent steps/s each, two seeds side by side, against "
-    "2.1: docs/benchmarks.md). "
+    "2.1: docs/benchmarks.md), since 2026-11-28 from one exp (equal to within 1e-6; about 1.17 times the "
+    "agent steps/s on an AMD EPYC of the first Zen generation, where a seed made 0.74 agent steps/s before: "
+    "docs/benchmarks.md). "
     "Steps on the page and the curve are agent steps (action repeat 2). "
     "Evaluation: 4 episodes every 10,000 agent steps (the official code plays 10; each episode is 500 MPPI "
     "plans). A seed trains across sittings, checkpointed with its replay buffer every 2,500 agent steps; its "
@@ -329,8 +331,10 @@ TDMPC2_CPU_RUNS = {  # how each task's CPU seeds went, where the row's note has 
         "mean, with the official 10 a tenth; seeds 1 and 2 were scored on 4 episodes of which 3 were the "
         "same (the note above the table). Their final agents were not kept; from seed 3 on run.py keeps each "
         "seed's last checkpoint (benchmarks/results/work/ROW/final/, not committed), to evaluate over more "
-        "episodes (`ddprl eval checkpoint=... episodes=N`)."
+        "episodes (`ddprl eval checkpoint=... episodes=N`). Seed 3 (its second attempt): Mish from one exp "
+        "from agent step 4,590 on."
     ),
+    "finger-spin": " Seed 2 (its second attempt): Mish from one exp from agent step 4,618 on.",
     "cartpole-swingup": (
         " Mish computed the faster way: seeds 1 and 2 from agent steps 22,405 and 22,382 on, seed 3 (not its lost "
         "attempt) throughout. The lost attempts of seeds 1 and 2 began before sittings were timed so: their first "

@@ -76,16 +76,42 @@ def dims_for_model_size(size: int) -> ModelDims:
 # --------------------------------------------------------------------------- layers
 
 
+class _MishFromExp(torch.autograd.Function):
+    """Mish with one transcendental op: tanh(softplus(x)) = n / (n + 2), n = e^x (e^x + 2),
+    and its gradient t + x sigmoid(x) (1 - t^2), t = tanh(softplus(x)), by hand (autograd
+    through the forward's ops kept five tensors per call and was no faster than torch's).
+
+    For x >= 20, t is 1 in float32 and float64 alike; the clamp keeps e^x (and n) finite."""
+
+    @staticmethod
+    def forward(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        e = torch.exp(x.clamp(max=20.0))
+        n = e.add(2.0).mul_(e)
+        t = n.div_(n + 2.0)
+        return x * t, t
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # the torch.func-compatible form
+        ctx.save_for_backward(inputs[0], output[1])
+        ctx.mark_non_differentiable(output[1])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor, _grad_t: torch.Tensor | None) -> torch.Tensor:
+        x, t = ctx.saved_tensors
+        return grad * (t + x * torch.sigmoid(x) * (1.0 - t * t))
+
+
 def mish(x: torch.Tensor) -> torch.Tensor:
     """Mish, x * tanh(softplus(x)), TD-MPC2's activation.
 
-    On a CPU as those three ops: torch's own CPU mish kernel ran at half their speed (torch
-    2.13, one thread: 1.37 against 0.67 ms forward, 1.42 against 0.78 ms forward and backward,
-    on a 512 x 512 tensor), and Mish was ~30 % of a model_size-1 agent step there; the two
-    agree to within 1e-6. Elsewhere ``F.mish``: one kernel in eager CUDA, and what a compiled
-    region fuses either way."""
-    if x.device.type == "cpu":
-        return x * torch.tanh(F.softplus(x))
+    On a CPU, eager, float32 or float64, from one exp (:class:`_MishFromExp`): tanh and softplus
+    are the slow ops there, and torch's own CPU mish kernel is slower still (torch 2.13, one
+    thread, a 512 x 512 tensor, an Intel Xeon: F.mish 1.37 ms forward, x * tanh(softplus(x))
+    0.67; an AMD EPYC: docs/benchmarks.md, 'Mish on the CPU'). It agrees with F.mish to within
+    1e-6. Elsewhere ``F.mish``: one kernel in eager CUDA, and what a compiled region fuses; on
+    half types too (e^x overflows float16 from x = 11)."""
+    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling():
+        return _MishFromExp.apply(x)[0]
     return F.mish(x)
 
 
