@@ -606,7 +606,8 @@ def test_compile_and_bf16_train_end_to_end(tmp_path):
 # mean over 10 episodes of random play has a std of ~90. This run (4000 agent steps: 1000 random,
 # the 1000-update burst, 3000 planned) scored -160, -276, -281 with seeds 1, 2, 3, and -192, -391,
 # -304 with Mish as x * tanh(softplus(x)) on the CPU (networks.mish, equal to within 1e-6: the runs
-# part after the first few updates, as runs do); at 2500 steps returns were still unstable (-468,
+# part after the first few updates, as runs do), and -122, -521, -698 with Mish from one exp (an
+# AMD EPYC, 2026-11-28; the earlier ones on an Intel Xeon); at 2500 steps returns were still unstable (-468,
 # -650, -953 over 5 episodes), hence the budget. ~2.5 min on 2 cores.
 PENDULUM_RANDOM_RETURN = -1234.0
 PENDULUM_THRESHOLD = -800.0
