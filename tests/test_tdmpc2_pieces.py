@@ -186,7 +186,7 @@ def test_mish_on_the_cpu_equals_torch_mish_values_and_gradients():
     """networks.mish computes Mish from one exp on a CPU, its gradient by hand (faster there than
     torch's own kernel): values and gradients agree with F.mish from far below zero to past the
     clamp (20), in float32 and float64, through autograd and torch.func alike; half types take
-    F.mish (e^x overflows float16); the module keeps nn.Mish's empty state dict (checkpoints
+    F.mish (e^x (e^x + 2) overflows float16); the module keeps nn.Mish's empty state dict (checkpoints
     unchanged)."""
     x = torch.cat([torch.linspace(-60, 60, 2001), torch.randn(4096) * 3]).requires_grad_()
     ours = mish(x)
