@@ -175,7 +175,7 @@ def not_yet() -> list[str]:
         "CPU made 2.1 to 2.5 agent steps per second on a core (2.1 each with two seeds side by side), 6 to 7 "
         "hours per seed, and 2.4 each since Mish is computed the faster way (cartpole-swingup's seeds 1 and 2, "
         "their first 22k steps before it, took 6.8 h each, evaluations included); an AMD EPYC of the first Zen "
-        "generation made a third of that (0.74 each, 0.85 since Mish is computed from one exp), so each of the "
+        "generation made a third of that (0.74 each; 0.80 to 0.91 since Mish is computed from one exp), so each of the "
         "three CPU rows trains across many sittings, a seed a core, each seed going on from its checkpoint and "
         "replay buffer (`run.py tdmpc2-TASK --seeds 3 --jobs 2 --resume`; a row above says how far each seed "
         "got, and how far an attempt got before its checkpoints went with the machine they were on): seeds "

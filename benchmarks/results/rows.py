@@ -315,7 +315,7 @@ TDMPC2_NOTE = (
     "x * tanh(softplus(x)) (equal to within 1e-6; 2.4 agent steps/s each, two seeds side by side, against "
     "2.1: docs/benchmarks.md), since 2026-11-28 from one exp (equal to within 1e-6; about 1.17 times the "
     "agent steps/s on an AMD EPYC of the first Zen generation, where a seed made 0.74 agent steps/s before and "
-    "0.84 to 0.85 since, two seeds side by side: docs/benchmarks.md). "
+    "0.80 to 0.91 since, two seeds side by side: docs/benchmarks.md). "
     "Steps on the page and the curve are agent steps (action repeat 2). "
     "Evaluation: 4 episodes every 10,000 agent steps (the official code plays 10; each episode is 500 MPPI "
     "plans). A seed trains across sittings, checkpointed with its replay buffer every 2,500 agent steps; its "
