@@ -405,6 +405,14 @@ def test_a_row_resumed_on_another_machine_gives_each_machine_its_wall_time(tmp_p
     assert page.wall_per_seed(summary) == "10.0 min (AMD EPYC); 3.0 min (Intel Xeon)"
     assert page.machine_line(summary).startswith("machines: seed 1: AMD EPYC, 2 cores; seed 2: Intel(R)")
     assert page.wall_per_seed({**summary, "seeds": [new]}) == "3.0 min"
+    # a long row's seed whose sittings ran on two machines names both, with the hours on each
+    both = [{"wall_s": 7200.0, "machine": "AMD EPYC, 2 cores"}, {"wall_s": 1800.0, "machine": store.this_machine()}]
+    long_seed = {**new, "seed": 3, "wall_s": 9000.0, "machine": store.sittings_machine(both)}
+    assert long_seed["machine"] == "AMD EPYC, 2 cores (2.0 h) + Intel(R) Xeon(R) Processor, 2 cores (0.5 h)"
+    assert (
+        page.wall_per_seed({**summary, "seeds": [new, long_seed]})
+        == "3.0 min (Intel Xeon); 150.0 min (AMD EPYC + Intel Xeon)"
+    )
 
 
 def test_epymarl_on_mpe_steps_its_pettingzoo_key_and_the_page_divides_by_the_agents(tmp_path, monkeypatch):
@@ -468,6 +476,8 @@ def test_a_long_row_stopped_by_sigterm_goes_on_from_its_checkpoint(tmp_path):
     assert so_far[-1]["step"] <= load_checkpoint(work / "checkpoints" / "latest.pt")["step"]
 
     (first,) = store.sittings(progress)  # the whole command: at least the training it logged
+    assert first["machine"] == store.this_machine()
+    first = first["wall_s"]
     assert first >= so_far[-1]["wall_time"]
 
     wall = training.train_and_keep(keys, 1, keep, "cartpole seed 1", work=work)
@@ -479,6 +489,8 @@ def test_a_long_row_stopped_by_sigterm_goes_on_from_its_checkpoint(tmp_path):
     # (its rows' wall_time runs on from the first sitting's last kept row)
     second = rows[-1]["wall_time"] - so_far[-1]["wall_time"]
     assert wall >= round(first + second, 1) and wall - first < second + 60
+    assert [s["wall_s"] for s in store.sittings(keep)][0] == first  # kept with the run: where it ran
+    assert store.sittings_machine(store.sittings(keep)) == store.this_machine()
     assert not work.exists() and not progress.parent.exists()
     final = load_checkpoint(tmp_path / "final" / "work.pt")  # the agent, to evaluate again later
     assert final["step"] >= 30000
@@ -500,7 +512,8 @@ def test_a_long_row_part_way_shows_how_far_each_seed_got(tmp_path, monkeypatch):
     row = "tdmpc2-cartpole-swingup"
     seeds = {  # (step, wall_time, evaluation) rows; each sitting's wall time
         1: ([(2500, 10.0, None), (10000, 3600.0, 277.9), (12000, 600.0, None)], [3600.0, 600.0]),
-        2: ([(5000, 1800.0, None)], [1800.0]),
+        2: ([(5000, 1800.0, None)], [{"wall_s": 1800.0, "machine": "Intel(R) Xeon(R) Processor, 2 cores"}]),
+        3: ([(4000, 1400.0, None)], [900.0, *({"wall_s": w, "machine": "AMD EPYC, 2 cores"} for w in (360, 540))]),
     }
     for seed, (points, walls) in seeds.items():
         keep = tmp_path / "runs" / row / store.IN_PROGRESS / f"seed{seed}"
@@ -513,12 +526,15 @@ def test_a_long_row_part_way_shows_how_far_each_seed_got(tmp_path, monkeypatch):
     monkeypatch.setattr(store, "PAGE", tmp_path / "results.md")
     text = page.page()
     assert (
-        "| 50,000 | not reached: 2 in progress, at 12,000 and 5,000 | 277.9 so far (seed 1) | 0 | | "
+        "| 50,000 | not reached: 3 in progress, at 12,000 and 5,000 and 4,000 | 277.9 so far (seed 1) | 0 | | "
         "[png](images/tdmpc2-cartpole-swingup.png) |" in text
     )
+    # each seed's machines, where its sittings recorded them (seed 1's, kept as bare seconds, did not)
     assert (
         "seed 1 at 12,000 of 50,000 steps after 1.2 h of training, evaluations: 277.9 at 10,000; "
-        "seed 2 at 5,000 of 50,000 steps after 0.5 h of training, evaluations: none yet" in text
+        "seed 2 at 5,000 of 50,000 steps after 0.5 h of training on the Intel Xeon, evaluations: none yet; "
+        "seed 3 at 4,000 of 50,000 steps after 0.5 h of training (not recorded 0.2 h, AMD EPYC 0.2 h), "
+        "evaluations: none yet" in text
     )
     assert (tmp_path / "images" / f"{row}.png").exists()
 

@@ -307,8 +307,11 @@ def wall_per_seed(summary: dict, name_machine: bool = False) -> str:
 
 
 def short_machine(machine: str) -> str:
-    """'Intel(R) Xeon(R) Processor, 2 cores' -> 'Intel Xeon': a table cell's name of a machine."""
-    return re.sub(r"\((R|TM)\)| Processor| CPU", "", machine.split(",")[0]).strip()
+    """'Intel(R) Xeon(R) Processor, 2 cores' -> 'Intel Xeon': a table cell's name of a machine (of
+    each, 'Intel Xeon + AMD EPYC', for a seed whose sittings ran on several: store.sittings_machine)."""
+    return " + ".join(
+        re.sub(r"\((R|TM)\)| Processor| CPU", "", part.split(",")[0]).strip() for part in machine.split(" + ")
+    )
 
 
 def machine_line(summary: dict) -> str:
@@ -524,8 +527,18 @@ def how_far(row: Row, seed: dict) -> str:
     evals = ", ".join(f"{value:.{row.digits}f} at {step:,}" for step, value in seed["evals"]) or "none yet"
     return (
         f"seed {seed['seed']} at {seed['step']:,} of {int(row.key('steps')):,} steps after "
-        f"{seed['wall_s'] / 3600:.1f} h of training, evaluations: {evals}"
+        f"{seed['wall_s'] / 3600:.1f} h of training{where_trained(seed['hours'])}, evaluations: {evals}"
     )
+
+
+def where_trained(hours: dict[str | None, float]) -> str:
+    """' on the AMD EPYC', or ' (AMD EPYC 2.5 h, Intel Xeon 1.0 h)' when a part-way seed's sittings
+    ran on several machines (store.hours_by_machine); nothing where none was recorded."""
+    if all(machine is None for machine in hours):
+        return ""
+    if len(hours) == 1:
+        return f" on the {short_machine(next(iter(hours)))}"
+    return " (" + ", ".join(f"{short_machine(m) if m else 'not recorded'} {h:.1f} h" for m, h in hours.items()) + ")"
 
 
 def draw_peer(name: str, row: PeerRow, seeds: list[int], steps: int) -> Path:

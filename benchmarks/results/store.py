@@ -24,7 +24,7 @@ RUNS = HERE / "runs"
 WORK = HERE / "work"  # long rows' runs in progress, between sittings (git-ignored): checkpoints, replay buffers
 IN_PROGRESS = "in_progress"  # RUNS/<row>/in_progress/seed<K>: a long row's seed as its last sitting left it (kept)
 LOST = "lost"  # RUNS/<row>/lost/seed<K>[-N]: a long row's seed whose checkpoint went with its machine: how far it got
-SITTINGS = "sittings.json"  # a long row's run: the wall time of each sitting's `ddprl train` (start-up included)
+SITTINGS = "sittings.json"  # a long row's run: each sitting's `ddprl train` (start-up included): wall time, machine
 PAGE = ROOT / "docs" / "results.md"
 IMAGES = ROOT / "docs" / "results"
 
@@ -56,10 +56,37 @@ def pack(keep: Path) -> None:
     plain.unlink()
 
 
-def sittings(run: Path) -> list[float]:
-    """The wall time of each sitting of a long row's run so far (``SITTINGS``; none yet: [])."""
+def sittings(run: Path) -> list[dict]:
+    """Each sitting of a long row's run so far (``SITTINGS``; none yet: []): its wall time
+    (``wall_s``) and the machine it ran on (``machine``: None for the sittings kept before the
+    machine was, as a bare number of seconds)."""
     path = run / SITTINGS
-    return json.loads(path.read_text()) if path.exists() else []
+    kept = json.loads(path.read_text()) if path.exists() else []
+    return [s if isinstance(s, dict) else {"wall_s": s, "machine": None} for s in kept]
+
+
+def add_sitting(run: Path, wall: float) -> None:
+    """Append a sitting of ``wall`` seconds on this machine to ``run``'s ``SITTINGS``."""
+    entry = {"wall_s": round(wall, 1), "machine": this_machine()}
+    (run / SITTINGS).write_text(json.dumps([*sittings(run), entry]) + "\n")
+
+
+def hours_by_machine(kept: list[dict]) -> dict[str | None, float]:
+    """The hours of a run's sittings (:func:`sittings`) on each machine, in the order first met
+    (None: the sittings whose machine was not recorded)."""
+    hours: dict[str | None, float] = {}
+    for sitting in kept:
+        hours[sitting["machine"]] = hours.get(sitting["machine"], 0.0) + sitting["wall_s"] / 3600
+    return hours
+
+
+def sittings_machine(kept: list[dict]) -> str:
+    """The machine a long row's seed ran on, from its sittings: the one, or each with its hours
+    ('A, 2 cores (9.1 h) + B, 2 cores (3.0 h)') when its sittings ran on several."""
+    hours = hours_by_machine(kept)
+    if len(hours) == 1 and None not in hours:
+        return next(iter(hours))
+    return " + ".join(f"{machine or 'machine not recorded'} ({h:.1f} h)" for machine, h in hours.items())
 
 
 def keep_run(run_dir: Path, keep: Path, *more: str) -> None:
@@ -73,13 +100,22 @@ def keep_run(run_dir: Path, keep: Path, *more: str) -> None:
 
 def in_progress(name: str, folder: str = IN_PROGRESS) -> list[dict]:
     """A long row's seeds stopped part-way, as each one's last sitting left it: its seed, last step,
-    evaluations so far and training time so far (the sum of its sittings). ``folder=LOST``: the
+    evaluations so far, training time so far (the sum of its sittings) and its hours on each machine
+    (:func:`hours_by_machine`). ``folder=LOST``: the
     attempts set aside by :func:`set_aside_lost` instead."""
     seeds = []
     for keep in sorted((RUNS / name / folder).glob("seed*")):
         rows = read_rows(keep)
-        wall = sum(sittings(keep))
-        seeds.append({"seed": seed_of(keep.name), "step": rows[-1]["step"], "evals": curve(rows), "wall_s": wall})
+        kept = sittings(keep)
+        seeds.append(
+            {
+                "seed": seed_of(keep.name),
+                "step": rows[-1]["step"],
+                "evals": curve(rows),
+                "wall_s": sum(s["wall_s"] for s in kept),
+                "hours": hours_by_machine(kept),
+            }
+        )
     return seeds
 
 

@@ -24,6 +24,7 @@ from .store import (
     LOST,
     ROOT,
     SITTINGS,
+    add_sitting,
     keep_run,
     kept_seeds,
     read_rows,
@@ -31,6 +32,7 @@ from .store import (
     seed_summary,
     set_aside_lost,
     sittings,
+    sittings_machine,
     write_summary,
 )
 
@@ -69,9 +71,9 @@ def train_and_keep(
     ``work`` (long rows): train in that directory instead, going on from its latest checkpoint
     where an earlier sitting left one; a run stopped with a checkpoint raises :class:`Stopped`, a
     finished one's directory is removed once kept (its agent kept by :func:`keep_final_agent`). Its
-    wall time is then the sum of its sittings' (each one's whole command, kept in ``SITTINGS`` as it
-    ends: the metrics' ``wall_time`` restarts in each process, and nothing marks where when a
-    sitting was short)."""
+    wall time is then the sum of its sittings' (each one's whole command, kept in ``SITTINGS`` with
+    its machine as it ends, and with the kept run: the metrics' ``wall_time`` restarts in each
+    process, and nothing marks where when a sitting was short)."""
     with contextlib.ExitStack() as stack:
         run_dir = work or Path(stack.enter_context(tempfile.TemporaryDirectory())) / "run"
         resume = work is not None and (work / "checkpoints" / "latest.pt").exists()
@@ -90,7 +92,7 @@ def train_and_keep(
             LIVE_RUNS.discard(proc)
         progress = keep.parent / IN_PROGRESS / keep.name
         if work is not None and work.is_dir():  # a run refused at its start (exit 2) made no directory
-            (work / SITTINGS).write_text(json.dumps([*sittings(work), round(time.time() - start, 1)]) + "\n")
+            add_sitting(work, time.time() - start)
             if code == 75:
                 keep_run(run_dir, progress, SITTINGS)  # how far it got, on the page until the seed ends
                 raise Stopped(f"{what}: stopped with a checkpoint in {work}; `--resume` goes on from it")
@@ -100,10 +102,10 @@ def train_and_keep(
             shutil.rmtree(progress, ignore_errors=True)
             with contextlib.suppress(OSError):
                 progress.parent.rmdir()  # once empty
-        keep_run(run_dir, keep)
+        keep_run(run_dir, keep, *([SITTINGS] if work is not None else []))  # a long row's: where it ran
     if work is None:
         return round(time.time() - start, 1)
-    wall = sum(sittings(work))
+    wall = sum(s["wall_s"] for s in sittings(work))
     keep_final_agent(work)
     shutil.rmtree(work)
     return round(wall, 1)
@@ -187,6 +189,8 @@ def run_row(name: str, seeds: int, resume: bool = False, jobs: int = 1) -> dict:
                 rows = read_rows(keep)
                 at_reference = [measure(rows, ref) for ref in row.references]
                 entry = {**seed_summary(seed, wall, curve(rows)), "at_reference": at_reference}
+                if (keep / SITTINGS).exists():  # a long row's seed: the machines of its sittings
+                    entry["machine"] = sittings_machine(sittings(keep))
             results.append({**entry, **({"jobs": at_once} if at_once > 1 else {})})
             print(f"{name} seed {seed}: {results[-1]}", flush=True)
             results.sort(key=lambda s: s["seed"])
