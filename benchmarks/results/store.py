@@ -101,8 +101,8 @@ def keep_run(run_dir: Path, keep: Path, *more: str) -> None:
 def in_progress(name: str, folder: str = IN_PROGRESS) -> list[dict]:
     """A long row's seeds stopped part-way, as each one's last sitting left it: its seed, last step,
     evaluations so far, training time so far (the sum of its sittings) and its hours on each machine
-    (:func:`hours_by_machine`). ``folder=LOST``: the
-    attempts set aside by :func:`set_aside_lost` instead."""
+    (:func:`hours_by_machine`). ``folder=LOST``: the attempts set aside by :func:`set_aside_lost`
+    instead."""
     seeds = []
     for keep in sorted((RUNS / name / folder).glob("seed*")):
         rows = read_rows(keep)
