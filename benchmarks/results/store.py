@@ -71,6 +71,11 @@ def add_sitting(run: Path, wall: float) -> None:
     (run / SITTINGS).write_text(json.dumps([*sittings(run), entry]) + "\n")
 
 
+def sittings_wall(kept: list[dict]) -> float:
+    """A run's training time so far: the sum of its sittings' (:func:`sittings`), in seconds."""
+    return sum(s["wall_s"] for s in kept)
+
+
 def hours_by_machine(kept: list[dict]) -> dict[str | None, float]:
     """The hours of a run's sittings (:func:`sittings`) on each machine, in the order first met
     (None: the sittings whose machine was not recorded)."""
@@ -112,7 +117,7 @@ def in_progress(name: str, folder: str = IN_PROGRESS) -> list[dict]:
                 "seed": seed_of(keep.name),
                 "step": rows[-1]["step"],
                 "evals": curve(rows),
-                "wall_s": sum(s["wall_s"] for s in kept),
+                "wall_s": sittings_wall(kept),
                 "hours": hours_by_machine(kept),
             }
         )
@@ -175,15 +180,16 @@ def seed_machine(seed: dict, summary: dict) -> str:
     return seed.get("machine", summary["machine"])
 
 
-def seed_summary(seed: int, wall: float, evals: list[tuple[int, float]]) -> dict:
-    """What a row's summary keeps of one seed's evaluation curve."""
+def seed_summary(seed: int, wall: float, evals: list[tuple[int, float]], machine: str | None = None) -> dict:
+    """What a row's summary keeps of one seed's evaluation curve; ``machine``: where it ran (a long
+    row's seed: :func:`sittings_machine`), this machine if not given."""
     return {
         "seed": seed,
         "wall_s": wall,
         "final": evals[-1][1],
         "final_step": evals[-1][0],
         "best": max(r for _, r in evals),
-        "machine": this_machine(),
+        "machine": machine or this_machine(),
     }
 
 

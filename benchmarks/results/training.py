@@ -33,6 +33,7 @@ from .store import (
     set_aside_lost,
     sittings,
     sittings_machine,
+    sittings_wall,
     write_summary,
 )
 
@@ -105,7 +106,7 @@ def train_and_keep(
         keep_run(run_dir, keep, *([SITTINGS] if work is not None else []))  # a long row's: where it ran
     if work is None:
         return round(time.time() - start, 1)
-    wall = sum(s["wall_s"] for s in sittings(work))
+    wall = sittings_wall(sittings(work))
     keep_final_agent(work)
     shutil.rmtree(work)
     return round(wall, 1)
@@ -188,9 +189,8 @@ def run_row(name: str, seeds: int, resume: bool = False, jobs: int = 1) -> dict:
             else:
                 rows = read_rows(keep)
                 at_reference = [measure(rows, ref) for ref in row.references]
-                entry = {**seed_summary(seed, wall, curve(rows)), "at_reference": at_reference}
-                if (keep / SITTINGS).exists():  # a long row's seed: the machines of its sittings
-                    entry["machine"] = sittings_machine(sittings(keep))
+                machine = sittings_machine(sittings(keep)) if getattr(row, "long", False) else None
+                entry = {**seed_summary(seed, wall, curve(rows), machine), "at_reference": at_reference}
             results.append({**entry, **({"jobs": at_once} if at_once > 1 else {})})
             print(f"{name} seed {seed}: {results[-1]}", flush=True)
             results.sort(key=lambda s: s["seed"])
