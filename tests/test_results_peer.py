@@ -373,6 +373,30 @@ def test_a_qmix_row_is_set_against_epymarl_in_its_standard_deviations(tmp_path, 
     assert page.against_epymarl("qmix-lbf-10x10-3p-3f") == ""
 
 
+def test_the_divergence_with_time_limits_bootstrapped_is_read_from_the_kept_seeds(tmp_path, monkeypatch):
+    """The page's account of QMIX diverging on simple_spread comes from the row's seeds: mean Q at
+    110k and 1.2M steps, the greedy return per agent (team return / 3) at the first and last test;
+    one number where the seeds agree, a span where they differ."""
+    monkeypatch.setattr(store, "RUNS", tmp_path)
+    name = "qmix-mpe-simple-spread-bootstrap"
+    assert page.bootstrap_divergence() == "not run yet"
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "summary.json").write_text(json.dumps({"seeds": [{"seed": 1}, {"seed": 2}]}))
+    for seed, (q_late, last) in enumerate([(15_000.4, -150.0), (18_000.0, -159.0)], start=1):
+        rows_kept = [
+            {"step": 50_000, "eval/return_mean": -60.0},
+            {"step": 110_000, "train/q_taken_mean": 24.2},
+            {"step": 1_200_000, "train/q_taken_mean": q_late},
+            {"step": 2_050_000, "eval/return_mean": last},
+        ]
+        (tmp_path / name / f"seed{seed}").mkdir()
+        (tmp_path / name / f"seed{seed}" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_kept))
+    assert page.bootstrap_divergence() == (
+        "mean Q 24 at 110k, 15,000 to 18,000 at 1.2M; the greedy return per agent -20 at the first test, -53 to "
+        "-50 at the last; 2 seeds"
+    )
+
+
 def test_random_actions_on_a_qmix_task_are_kept_reproducibly_and_shown(tmp_path, monkeypatch):
     """``run.py ROW --random`` steps ddprl's own environment with random available actions; the
     same seed gives the same returns, kept in the row's folder and shown on both rows of its task."""

@@ -36,7 +36,7 @@ from .rows import (
     ddprl_ppo_keys,
     epymarl_row,
 )
-from .stats import across_seeds, binned_mean, papoudakis_returns, per_agent
+from .stats import across_seeds, binned_mean, curve, papoudakis_returns, per_agent
 from .store import IN_PROGRESS, LOST, in_progress, kept_seeds, kept_summary, seed_curves, seed_machine, seed_of
 
 
@@ -111,6 +111,37 @@ def rware_finals() -> str:
     return f"random actions {floor_text}, and {best}"
 
 
+def bootstrap_divergence() -> str:
+    """How QMIX diverged on simple_spread with time limits bootstrapped, read from the row's kept
+    seeds: the mean Q of the taken actions at 110k and 1.2M steps, the greedy return per agent at the
+    first test and the last."""
+    name = "qmix-mpe-simple-spread-bootstrap"
+    if not (summary := kept_summary(name)):
+        return "not run yet"
+    agents = ROWS[name].agents
+    q_at: dict[int, list[float]] = {110_000: [], 1_200_000: []}
+    first, last = [], []
+    for seed in summary["seeds"]:
+        rows = store.read_rows(store.RUNS / name / f"seed{seed['seed']}")
+        q = {r["step"]: r["train/q_taken_mean"] for r in rows if "train/q_taken_mean" in r}
+        for step, values in q_at.items():
+            values.append(q[step])
+        tests = curve(rows)
+        first.append(tests[0][1] / agents)
+        last.append(tests[-1][1] / agents)
+
+    def span(values: list[float]) -> str:
+        low, high = f"{min(values):,.0f}", f"{max(values):,.0f}"
+        return low if low == high else f"{low} to {high}"
+
+    seeds = len(summary["seeds"])
+    counted = "its one seed" if seeds == 1 else f"{seeds} seeds"
+    return (
+        f"mean Q {span(q_at[110_000])} at 110k, {span(q_at[1_200_000])} at 1.2M; the greedy return per agent "
+        f"{span(first)} at the first test, {span(last)} at the last; {counted}"
+    )
+
+
 def random_line(name: str, agents: int, digits: int) -> list[str]:
     """A QMIX row's detail line for the random-action floor of its task, where it is kept."""
     if (floor := kept_random(name)) is None:
@@ -148,9 +179,8 @@ def not_yet() -> list[str]:
         f"({RANDOM_EPISODES} episodes, `run.py ROW --random`; per agent on simple_spread), the floor a policy has "
         "to clear. On Foraging-10x10-3p-3f-v3 neither EPyMARL nor ddprl learns much in 2M steps: both end near "
         "their first tests, below random actions (the row above and its task note). On simple_spread QMIX with "
-        "time limits bootstrapped "
-        "diverged (the row 'time limits bootstrapped': mean Q 24 at 110k, 15,000 at 1.2M, the greedy return "
-        "from -20 to -50 per agent): ddprl's task preset for the cooperative MPE tasks now treats their time "
+        f"time limits bootstrapped diverged (the row 'time limits bootstrapped': {bootstrap_divergence()}): "
+        "ddprl's task preset for the cooperative MPE tasks now treats their time "
         "limit as terminal, as EPyMARL does (docs/qmix.md, 'Time limits on MPE'). On rware-tiny-2ag-v2, which "
         "pays only for delivering a requested shelf, neither library's greedy policy learns to deliver in 2.05M "
         f"steps: {rware_finals()}. A ddprl seed took 9 to 22 min alone on the 2-core Intel machine, 16 to 40 "
