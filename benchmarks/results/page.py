@@ -215,12 +215,13 @@ def not_yet() -> list[str]:
         "cartpole-swingup run on 2 ranks."
     )
     ppo_short = {
-        name: len(kept_seeds(store.RUNS / name, name, ROWS[name].command(), 3)) for name in ("ppo-ant", "ppo-humanoid")
+        name: len(kept_seeds(store.RUNS / name, name, ROWS[name].command(), 3))
+        for name in ("ppo-ant", "ppo-humanoid", "ppo-humanoid-v4")
     }
     ppo_missing = (
-        "PPO on Ant-v5 and Humanoid-v5, seeds kept so far of 3: "
+        "PPO on Ant-v5 and Humanoid (v5, and v4 as CleanRL ran it), seeds kept so far of 3: "
         + ", ".join(f"{ROWS[name].key('task')} {kept}" for name, kept in ppo_short.items())
-        + " (`run.py ppo-ant --seeds 3 --resume`, the same for `ppo-humanoid`). 1M MuJoCo steps with CleanRL's "
+        + " (`run.py ppo-humanoid --seeds 3 --resume`, the same for the others). 1M MuJoCo steps with CleanRL's "
         "minibatch on 2 ranks take 20 to 25 min per seed on the 2-core machine these pages are made on when it is "
         "otherwise idle (Ant's 18 min beside one TD-MPC2 seed, run at a lower priority), 36 to 50 min beside "
         "heavier jobs."
