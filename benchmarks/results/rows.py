@@ -202,7 +202,7 @@ ROWS: dict[str, Row] = {
         "ddprl's defaults (`ddprl keys algo=ppo task=Humanoid-v5` shows them). "
         "On v5 the same gait scores lower: v5 charges the contact cost and pays no healthy reward on the step "
         "that ends the episode (with a random policy, 105.6 against v4's 113.8 over 20 episodes of 23 steps). "
-        "Where both rows end below CleanRL's band, the version is not the cause; what still differs from "
+        "Where both rows end below CleanRL's band, the version is not the whole cause; what still differs from "
         "CleanRL, not yet measured apart: ddprl normalises advantages over the whole rollout of all ranks, "
         "CleanRL in each minibatch of 64, and ddprl updates its observation statistics once per rollout (after "
         "the update), CleanRL's NormalizeObservation at every step.",
