@@ -215,16 +215,16 @@ def not_yet() -> list[str]:
         "cartpole-swingup run on 2 ranks."
     )
     ppo_short = {
-        name: len(kept_seeds(store.RUNS / name, name, ROWS[name].command(), 3))
-        for name in ("ppo-ant", "ppo-humanoid", "ppo-humanoid-v4")
+        row.key("task"): kept
+        for name, row in ROWS.items()
+        if name.startswith("ppo-") and (kept := len(kept_seeds(store.RUNS / name, name, row.command(), 3))) < 3
     }
     ppo_missing = (
-        "PPO on Ant-v5 and Humanoid (v5, and v4 as CleanRL ran it), seeds kept so far of 3: "
-        + ", ".join(f"{ROWS[name].key('task')} {kept}" for name, kept in ppo_short.items())
-        + " (`run.py ppo-humanoid --seeds 3 --resume`, the same for the others). 1M MuJoCo steps with CleanRL's "
-        "minibatch on 2 ranks take 20 to 25 min per seed on the 2-core machine these pages are made on when it is "
-        "otherwise idle (Ant's 18 min beside one TD-MPC2 seed, run at a lower priority), 36 to 50 min beside "
-        "heavier jobs."
+        "PPO rows with fewer than 3 seeds kept: "
+        + ", ".join(f"{task} {kept}" for task, kept in ppo_short.items())
+        + " (`run.py ROW --seeds 3 --resume` adds the others). 1M MuJoCo steps with CleanRL's minibatch on 2 "
+        "ranks take 20 to 25 min per seed on the 2-core machine these pages are made on when it is otherwise "
+        "idle (Ant's 18 min beside one TD-MPC2 seed, run at a lower priority), 36 to 50 min beside heavier jobs."
     )
     return [
         "",
@@ -232,7 +232,7 @@ def not_yet() -> list[str]:
         "",
         *(
             textwrap.wrap(ppo_missing, 100, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False)
-            if min(ppo_short.values()) < 3
+            if ppo_short
             else []
         ),
         *textwrap.wrap(qmix_missing, 100, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False),

@@ -169,8 +169,8 @@ ROWS: dict[str, Row] = {
         "CleanRL's table (tag pr-424) has no Ant. The zoo's Ant-v3 entry is not tuned: it is SB3's PPO defaults "
         "with VecNormalize (hyperparams/ppo.yml, `mujoco-defaults`), which are these keys but for a constant "
         "learning rate, no value clipping and advantages normalised per minibatch; its ± is over one agent's "
-        "evaluation episodes, not over seeds, so it does not measure how far seeds spread (ddprl's three end "
-        "624, 1140 and 911). Ant-v5 pays the contact cost and observes the contact forces, as v3 did (v4 had "
+        "evaluation episodes, not over seeds, so it does not measure how far seeds spread. Ant-v5 pays the "
+        "contact cost and observes the contact forces, as v3 did (v4 had "
         "dropped both by default), and pays the healthy reward only while the ant is healthy, where v3 paid it on "
         "the step that ended the episode too.",
     ),
