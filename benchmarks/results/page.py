@@ -215,13 +215,13 @@ def not_yet() -> list[str]:
         "cartpole-swingup run on 2 ranks."
     )
     ppo_short = {
-        row.key("task"): kept
+        name: kept
         for name, row in ROWS.items()
         if name.startswith("ppo-") and (kept := len(kept_seeds(store.RUNS / name, name, row.command(), 3))) < 3
     }
     ppo_missing = (
         "PPO rows with fewer than 3 seeds kept: "
-        + ", ".join(f"{task} {kept}" for task, kept in ppo_short.items())
+        + ", ".join(f"`{name}` {kept}" for name, kept in ppo_short.items())
         + " (`run.py ROW --seeds 3 --resume` adds the others). 1M MuJoCo steps with CleanRL's minibatch on 2 "
         "ranks take 20 to 25 min per seed on the 2-core machine these pages are made on when it is otherwise "
         "idle (Ant's 18 min beside one TD-MPC2 seed, run at a lower priority), 36 to 50 min beside heavier jobs."
