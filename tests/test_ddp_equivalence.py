@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import dist_fns
 import pytest
@@ -41,10 +42,13 @@ def run_learn(
     max_grad_norm=0.0,
     target_kl=None,
     per_rank=False,
+    norm_adv=True,
 ):
     """``learn`` on ``world_size`` ranks; each rank's record of ``dist_fns.ppo_learn``.
 
     ``per_rank``: ``batch_path`` holds one batch per rank instead of one batch to split.
+    ``norm_adv``: true (the default) and false both leave the batch's advantages as they are
+    (true normalises the rollout before ``learn``); minibatch normalises them in ``learn``.
     """
     cfg = load_config(
         [
@@ -57,10 +61,12 @@ def run_learn(
             "dist_timeout=60",
             f"max_grad_norm={max_grad_norm}",
             f"target_kl={'null' if target_kl is None else target_kl}",
+            f"norm_adv={str(norm_adv).lower()}",
         ]
     )
     name = f"w{world_size}-b{batch_size}-s{sync_freq}-e{epochs}-n{steps}"
     name += (f"-g{max_grad_norm}" if max_grad_norm else "") + (f"-k{target_kl}" if target_kl is not None else "")
+    name += f"-a{norm_adv}-{Path(batch_path).stem}"
     out = tmp_path / (name + ("-p" if per_rank else ""))
     out.mkdir()
     launch(
@@ -98,6 +104,41 @@ def test_ranks_identical_after_many_updates(tmp_path, batch_path):
     ranks = run_learn(tmp_path, batch_path, world_size=2, batch_size=8, epochs=3, steps=3)
     assert ranks[0]["checksums"][0] == ranks[0]["checksums"][1]
     assert_same_params(ranks[0]["params"], ranks[1]["params"], atol=0)
+
+
+# -- norm_adv=minibatch: each optimizer step's global batch standardised ------------------------------
+
+
+@pytest.fixture(scope="module")
+def standardized_batch_path(batch_path):
+    """``batch_path``'s batch with its advantages standardised over all N samples (population std)."""
+    batch = torch.load(batch_path)
+    a = batch["advantages"]
+    batch["advantages"] = (a - a.mean()) / (a.std(correction=0) + 1e-8)
+    path = Path(batch_path).with_name("standardized.pt")
+    torch.save(batch, path)
+    return str(path)
+
+
+def test_minibatch_advantage_norm_uses_the_global_batch(tmp_path, batch_path, standardized_batch_path):
+    """One optimizer step over the whole batch, its advantages standardised in ``learn``, equals
+    the plain update on advantages standardised beforehand: on one rank, on 2 ranks of half
+    batches (the statistics are global, not each rank's) and with sync_freq=2 (those of the
+    step's accumulated minibatches together, not of each)."""
+    reference = run_learn(tmp_path, standardized_batch_path, world_size=1, batch_size=N, norm_adv=False)
+    for world_size, batch_size, sync_freq in [(1, N, 1), (2, N // 2, 1), (2, N // 4, 2)]:
+        ranks = run_learn(tmp_path, batch_path, world_size, batch_size, sync_freq=sync_freq, norm_adv="minibatch")
+        for r in ranks:
+            assert_same_params(reference[0]["params"], r["params"], atol=1e-6)
+    # the batch's own advantages are far from standardised: without the normalisation the update differs
+    raw = run_learn(tmp_path, batch_path, world_size=1, batch_size=N, norm_adv=False)
+    diff = max((raw[0]["params"][k] - reference[0]["params"][k]).abs().max() for k in raw[0]["params"])
+    assert diff > 1e-4, diff
+    # two steps of N/2: each standardised with its own statistics, not the whole batch's
+    halves = run_learn(tmp_path, batch_path, world_size=1, batch_size=N // 2, norm_adv="minibatch")
+    whole_stats = run_learn(tmp_path, standardized_batch_path, world_size=1, batch_size=N // 2, norm_adv=False)
+    diff = max((halves[0]["params"][k] - whole_stats[0]["params"][k]).abs().max() for k in halves[0]["params"])
+    assert diff > 1e-5, diff
 
 
 # -- KL early stop: decided on the KL averaged over ranks ------------------------------------------

@@ -103,6 +103,23 @@ def test_sync_freq_accumulates_like_one_big_batch():
         assert_trees_close(jax.device_get(local_copy(every["params"])), jax.device_get(local_copy(one["params"])))
 
 
+def test_minibatch_advantage_norm_uses_each_steps_global_batch():
+    # One optimizer step per epoch over every device's whole rollout (as one minibatch, or as 4
+    # accumulated with sync_freq=4): the step's statistics are the rollout's, so
+    # norm_adv=minibatch on 2 devices computes what norm_adv=true computes on one device.
+    params = lambda c: jax.device_get(local_copy(c["params"]))  # noqa: E731
+    one, _ = run_iterations(config(batch_size=16 * NUM_ENVS, norm_adv="true"), 1, 2)
+    for batch_size, sync_freq in [(16 * NUM_ENVS // 2, 1), (16, 4)]:
+        cfg = config(batch_size=batch_size, sync_freq=sync_freq, norm_adv="minibatch")
+        many, _ = run_iterations(cfg, 2, 2)
+        assert_trees_close(params(many), params(one))
+    # steps of 16 samples per device: each standardised with its own statistics, another update
+    per_step, _ = run_iterations(config(batch_size=16, norm_adv="minibatch"), 2, 2)
+    per_rollout, _ = run_iterations(config(batch_size=16, norm_adv="true"), 2, 2)
+    with pytest.raises(AssertionError):
+        assert_trees_close(params(per_step), params(per_rollout))
+
+
 @pytest.mark.parametrize("sync_freq", [1, 3])
 def test_parameters_identical_on_every_device(sync_freq):
     # 4 devices, 8 minibatches per device per epoch (groups of 3, 3 and a shorter 2 when sync_freq=3).

@@ -138,7 +138,8 @@ def region_update(batch, cfg, compile=False, precision="fp32", normalize=lambda 
 def reference_learn(agent, optimizer, batch, cfg):
     """PPO's update phase written plainly: ``loss.backward()`` accumulated over ``sync_freq``
     minibatches, ``clip_grad_norm_``, ``torch.optim.Adam``; the same minibatches (one randperm
-    per epoch) and the same KL early stop and metrics as ``learn``."""
+    per epoch), the same KL early stop and metrics as ``learn``; ``norm_adv=minibatch``:
+    advantages standardised over each optimizer step's minibatches."""
     n = batch["obs"].shape[0]
     num_minibatches, k = n // cfg.batch_size, cfg.sync_freq
     sums, count, epochs_done = {}, 0, 0
@@ -149,11 +150,17 @@ def reference_learn(agent, optimizer, batch, cfg):
             idx = perm[i * cfg.batch_size : (i + 1) * cfg.batch_size]
             group_start = (i // k) * k
             group_size = min(k, num_minibatches - group_start)
+            advantages = batch["advantages"][idx]
+            if cfg.norm_adv == "minibatch":  # standardised with the statistics of the step's minibatches
+                group = batch["advantages"][
+                    perm[group_start * cfg.batch_size : (group_start + group_size) * cfg.batch_size]
+                ]
+                advantages = (advantages - group.mean()) / (group.std(correction=0) + 1e-8)
             terms = ppo_loss(
                 agent(batch["obs"][idx], batch["actions"][idx]),
                 batch["log_probs"][idx],
                 batch["values"][idx],
-                batch["advantages"][idx],
+                advantages,
                 batch["returns"][idx],
                 cfg.clip_coef,
                 cfg.clip_vloss,
@@ -214,7 +221,9 @@ def test_update_region_is_one_graph_without_host_reads(precision):
     batch = fixed_batch()
     rms = RunningMeanStd((4,))
     rms.update(batch["obs"])
-    _, update = region_update(batch, ppo_cfg(sync_freq=2), precision=precision, normalize=rms.normalize)
+    # norm_adv=minibatch: the advantages' statistics are computed in the region too
+    cfg = ppo_cfg(sync_freq=2, norm_adv="minibatch")
+    _, update = region_update(batch, cfg, precision=precision, normalize=rms.normalize)
     with torch.no_grad():
         graphs = capture_graphs(update.step_eager, torch.randperm(96)[:64].view(2, 32))  # sync_freq=2: 2 minibatches
     assert len(graphs) == 1
@@ -222,8 +231,8 @@ def test_update_region_is_one_graph_without_host_reads(precision):
 
 
 class UpdateReadingTheHost(UpdateStep):
-    def loss(self, params, idx):
-        loss, terms = super().loss(params, idx)
+    def loss(self, params, idx, advantages):
+        loss, terms = super().loss(params, idx, advantages)
         return loss, terms + terms.cpu()
 
 
@@ -363,13 +372,14 @@ def test_act_with_noise_samples_the_policy():
 # -- the update region equals learn ------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("norm_adv", [True, "minibatch"])
 @pytest.mark.parametrize("functional", [True, False], ids=["torch.func", "autograd"])
-def test_update_region_equals_learn_with_accumulation_and_clipping(functional):
+def test_update_region_equals_learn_with_accumulation_and_clipping(functional, norm_adv):
     """Eagerly, the region's gradients (torch.func, or autograd as ``compile=false`` takes them),
     sync_freq accumulation (3 minibatches in groups of 2: the last group is shorter), norm clip
     and Adam equal a plain loop's backward accumulation, clip_grad_norm_ and torch.optim.Adam
-    over 2 epochs."""
-    batch, cfg = fixed_batch(), ppo_cfg(sync_freq=2, epochs=2, max_grad_norm=0.05)
+    over 2 epochs; with ``norm_adv=minibatch``, each group's advantages standardised as well."""
+    batch, cfg = fixed_batch(), ppo_cfg(sync_freq=2, epochs=2, max_grad_norm=0.05, norm_adv=str(norm_adv).lower())
     ref, ref_metrics = eager_learn(batch, cfg)
     agent, update = region_update(batch, cfg, functional=functional)
     torch.manual_seed(5)

@@ -245,3 +245,15 @@ def test_return_scaler_divides_by_the_return_std_and_clips():
     scaled = scaler.scale(rewards)
     torch.testing.assert_close(scaled, (rewards / std).float().clamp(-5, 5), rtol=1e-5, atol=1e-6)
     assert scaled.abs().max() <= 5.0
+
+
+def test_norm_adv_takes_true_false_or_minibatch():
+    from ddprl.config import load_config
+    from ddprl.errors import UsageError
+
+    assert load_config([]).norm_adv is True
+    assert load_config(["norm_adv=false"]).norm_adv is False
+    assert load_config(["norm_adv=minibatch"]).norm_adv == "minibatch"
+    for bad in ("batch", "1"):  # 1 is not true: a typo would otherwise pass as "on"
+        with pytest.raises(UsageError, match="is not true, false or minibatch"):
+            load_config([f"norm_adv={bad}"])

@@ -55,6 +55,20 @@ ZOO = "SB3 zoo `benchmark.md` (rl-baselines3-zoo, one trained agent; ± over its
 LUNARLANDER_ZOO = (
     Reference(ZOO + " (LunarLander-v2: the same task before Gymnasium's fixes)", 242.119, 31.823, 1_000_000),
 )
+# ddprl's Humanoid-v5 preset on Humanoid-v4 (no preset of its own): the keys where the preset
+# differs from ddprl's defaults, given on the command line
+HUMANOID_V4_KEYS = (
+    "task=Humanoid-v4",
+    "world_size=2",
+    "num_envs=2",
+    "n_steps=1024",
+    "batch_size=32",
+    "steps=1000000",
+    "lr=0.0003",
+    "norm_obs=true",
+    "norm_reward=true",
+    "eval_freq=50000",
+)
 ROWS: dict[str, Row] = {
     "ppo-cartpole": Row(
         "PPO, CartPole-v1",
@@ -184,18 +198,7 @@ ROWS: dict[str, Row] = {
     ),
     "ppo-humanoid-v4": Row(
         "PPO, Humanoid-v4 (CleanRL's task version)",
-        (
-            "task=Humanoid-v4",
-            "world_size=2",
-            "num_envs=2",
-            "n_steps=1024",
-            "batch_size=32",
-            "steps=1000000",
-            "lr=0.0003",
-            "norm_obs=true",
-            "norm_reward=true",
-            "eval_freq=50000",
-        ),
+        HUMANOID_V4_KEYS,
         (Reference(CLEANRL.format(task="Humanoid"), 716.11, 49.08, 1_000_000, TRAIN),),
         "The row above on Humanoid-v4, the version CleanRL ran, to part what v5 changes from what ddprl does: "
         "ddprl ships presets for the v5 tasks only, so the command gives the keys where the v5 preset differs from "
@@ -206,6 +209,14 @@ ROWS: dict[str, Row] = {
         "CleanRL, not yet measured apart: ddprl normalises advantages over the whole rollout of all ranks, "
         "CleanRL in each minibatch of 64, and ddprl updates its observation statistics once per rollout (after "
         "the update), CleanRL's NormalizeObservation at every step.",
+    ),
+    "ppo-humanoid-v4-mbadv": Row(
+        "PPO, Humanoid-v4, advantages normalised per minibatch",
+        (*HUMANOID_V4_KEYS, "norm_adv=minibatch"),
+        (Reference(CLEANRL.format(task="Humanoid"), 716.11, 49.08, 1_000_000, TRAIN),),
+        "The row above with the advantages normalised as CleanRL normalises them: in each optimizer step, "
+        "with the mean and std of its minibatch (64 samples: 32 on each of the 2 ranks), where ddprl's "
+        "default normalises them once per rollout.",
     ),
 }
 # QMIX on EPyMARL's protocol (Papoudakis et al. 2021): 2M env steps (ddprl's QMIX defaults run
@@ -657,8 +668,9 @@ PEER_ROWS: dict[str, PeerRow] = {
 }
 # What differs between PureJaxRL's and ddprl's runs of a peer row, and why it stays (on the page).
 PEER_NOTES = (
-    "Advantages: PureJaxRL normalises them in each minibatch (its loss function), ddprl "
-    "once over the whole rollout of every device (`norm_adv=true`); ddprl has no per-minibatch option.",
+    "Advantages: PureJaxRL normalises them in each minibatch (its loss function), these ddprl runs "
+    "once over the whole rollout of every device (`norm_adv=true`, ddprl's default); ddprl's "
+    "`norm_adv=minibatch`, added after these runs, normalises them as PureJaxRL does.",
     "Time limits: PureJaxRL's `done` ends an episode at gymnax's step limit (500 for CartPole and Acrobot, "
     "1,000 for the MinAtar games) like a termination "
     "(no bootstrap: the value target past it is 0); ddprl bootstraps a truncated episode from the "

@@ -28,7 +28,11 @@ class PPOConfig(RLConfig):
     ent_coef: float = key("entropy-bonus weight")
     max_grad_norm: float = key("gradient-norm clip (0: off)")
     target_kl: Optional[float] = key("stop the epoch loop when the globally reduced KL exceeds this (null: off)")
-    norm_adv: bool = key("normalise advantages with the mean/std of all ranks' rollouts")
+    norm_adv: Any = key(
+        "normalise advantages: true with the mean/std of all ranks' whole rollouts; minibatch with those of "
+        "each optimizer step's global minibatch (CleanRL, SB3, PureJaxRL); false: off",
+        type_name="bool | minibatch",
+    )
     norm_obs: bool = key("normalise observations with running statistics reduced over ranks")
     norm_reward: bool = key("divide rewards by the std of the discounted return (all ranks), clip to +-10")
     policy: str = key("mlp | cnn (cnn for image-like C x H x W observations)")
@@ -67,6 +71,10 @@ class PPOConfig(RLConfig):
         _check(self.clip_coef > 0, f"clip_coef={self.clip_coef} must be > 0")
         _check(self.max_grad_norm >= 0, f"max_grad_norm={self.max_grad_norm} must be >= 0")
         _check(self.target_kl is None or self.target_kl > 0, f"target_kl={self.target_kl} must be > 0 or null")
+        _check(
+            isinstance(self.norm_adv, bool) or self.norm_adv == "minibatch",
+            f"norm_adv={self.norm_adv!r} is not true, false or minibatch",
+        )
         _check(self.policy in ("mlp", "cnn"), f"policy={self.policy!r} is not mlp or cnn")
         _check(self.activation in ("tanh", "relu"), f"activation={self.activation!r} is not tanh or relu")
         _check(math.isfinite(self.log_std_init), f"log_std_init={self.log_std_init} must be a finite number")

@@ -19,6 +19,7 @@ import torch
 
 from ddprl.algos.common import autocast_context, crossed
 from ddprl.algos.graphs import training_step_unsupported
+from ddprl.algos.ppo.loss import standardize
 from ddprl.algos.ppo.networks import ActorCritic
 from ddprl.algos.ppo.rollout import Rollout, RolloutBuffer, RolloutStep, compute_gae
 from ddprl.algos.ppo.update import UpdateStep, learn, update_batch
@@ -86,23 +87,19 @@ def plan(cfg: Any, env: Any) -> Plan:
 def advantages_and_returns(
     rt: Any, cfg: Any, rollout: Rollout, next_values: torch.Tensor, return_scaler: ReturnScaler
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE on this rank's rollout, (T, N) each, with the reward scaling and advantage
-    normalisation of ``cfg``; their statistics come from all ranks."""
+    """GAE on this rank's rollout, (T, N) each, with the reward scaling and the whole-rollout
+    advantage normalisation (``norm_adv=true``) of ``cfg``; their statistics come from all ranks."""
     if cfg.norm_reward:
         # Statistics first (this rollout's returns from all ranks), then the scaling: GAE and
         # the value function work in units of the return's std, the same on every rank.
         return_scaler.update(rollout.rewards, rollout.terminated | rollout.truncated, reduce_sum=rt.all_reduce_sum)
         rollout = rollout._replace(rewards=return_scaler.scale(rollout.rewards))
     advantages, returns = compute_gae(rollout, next_values, cfg.gamma, cfg.gae_lambda)
-    if cfg.norm_adv:
+    if cfg.norm_adv is True:
         # Normalised with the global mean/std (over all ranks' rollouts), so N ranks on N half
-        # rollouts compute the same update as one process on the whole rollout.
-        moments = rt.all_reduce_sum(
-            torch.stack([advantages.new_tensor(advantages.numel()), advantages.sum(), (advantages**2).sum()])
-        )
-        mean = moments[1] / moments[0]
-        std = (moments[2] / moments[0] - mean**2).clamp_min(0).sqrt()
-        advantages = (advantages - mean) / (std + 1e-8)
+        # rollouts compute the same update as one process on the whole rollout. (minibatch:
+        # in the update, per optimizer step.)
+        advantages = standardize(advantages, rt.all_reduce_mean)
     return advantages, returns
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ddprl.algos.ppo.networks import PolicyOutput
@@ -43,3 +45,13 @@ def ppo_loss(
         "approx_kl": approx_kl,
         "clip_frac": clip_frac,
     }
+
+
+def standardize(advantages: torch.Tensor, reduce_mean: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``(a - mean) / (std + 1e-8)`` with the mean and (population) std of ``advantages`` over
+    all ranks: ``reduce_mean`` averages a tensor over ranks, whose shares are of equal size, so
+    the mean of their means is the global mean (and likewise for the squares)."""
+    moments = reduce_mean(torch.stack([advantages.mean(), (advantages**2).mean()]).float())
+    mean = moments[0]
+    std = (moments[1] - mean**2).clamp_min(0).sqrt()
+    return (advantages - mean) / (std + 1e-8)

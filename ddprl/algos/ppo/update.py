@@ -22,7 +22,7 @@ import torch
 from torch.func import functional_call
 
 from ddprl.algos.graphs import FlatAdam, clip_grad, compile_region, grad_with_aux, mark_static, step_begin
-from ddprl.algos.ppo.loss import ppo_loss
+from ddprl.algos.ppo.loss import ppo_loss, standardize
 from ddprl.algos.ppo.networks import ActorCritic
 from ddprl.algos.ppo.rollout import RolloutBuffer
 
@@ -103,8 +103,11 @@ class UpdateStep:
             else self.step_eager
         )
 
-    def loss(self, params: dict[str, torch.Tensor], idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """PPO's loss on the minibatch ``idx`` (B,) as a function of ``params``; aux: the terms (len(TERMS),)."""
+    def loss(
+        self, params: dict[str, torch.Tensor], idx: torch.Tensor, advantages: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """PPO's loss on the minibatch ``idx`` (B,), whose ``advantages`` (B,) are given, as a
+        function of ``params``; aux: the terms (len(TERMS),)."""
         b, cfg = {k: v[idx] for k, v in self.batch.items()}, self.cfg
         obs = self.normalize(b["obs"])
         with self.autocast:
@@ -118,7 +121,7 @@ class UpdateStep:
             out,
             b["log_probs"],
             b["values"],
-            b["advantages"],
+            advantages,
             b["returns"],
             cfg.clip_coef,
             cfg.clip_vloss,
@@ -131,9 +134,15 @@ class UpdateStep:
     def step_eager(self, idx: torch.Tensor) -> torch.Tensor:
         """The step (see the class docstring); ``region`` is this function, compiled or not."""
         k = idx.shape[0]
+        advantages = self.batch["advantages"][idx]  # (k, B)
+        if self.cfg.norm_adv == "minibatch":
+            # Over the optimizer step's global batch (k minibatches on every rank), as CleanRL
+            # and SB3 normalise each minibatch: the same numbers on N ranks, with sync_freq or
+            # without, as one process on the whole batch.
+            advantages = standardize(advantages, self.rt.region_mean)
         total, rows = None, []  # the flat gradient summed over the k minibatches
         for j in range(k):  # unrolled: k is fixed per graph
-            grads, terms = self.grad_and_terms(self.params, idx[j])
+            grads, terms = self.grad_and_terms(self.params, idx[j], advantages[j])
             flat = self.adam.flatten(list(grads.values()))
             total = flat if total is None else total + flat
             rows.append(terms)

@@ -6,8 +6,9 @@ own environments (``carry`` entries of :data:`SHARDED`) and a replica of everyth
 Collectives, all over ``dev``, all where the torch engine has an all-reduce:
 
 - gradients: ``pmean`` once every ``sync_freq`` minibatches (accumulated locally in between);
-- advantage normalisation: ``psum`` of the moments; observation and return statistics: ``psum``
-  of centred moments (:func:`global_moments`);
+- advantage normalisation (of the rollout, or of each optimizer step's minibatches):
+  ``pmean`` of the moments; observation and return statistics: ``psum`` of centred moments
+  (:func:`global_moments`);
 - the ``target_kl`` early stop: decided on the ``pmean`` of the epoch's KL, so every device
   runs the same number of epochs (a per-device decision would desynchronise the replicas);
 - metrics: ``pmean``/``psum`` (``train/grad_norm``: the averaged gradient's norm before clipping).
@@ -136,6 +137,14 @@ def gae(rollout: dict[str, jax.Array], next_values: jax.Array, gamma: float, lam
     return advantages, advantages + rollout["value"]
 
 
+def standardize(advantages: jax.Array) -> jax.Array:
+    """``(a - mean) / (std + EPS)`` with the mean and (population) std over every device's
+    ``advantages`` (equal shares: the ``pmean`` of the means is the global mean); inside the
+    ``shard_map`` only. The torch engine's ``ddprl.algos.ppo.loss.standardize``."""
+    mean, mean_sq = lax.pmean((advantages.mean(), (advantages**2).mean()), AXIS)
+    return (advantages - mean) / (jnp.sqrt(jnp.maximum(mean_sq - mean**2, 0.0)) + EPS)
+
+
 def ppo_loss(params: nets.Params, mb: dict[str, jax.Array], cfg: Any, discrete: bool):
     """The torch engine's ``ppo_loss`` (clipped surrogate, clipped value loss, entropy bonus)."""
     head = nets.policy_head(params, mb["obs"], cfg.activation)
@@ -229,9 +238,13 @@ def make_iteration(
             params, opt_state, sums = state
             g = idx.shape[0]
             mine = varying(params)  # this device's gradient, not the implicit sum (module docstring)
+            advantages = batch["advantage"][idx]  # (g, batch_size)
+            if cfg.norm_adv == "minibatch":  # over the optimizer step's global batch, as the torch engine
+                advantages = standardize(advantages)
 
-            def accumulate(acc, i):
-                mb = jax.tree.map(lambda x: x[i], batch)
+            def accumulate(acc, xs):
+                i, adv = xs
+                mb = {**jax.tree.map(lambda x: x[i], batch), "advantage": adv}
                 (_, terms), grads = jax.value_and_grad(ppo_loss, has_aux=True)(mine, mb, cfg, discrete)
                 grads_sum, term_sums = acc
                 return (
@@ -241,7 +254,7 @@ def make_iteration(
 
             term_zeros = {name: jnp.zeros((), jnp.float32) for name in TERMS}
             zeros = (jax.tree.map(jnp.zeros_like, mine), varying(term_zeros))
-            (grads, term_sums), _ = lax.scan(accumulate, zeros, idx)
+            (grads, term_sums), _ = lax.scan(accumulate, zeros, (idx, advantages))
             grads = lax.pmean(grads, AXIS)  # the one gradient collective of this optimizer step
             updates, opt_state = tx.update(grads, opt_state, params)
             params = optax.apply_updates(params, updates)
@@ -297,10 +310,8 @@ def make_iteration(
             rewards = jnp.clip(rewards / jnp.sqrt(ret_rms["var"] + EPS), -OBS_CLIP, OBS_CLIP)
             c = {**c, "ret_carry": ret_carry, "ret_rms": ret_rms}
         advantages, returns = gae({**data, "reward": rewards}, next_values, cfg.gamma, cfg.gae_lambda)
-        if cfg.norm_adv:  # with the mean/std of every device's rollout (the global batch)
-            n, s, ss = lax.psum((jnp.float32(advantages.size), advantages.sum(), (advantages**2).sum()), AXIS)
-            mean = s / n
-            advantages = (advantages - mean) / (jnp.sqrt(jnp.maximum(ss / n - mean**2, 0.0)) + EPS)
+        if cfg.norm_adv is True:  # with the mean/std of every device's rollout (the global batch)
+            advantages = standardize(advantages)
         flat = lambda x: x.reshape((n_local, *x.shape[2:]))  # noqa: E731
         batch = {
             "obs": flat(normalize(c["obs_rms"], data["obs"], cfg.norm_obs)),
