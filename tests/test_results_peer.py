@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -659,3 +660,181 @@ def test_a_stopped_long_row_keeps_the_seeds_that_finished_and_exits_75(tmp_path,
     with pytest.raises(SystemExit) as stop:
         training.run_row("tdmpc2-cartpole-swingup", 3, resume=True, jobs=1)
     assert stop.value.code == 75 and [seed for seed, _ in calls] == [2]
+
+
+CLEANRL_OUTPUT = """\
+/venv/lib/python3.11/site-packages/gymnasium/wrappers/normalize.py:1: DeprecationWarning: a warning
+global_step=17, episodic_return=[81.67697]
+global_step=35, episodic_return=[-3.5e+01]
+SPS: 564
+global_step=2090, episodic_return=[ 102.5 ]
+global_step=2100, episodic_length=[23]
+model saved to runs/Humanoid-v4__ppo_continuous_action__1__1764400000/ppo_continuous_action.cleanrl_model
+"""
+
+
+def test_cleanrl_output_becomes_training_episode_records():
+    """CleanRL's script prints each training episode as it ends; those lines, and only those,
+    become ddprl's metrics records at the step each ended (its other output is skipped)."""
+    assert peers.cleanrl_episodes(CLEANRL_OUTPUT) == [
+        {"step": 17, rows.TRAIN: 81.67697},
+        {"step": 35, rows.TRAIN: -35.0},
+        {"step": 2090, rows.TRAIN: 102.5},
+    ]
+    assert peers.cleanrl_episode("global_step=8124, episodic_return=[82.50758]\n") == {
+        "step": 8124,
+        rows.TRAIN: 82.50758,
+    }
+    assert peers.cleanrl_episode("SPS: 121") is None
+
+
+def test_cleanrl_rows_run_its_script_unchanged_from_the_checkout():
+    """A CleanRL row's command: the script of the checkout under CleanRL's own python, on the row's
+    task and budget (``steps``: a smoke run's), on the CPU; the page's command is the same, seed apart.
+    The PPO Humanoid-v4 rows, and only they, name it."""
+    argv = peers.cleanrl_argv("cleanrl-humanoid-v4", 2, Path("/peers/cleanrl"), "/peers/venv/bin/python")
+    assert argv == [
+        "/peers/venv/bin/python",
+        "/peers/cleanrl/cleanrl/ppo_continuous_action.py",
+        "--env-id",
+        "Humanoid-v4",
+        "--total-timesteps",
+        "1000000",
+        "--no-cuda",
+        "--seed",
+        "2",
+    ]
+    assert "8192" in peers.cleanrl_argv("cleanrl-humanoid-v4", 1, Path("c"), "python", steps=8192)
+    assert peers.cleanrl_row_command("cleanrl-humanoid-v4") == (
+        "OMP_NUM_THREADS=1 python cleanrl/ppo_continuous_action.py --env-id Humanoid-v4 --total-timesteps 1000000 "
+        "--no-cuda"
+    )
+    named = {name for name, row in rows.ROWS.items() if row.cleanrl}
+    assert named == {"ppo-humanoid-v4", "ppo-humanoid-v4-mbadv"}
+    assert rows.ROWS["ppo-humanoid-v4"].cleanrl in rows.CLEANRL_ROWS
+
+
+def test_cleanrl_refuses_a_missing_python_and_a_checkout_at_another_commit(tmp_path):
+    """One line that says what is wrong and how to make it right: CleanRL's environment, or its clone."""
+    with pytest.raises(SystemExit, match="--cleanrl-python") as refused:
+        peers.check_cleanrl(tmp_path, str(tmp_path / "no-python"))
+    assert rows.CLEANRL_VENV in str(refused.value)
+    with pytest.raises(SystemExit, match="no git checkout, not CleanRL at fe8d8a0"):
+        peers.check_cleanrl(tmp_path, sys.executable)
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True, timeout=60)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "other"], check=True, timeout=60)
+    with pytest.raises(SystemExit) as refused:
+        peers.check_cleanrl(tmp_path, sys.executable)
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=60)
+    assert f"{head.stdout.strip()}, not CleanRL at {rows.CLEANRL_COMMIT}; {rows.CLEANRL_CLONE}" in str(refused.value)
+
+
+# CleanRL's script as the runner sees it: prints two episodes and the steps per second, writes runs/ into
+# its working directory (which must not be the repository's), fails once for seed 2.
+FAKE_CLEANRL = """\
+import os, pathlib, sys
+args = sys.argv[1:]
+seed, steps = int(args[args.index("--seed") + 1]), int(args[args.index("--total-timesteps") + 1])
+assert os.environ["OMP_NUM_THREADS"] == "1" and not pathlib.Path("benchmarks").exists()
+pathlib.Path("runs").mkdir()
+if seed == 2 and not pathlib.Path(sys.argv[0]).with_name("failed").exists():
+    pathlib.Path(sys.argv[0]).with_name("failed").write_text("")
+    sys.exit("Traceback: the fake failed")
+print("a warning")
+print(f"global_step={steps // 2}, episodic_return=[{10.0 * seed}]")
+print(f"global_step={steps}, episodic_return=[{20.0 * seed}]")
+print("SPS: 100")
+"""
+
+
+def test_a_cleanrl_row_keeps_each_seed_that_ran_and_says_which_failed(tmp_path, monkeypatch):
+    """Each seed runs the script in a scratch directory; its episodes are kept as the seed's
+    metrics, the summary has its return over the last 5 % of the steps; a failed seed is said, the
+    others kept, the row exits nonzero, and ``--resume`` runs only the failed one."""
+    checkout = tmp_path / "cleanrl"
+    (checkout / "cleanrl").mkdir(parents=True)
+    (checkout / "cleanrl" / "ppo_continuous_action.py").write_text(FAKE_CLEANRL)
+    monkeypatch.setattr(store, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(peers, "check_cleanrl", lambda checkout, python: None)
+    with pytest.raises(SystemExit, match=r"failed on seed\(s\) \[2\]"):
+        peers.run_cleanrl_row("cleanrl-humanoid-v4", 3, checkout, sys.executable, steps=1000)
+    out = tmp_path / "runs" / "cleanrl-humanoid-v4"
+    assert store.read_rows(out / "seed3") == [{"step": 500, rows.TRAIN: 30.0}, {"step": 1000, rows.TRAIN: 60.0}]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(s["seed"], s["train_return"], s["episodes"], s["sps"]) for s in summary["seeds"]] == [
+        (1, 20.0, 2, 100),
+        (3, 60.0, 2, 100),
+    ]
+    assert (summary["steps"], summary["cleanrl_commit"]) == (1000, rows.CLEANRL_COMMIT)
+    assert summary["command"].endswith("--total-timesteps 1000 --no-cuda") and "numpy " in summary["cleanrl_versions"]
+    peers.run_cleanrl_row("cleanrl-humanoid-v4", 3, checkout, sys.executable, resume=True, steps=1000)
+    summary = json.loads((out / "summary.json").read_text())
+    assert [s["train_return"] for s in summary["seeds"]] == [20.0, 40.0, 60.0]
+
+
+def test_cleanrl_run_here_stands_beside_the_published_number_on_the_page(tmp_path, monkeypatch):
+    """A kept CleanRL run: the rows that name it get a table line 'CleanRL run here' with ddprl's
+    training episodes measured alike at its steps, a details line, and its binned mean ± std on the
+    training-episode axis of the PNG; a row not run yet shows it beside 'not run yet'. Before any
+    CleanRL run is kept the page shows none of it."""
+
+    def fake_train(keys, seed, keep, what, env=None, work=None):
+        keep.mkdir(parents=True)
+        logged = [(960_000, 600.0), (1_000_000, 620.0)] if seed == 1 else [(960_000, 640.0), (1_000_000, 660.0)]
+        lines = [{"step": s, rows.TRAIN: r, rows.EVAL: r + 100} for s, r in logged]
+        (keep / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        return 1200.0
+
+    monkeypatch.setattr(store, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(store, "IMAGES", tmp_path / "images")
+    monkeypatch.setattr(store, "PAGE", tmp_path / "results.md")
+    monkeypatch.setattr(training, "train_and_keep", fake_train)
+    training.run_row("ppo-humanoid-v4", 2)
+    before = page.page()
+    assert "CleanRL run here:" not in before and "CleanRL run here (" not in before
+
+    out = tmp_path / "runs" / "cleanrl-humanoid-v4"
+    episodes = {1: [(10_000, 100.0), (15_000, 200.0), (990_000, 700.0)], 2: [(12_000, 300.0), (30_000, 50.0)]}
+    episodes[2].append((995_000, 650.0))
+    for seed, points in episodes.items():
+        (out / f"seed{seed}").mkdir(parents=True)
+        lines = "".join(json.dumps({"step": s, rows.TRAIN: r}) + "\n" for s, r in points)
+        (out / f"seed{seed}" / "metrics.jsonl").write_text(lines)
+    seeds = [{"seed": seed, "wall_s": 3600.0, "train_return": r, "jobs": 2} for seed, r in ((1, 700.0), (2, 650.0))]
+    summary = {
+        "row": "cleanrl-humanoid-v4",
+        "command": peers.cleanrl_row_command("cleanrl-humanoid-v4"),
+        "steps": 1_000_000,
+        "cleanrl_commit": rows.CLEANRL_COMMIT,
+        "cleanrl_versions": "torch 2.13.0, gymnasium 0.29.1, mujoco 2.3.3, numpy 1.26.4",
+        "machine": "AMD EPYC, 2 cores",
+        "date": "2026-11-29",
+        "seeds": seeds,
+    }
+    (out / "summary.json").write_text(json.dumps(summary))
+    drawn = []
+
+    def mean_band(ax, at, label):
+        drawn.append((label, at))
+        return draw_band(ax, at, label)
+
+    draw_band = page.mean_band
+    monkeypatch.setattr(page, "mean_band", mean_band)
+    text = page.page()
+    assert (
+        "| PPO, Humanoid-v4 (CleanRL's task version) | CleanRL run here: 675.0 ± 35.4 (training episodes) "
+        "| 1,000,000 | 630.0 ± 28.3 | 740.0 ± 28.3 | 2 | 20.0 min | [png](images/ppo-humanoid-v4.png) |" in text
+    )
+    assert (
+        "| PPO, Humanoid-v4, advantages normalised per minibatch | CleanRL run here: 675.0 ± 35.4 (training "
+        "episodes) | 1,000,000 | not run yet |" in text
+    )
+    (line,) = [line for line in text.splitlines() if line.startswith("- CleanRL run here (commit `fe8d8a0`;")]
+    assert f"`{summary['command']}` (+ `--seed K`, in CleanRL's tree; " in line
+    assert "`python benchmarks/results/run.py cleanrl-humanoid-v4 --cleanrl DIR --cleanrl-python PY` runs it" in line
+    assert "machine: AMD EPYC, 2 cores, 2026-11-29; 60.0 min per seed (up to 2 seeds at once, one core each)" in line
+    assert line.endswith("seed 1: 700.0; seed 2: 650.0; mean ± std 675.0 ± 35.4")
+    # the bins of 20k steps both seeds have an episode in: their means, one per seed
+    assert drawn == [("CleanRL here (2 seeds)", {10_000: [150.0, 300.0], 990_000: [700.0, 650.0]})]
+    assert (tmp_path / "images" / "ppo-humanoid-v4.png").exists()

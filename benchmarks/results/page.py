@@ -36,8 +36,18 @@ from .rows import (
     ddprl_ppo_keys,
     epymarl_row,
 )
-from .stats import across_seeds, binned_mean, curve, papoudakis_returns, per_agent
-from .store import IN_PROGRESS, LOST, in_progress, kept_seeds, kept_summary, seed_curves, seed_machine, seed_of
+from .stats import across_seeds, binned_mean, curve, papoudakis_returns, per_agent, window_mean
+from .store import (
+    IN_PROGRESS,
+    LOST,
+    in_progress,
+    kept_seeds,
+    kept_summary,
+    read_rows,
+    seed_curves,
+    seed_machine,
+    seed_of,
+)
 
 
 def kept_random(row: str) -> tuple[str, dict] | None:
@@ -249,9 +259,11 @@ def mean_std(values: list[float], digits: int = 1) -> str:
     return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
-def draw(name: str, row: Row, peer: dict | None = None) -> Path:
+def draw(name: str, row: Row, peer: dict | None = None, cleanrl: dict | None = None) -> Path:
     """Every seed's curves (``ddprl.plot``): the evaluation return, and the training episodes' return
-    where a reference is measured on it, each reference drawn as a line and band on its metric."""
+    where a reference is measured on it, each reference drawn as a line and band on its metric;
+    EPyMARL's runs here (``peer``: :func:`epymarl_runs`) and CleanRL's (:func:`cleanrl_runs`) as the
+    mean ± std over their seeds, black and dashed."""
     from ddprl.plot import figure, load_runs
 
     runs = load_runs(sorted((store.RUNS / name).glob("seed*")))
@@ -270,7 +282,7 @@ def draw(name: str, row: Row, peer: dict | None = None) -> Path:
         for label in lost
     }
     runs.update(lost)
-    metrics = [EVAL] + ([TRAIN] if any(ref.metric == TRAIN for ref in row.references) else [])
+    metrics = [EVAL] + ([TRAIN] if cleanrl or any(ref.metric == TRAIN for ref in row.references) else [])
     fig = figure(runs, metrics, styles=styles)
     lines: dict[str, list] = {metric: [] for metric in metrics}
     for i, ref in enumerate(row.references):
@@ -281,18 +293,13 @@ def draw(name: str, row: Row, peer: dict | None = None) -> Path:
         if ref.std:
             ax.axhspan(ref.value - ref.std, ref.value + ref.std, color=colour, alpha=0.1, linewidth=0)
         ax.axvline(ref.steps, color=colour, linestyle=":", linewidth=1)
-    if peer:  # EPyMARL run here (epymarl_runs): the mean over its seeds, ± their std
+    if peer:  # EPyMARL run here (epymarl_runs): its tests, every seed on the same grid
         at = across_seeds(peer["curves"])
-        steps = list(at)
-        mean = [statistics.mean(at[step]) for step in steps]
-        n = len(peer["curves"])
-        label = f"EPyMARL here ({n} seed{'s' if n > 1 else ''})"
-        lines[EVAL].append(fig.axes[0].plot(steps, mean, color="k", linestyle="--", linewidth=1, label=label)[0])
-        if n > 1:
-            std = [statistics.stdev(at[step]) for step in steps]
-            low = [m - sd for m, sd in zip(mean, std, strict=True)]
-            high = [m + sd for m, sd in zip(mean, std, strict=True)]
-            fig.axes[0].fill_between(steps, low, high, color="k", alpha=0.08, linewidth=0)
+        lines[EVAL].append(mean_band(fig.axes[0], at, f"EPyMARL here ({seeds_label(len(peer['curves']))})"))
+    if cleanrl:  # CleanRL run here (cleanrl_runs): its episodes end at steps of their own, so each seed is binned
+        ax = fig.axes[metrics.index(TRAIN)]
+        label = f"CleanRL here ({seeds_label(len(cleanrl['runs']))})"
+        lines[TRAIN].append(mean_band(ax, cleanrl_bins(cleanrl), label))
     for ax, metric in zip(fig.axes, metrics, strict=True):
         if lines[metric]:
             ax.legend(handles=lines[metric], loc="lower right", fontsize=8)  # the seeds: the figure's legend
@@ -301,6 +308,34 @@ def draw(name: str, row: Row, peer: dict | None = None) -> Path:
     path = store.IMAGES / f"{name}.png"
     fig.savefig(path, dpi=90)
     return path
+
+
+def seeds_label(n: int) -> str:
+    return f"{n} seed{'s' if n > 1 else ''}"
+
+
+def mean_band(ax, at: dict[float, list[float]], label: str):
+    """A peer's runs on a row's figure: the mean over its seeds at each step of ``at`` (``{step:
+    each seed's value}``), black and dashed, ± their std as a grey band (2 seeds or more)."""
+    steps = list(at)
+    mean = [statistics.mean(at[step]) for step in steps]
+    (line,) = ax.plot(steps, mean, color="k", linestyle="--", linewidth=1, label=label)
+    if steps and len(at[steps[0]]) > 1:
+        std = [statistics.stdev(at[step]) for step in steps]
+        low = [m - sd for m, sd in zip(mean, std, strict=True)]
+        high = [m + sd for m, sd in zip(mean, std, strict=True)]
+        ax.fill_between(steps, low, high, color="k", alpha=0.08, linewidth=0)
+    return line
+
+
+def cleanrl_bins(cleanrl: dict) -> dict[float, list[float]]:
+    """CleanRL's training episodes (:func:`cleanrl_runs`) on a common grid: each seed's mean return
+    in each 2 %-of-the-steps bin (20k steps of 1M), ``{bin centre: each seed's}``, for the bins every
+    seed has an episode in."""
+    width = cleanrl["summary"]["steps"] / 50
+    per_seed = [binned_mean(records, TRAIN, width) for records in cleanrl["runs"]]
+    common = sorted(set.intersection(*(set(bins) for bins in per_seed)))
+    return {(b + 0.5) * width: [bins[b] for bins in per_seed] for b in common}
 
 
 def wrap_title(title: str) -> str:
@@ -409,6 +444,49 @@ def epymarl_lines(row: Row, peer: dict) -> tuple[str, list[str]]:
     return f"EPyMARL run here: {finals} at {' / '.join(f'{step:,}' for step in last)}", details
 
 
+def cleanrl_runs(row: Row) -> dict | None:
+    """The row's CleanRL runs made here (``row.cleanrl``): its summary and each seed's training episodes."""
+    summary = kept_summary(row.cleanrl) if row.cleanrl else None
+    if summary is None:
+        return None
+    runs = [read_rows(store.RUNS / row.cleanrl / f"seed{s['seed']}") for s in summary["seeds"]]
+    return {"summary": summary, "runs": runs}
+
+
+def cleanrl_returns(cleanrl: dict) -> list[float]:
+    """Each CleanRL seed's training episodes' return over the last 5 % of its steps (its summary's)."""
+    return [s["train_return"] for s in cleanrl["summary"]["seeds"] if s["train_return"] is not None]
+
+
+def ddprl_train_returns(name: str, summary: dict, steps: int) -> list[float]:
+    """Each kept ddprl seed's training episodes' return over the last 5 % of ``steps``: the measure
+    of a reference on the training episodes (``stats.measure``), at a peer's budget."""
+    values = [
+        window_mean(curve(read_rows(store.RUNS / name / f"seed{s['seed']}"), TRAIN), steps) for s in summary["seeds"]
+    ]
+    return [v for v in values if v is not None]
+
+
+def cleanrl_cell(cleanrl: dict) -> str:
+    """The table's reference cell of CleanRL run here."""
+    return f"CleanRL run here: {mean_std(cleanrl_returns(cleanrl))} (training episodes)"
+
+
+def cleanrl_line(row: Row, cleanrl: dict) -> str:
+    """The details line of a row's CleanRL runs made here."""
+    summary = cleanrl["summary"]
+    return (
+        f"- CleanRL run here (commit `{summary['cleanrl_commit'][:7]}`; {summary['cleanrl_versions']}), its "
+        f"`ppo_continuous_action.py` unchanged on the same task, the line 'CleanRL run here': `{summary['command']}` "
+        f"(+ `--seed K`, in CleanRL's tree; `python benchmarks/results/run.py {row.cleanrl} --cleanrl DIR "
+        f"--cleanrl-python PY` runs it); {machine_line(summary)}; {wall_per_seed(summary)} per seed"
+        f"{jobs_note(summary)}; per seed, the training episodes' return over the last 5 % of its "
+        f"{summary['steps']:,} steps: "
+        + "; ".join(f"seed {s['seed']}: {fmt(s['train_return'])}" for s in summary["seeds"])
+        + f"; mean ± std {mean_std(cleanrl_returns(cleanrl))}"
+    )
+
+
 def page() -> str:
     lines = [
         "# Results: published numbers, reproduced",
@@ -432,6 +510,9 @@ def page() -> str:
         "seeds alike (TD-MPC2's reacher-easy seed 3 and finger-spin seed 2 on).",
         "A QMIX row's reference, where it has run, is EPyMARL itself run here on the same task and",
         "protocol (its final test: mean ± standard deviation over its seeds).",
+        "A PPO row's line 'CleanRL run here', where it has run, is CleanRL's own `ppo_continuous_action.py`,",
+        "unchanged, run here on the same task: its training episodes' return over the last 5 % of the",
+        "steps (mean ± standard deviation over its seeds), and ddprl's beside it measured alike.",
         "",
         "| row | reference | steps | ddprl at those steps | ddprl best | seeds | wall time per seed | curve |",
         "|---|---|---|---|---|---|---|---|",
@@ -477,16 +558,21 @@ def page() -> str:
                 *([f"![{row.title}]({image})", ""] if image else []),
             ]
             continue
+        cleanrl = cleanrl_runs(row)
         if not summary_path.exists():
             for ref in row.references:
                 lines.append(f"| {row.title} | {ref_cell(ref)} | {ref.steps:,} | not run yet | | | | |")
             if not row.references:
                 lines.append(f"| {row.title} | not transcribed | | not run yet | | | | |")
+            if cleanrl:
+                lines.append(
+                    f"| {row.title} | {cleanrl_cell(cleanrl)} | {cleanrl['summary']['steps']:,} | not run yet | | | | |"
+                )
             continue
         summary = json.loads(summary_path.read_text())
         seeds = summary["seeds"]
         peer = epymarl_runs(row)
-        image = draw(name, row, peer).relative_to(store.PAGE.parent)
+        image = draw(name, row, peer, cleanrl).relative_to(store.PAGE.parent)
         wall = wall_per_seed(summary, name_machine=row.key("device") == "cuda")
         for i, ref in enumerate(row.references):
             ours = [s["at_reference"][i] for s in seeds if s["at_reference"][i] is not None]
@@ -494,6 +580,13 @@ def page() -> str:
                 f"| {row.title} | {ref_cell(ref)} "
                 f"| {ref.steps:,} | {mean_std(ours)} | {mean_std([s['best'] for s in seeds])} "
                 f"| {len(seeds)} | {wall} | [png]({image}) |"
+            )
+        if cleanrl:  # ddprl measured as CleanRL's runs here are, at their budget
+            steps = cleanrl["summary"]["steps"]
+            ours = mean_std(ddprl_train_returns(name, summary, steps))
+            lines.append(
+                f"| {row.title} | {cleanrl_cell(cleanrl)} | {steps:,} | {ours} "
+                f"| {mean_std([s['best'] for s in seeds])} | {len(seeds)} | {wall} | [png]({image}) |"
             )
         per = row.agents  # returns on the page: divided by this
         paper = None
@@ -538,6 +631,8 @@ def page() -> str:
                 f"evaluations {paper['average_mean']:.{d}f} ± {paper['average_ci95']:.{d}f}"
             )
         details += random_line(name, per, row.digits) + peer_details
+        if cleanrl:
+            details.append(cleanrl_line(row, cleanrl))
         if row.note:
             details.append(f"- {row.note}")
         details += ["", f"![{row.title}]({image})", ""]

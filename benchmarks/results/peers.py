@@ -1,12 +1,14 @@
-"""What runs beside ddprl on the same machine: EPyMARL's QMIX (the QMIX rows' reference), PureJaxRL's
-PPO with ddprl's two engines (the peer rows), and random actions (a QMIX task's floor). Neither
-library is part of ddprl: each runs from a checkout and an environment of its own."""
+"""What runs beside ddprl on the same machine: EPyMARL's QMIX (the QMIX rows' reference), CleanRL's
+PPO (beside its published number on the PPO rows that name it), PureJaxRL's PPO with ddprl's two
+engines (the peer rows), and random actions (a QMIX task's floor). None of these libraries is part
+of ddprl: each runs from a checkout and an environment of its own."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import tempfile
@@ -15,6 +17,11 @@ from pathlib import Path
 
 from . import store, training
 from .rows import (
+    CLEANRL_CLONE,
+    CLEANRL_COMMIT,
+    CLEANRL_ROWS,
+    CLEANRL_SCRIPT,
+    CLEANRL_VENV,
     DEVICES,
     EPYMARL_ROWS,
     EVAL,
@@ -141,6 +148,184 @@ def run_epymarl_row(
             write_summary(out, name, command, results, **peer)
     if failed:
         raise SystemExit(f"{name}: EPyMARL failed on seed(s) {failed}; `--resume` runs them again")
+
+
+# What CleanRL's ppo_continuous_action.py prints: each training episode as it ends (its return as
+# RecordEpisodeStatistics counts it, before the reward normalisation, a one-element array), and its
+# steps per second after each iteration.
+CLEANRL_EPISODE = re.compile(r"global_step=(\d+), episodic_return=\[?\s*([-+0-9.eE]+)\s*\]?")
+CLEANRL_SPS = re.compile(r"SPS: (\d+)")
+# One thread, one core per seed (``--jobs N`` runs N seeds at once); no display for MuJoCo; the
+# output unbuffered, so that its progress reaches us as it runs.
+CLEANRL_ENV = {"OMP_NUM_THREADS": "1", "MUJOCO_GL": "disable", "PYTHONUNBUFFERED": "1"}
+CLEANRL_PACKAGES = ("torch", "gymnasium", "mujoco", "numpy")  # what its summary records of its environment
+CLEANRL_PROGRESS = 100_000  # a line of ours every this many of a seed's steps
+
+
+def cleanrl_episode(line: str) -> dict | None:
+    """A training episode CleanRL printed (``global_step=8124, episodic_return=[82.50758]``) as a
+    ddprl metrics record, ``{"step": 8124, TRAIN: 82.50758}``; None for its other lines."""
+    match = CLEANRL_EPISODE.fullmatch(line.strip())
+    return {"step": int(match[1]), TRAIN: float(match[2])} if match else None
+
+
+def cleanrl_episodes(stdout: str) -> list[dict]:
+    """Every training episode in CleanRL's output (:func:`cleanrl_episode`), in order."""
+    return [episode for line in stdout.splitlines() if (episode := cleanrl_episode(line))]
+
+
+def cleanrl_args(name: str, steps: int | None = None) -> list[str]:
+    """The arguments of CleanRL's script for a CLEANRL_ROWS row (``steps``: a shorter budget), seed apart."""
+    env_id, budget = CLEANRL_ROWS[name]
+    return ["--env-id", env_id, "--total-timesteps", str(steps or budget), "--no-cuda"]
+
+
+def cleanrl_row_command(name: str, steps: int | None = None) -> str:
+    """The CleanRL command line of a row, as one types it in CleanRL's tree (``--seed K`` apart)."""
+    return f"OMP_NUM_THREADS=1 python {CLEANRL_SCRIPT} " + " ".join(cleanrl_args(name, steps))
+
+
+def cleanrl_argv(name: str, seed: int, checkout: Path, python: str, steps: int | None = None) -> list[str]:
+    """The command that runs one seed of a row: CleanRL's script from ``checkout`` under its own ``python``."""
+    return [python, str(checkout / CLEANRL_SCRIPT), *cleanrl_args(name, steps), "--seed", str(seed)]
+
+
+def check_cleanrl(checkout: Path, python: str | None) -> None:
+    """Refuse no python to run CleanRL with, a checkout at another commit than CLEANRL_COMMIT, or
+    one whose script was changed (these rows run it as CleanRL wrote it)."""
+    if not python or not Path(python).exists():
+        raise SystemExit(
+            f"cleanrl-* rows run CleanRL with the python of its own environment: --cleanrl-python PATH "
+            f"(or CLEANRL_PYTHON); make one with: {CLEANRL_VENV}"
+        )
+    head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0 or head.stdout.strip() != CLEANRL_COMMIT:
+        found = head.stdout.strip() or "no git checkout"
+        raise SystemExit(f"--cleanrl {checkout}: {found}, not CleanRL at {CLEANRL_COMMIT}; {CLEANRL_CLONE}")
+    changed = subprocess.run(["git", "-C", str(checkout), "diff", "--quiet", "HEAD", "--", CLEANRL_SCRIPT])
+    if changed.returncode != 0:
+        raise SystemExit(
+            f"--cleanrl {checkout}: {CLEANRL_SCRIPT} differs from CleanRL's at {CLEANRL_COMMIT[:7]}; these rows "
+            f"run it unchanged (`git -C {checkout} checkout -- {CLEANRL_SCRIPT}`)"
+        )
+
+
+def package_versions(python: str, packages: tuple[str, ...]) -> str:
+    """'torch 2.13.0, numpy 1.26.4': the versions of ``packages`` that ``python`` has."""
+    code = (
+        "import importlib.metadata as m\n"
+        f"for p in {packages!r}:\n"
+        "    try: print(p, m.version(p))\n"
+        "    except m.PackageNotFoundError: pass\n"
+    )
+    try:
+        found = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return ", ".join(found.splitlines())
+
+
+def run_cleanrl(argv: list[str], what: str) -> tuple[list[dict], float, int | None]:
+    """Run one seed of CleanRL (``argv``: :func:`cleanrl_argv`) in a scratch directory (the script
+    writes ``runs/`` into its working directory); its training episodes (:func:`cleanrl_episode`),
+    wall seconds and last steps per second. Its output is read as it comes, a line of ours every
+    CLEANRL_PROGRESS steps; a failure raises RuntimeError with the last lines of its stderr."""
+    with tempfile.TemporaryDirectory() as scratch:
+        errors = Path(scratch) / "stderr.log"
+        episodes: list[dict] = []
+        sps, shown = None, 0
+        start = time.time()
+        with errors.open("w") as stderr:
+            proc = subprocess.Popen(
+                argv, cwd=scratch, env={**os.environ, **CLEANRL_ENV}, stdout=subprocess.PIPE, stderr=stderr, text=True
+            )
+            for line in proc.stdout:
+                if episode := cleanrl_episode(line):
+                    episodes.append(episode)
+                elif match := CLEANRL_SPS.fullmatch(line.strip()):
+                    sps = int(match[1])
+                    if episodes and episodes[-1]["step"] >= shown + CLEANRL_PROGRESS:
+                        shown = episodes[-1]["step"] // CLEANRL_PROGRESS * CLEANRL_PROGRESS
+                        recent = statistics.mean(e[TRAIN] for e in episodes[-20:])
+                        print(
+                            f"{what}: step {episodes[-1]['step']:,}, {sps} steps/s, the last 20 episodes' mean "
+                            f"return {recent:.1f}",
+                            flush=True,
+                        )
+            code = proc.wait()
+        wall = round(time.time() - start, 1)
+        if code != 0:
+            tail = "\n".join(errors.read_text(errors="replace").splitlines()[-15:])
+            raise RuntimeError(f"exit code {code}; the last lines of its stderr:\n{tail}")
+    if not episodes:
+        raise RuntimeError("it printed no training episode (`global_step=..., episodic_return=[...]`)")
+    return episodes, wall, sps
+
+
+def run_cleanrl_row(
+    name: str,
+    seeds: int,
+    checkout: Path,
+    python: str | None,
+    resume: bool = False,
+    jobs: int = 1,
+    steps: int | None = None,
+) -> None:
+    """Run CleanRL's PPO on the row's task, seeds 1..``seeds`` (its unchanged script from
+    ``checkout`` under ``python``, ``steps``: a shorter budget than the row's); keep each seed's
+    training episodes as ``seed<K>/metrics.jsonl.gz`` (ddprl's ``train/episode_return`` at the
+    step each ended) and the summary, as ``training.run_row`` does: per seed the wall time and the
+    training episodes' return over the last 5 % of the steps, the measure set beside ddprl's. One
+    core a seed: ``jobs`` seeds run at once, each one's wall time measured beside the others. A
+    failed seed is said and the others go on; the row then exits nonzero."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    check_cleanrl(checkout, python)
+    budget = steps or CLEANRL_ROWS[name][1]
+    out = store.RUNS / name
+    command = cleanrl_row_command(name, steps)
+    results, missing = seeds_to_train(out, name, command, seeds, resume)
+    at_once = min(jobs, len(missing))
+    peer = {
+        "steps": budget,
+        "cleanrl_commit": CLEANRL_COMMIT,
+        "cleanrl_versions": package_versions(python, CLEANRL_PACKAGES),
+    }
+
+    def one(seed: int) -> tuple[list[dict], float, int | None]:
+        print(f"$ {command} --seed {seed}  (in {checkout})", flush=True)
+        return run_cleanrl(cleanrl_argv(name, seed, checkout, python, steps), f"{name} seed {seed}")
+
+    failed = []
+    with ThreadPoolExecutor(max_workers=max(at_once, 1)) as pool:
+        runs = {pool.submit(one, seed): seed for seed in missing}
+        for done in as_completed(runs):  # each seed kept as it finishes: a stopped row keeps them
+            seed = runs[done]
+            try:
+                episodes, wall, sps = done.result()
+            except RuntimeError as e:
+                print(f"{name} seed {seed}: CleanRL failed: {e}", flush=True)
+                failed.append(seed)
+                continue
+            keep = out / f"seed{seed}"
+            keep.mkdir(parents=True, exist_ok=True)
+            (keep / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
+            pack(keep)
+            returns = curve(episodes, TRAIN)
+            results.append(
+                {
+                    **seed_summary(seed, wall, returns),  # final, best: single training episodes
+                    "train_return": window_mean(returns, budget),
+                    "episodes": len(episodes),
+                    "sps": sps,
+                    "jobs": at_once,
+                }
+            )
+            print(f"{name} seed {seed}: {results[-1]}", flush=True)
+            results.sort(key=lambda s: s["seed"])
+            write_summary(out, name, command, results, **peer)
+    if failed:
+        raise SystemExit(f"{name}: CleanRL failed on seed(s) {sorted(failed)}; `--resume` runs them again")
 
 
 def check_purejaxrl(checkout: Path, python: str | None) -> None:

@@ -36,6 +36,7 @@ class Row:
     papoudakis: bool = False  # also show Papoudakis et al.'s maximum and average returns (papoudakis_returns)
     agents: int = 1  # the page divides returns by this (MPE: per agent, as Papoudakis et al. report them)
     epymarl: str = ""  # the EPyMARL_ROWS row run here on the same task: a reference beside the published ones
+    cleanrl: str = ""  # the CLEANRL_ROWS row run here on the same task: a reference beside CleanRL's published one
     long: bool = False  # hours per seed: each seed trains in WORK and goes on from its checkpoint (train_and_keep)
 
     def command(self) -> str:
@@ -51,6 +52,22 @@ CLEANRL = (
     "CleanRL `docs/benchmark/ppo_continuous_action.md` (Open RL Benchmark tag pr-424, {task}-v4, "
     "1M steps; the training episodes' return at the end of training, ± over 3 seeds)"
 )
+# CleanRL itself, run here: its unchanged `ppo_continuous_action.py` on the task of the PPO rows that name
+# it (Row.cleanrl), beside its published number: the same code on this machine, measured as ddprl is (the
+# training episodes' return over the last 5 % of the steps). One process per seed, on one core.
+CLEANRL_REPO = "https://github.com/vwxyzjn/cleanrl"
+CLEANRL_COMMIT = "fe8d8a03c41a7ef5b523e2e354bd01c363e786bb"  # 2026-04-20: the checkout its rows ran from
+CLEANRL_CLONE = f"git clone {CLEANRL_REPO} cleanrl && git -C cleanrl checkout {CLEANRL_COMMIT}"
+CLEANRL_SCRIPT = "cleanrl/ppo_continuous_action.py"
+# The separate environment it runs in: CleanRL's pyproject pins gymnasium 0.29.1 and (its mujoco extra)
+# mujoco <= 2.3.3; the script reads the vector env's `final_info`, which gymnasium 1.0 removed.
+CLEANRL_VENV = (
+    "python3 -m venv cleanrl-venv && cleanrl-venv/bin/pip install torch==2.13.0 'gymnasium==0.29.1' "
+    "'mujoco==2.3.3' 'numpy<2' tyro tensorboard imageio"
+)
+CLEANRL_ROWS = {  # row: (its --env-id, its --total-timesteps)
+    "cleanrl-humanoid-v4": ("Humanoid-v4", 1_000_000),
+}
 ZOO = "SB3 zoo `benchmark.md` (rl-baselines3-zoo, one trained agent; ± over its evaluation episodes)"
 LUNARLANDER_ZOO = (
     Reference(ZOO + " (LunarLander-v2: the same task before Gymnasium's fixes)", 242.119, 31.823, 1_000_000),
@@ -209,6 +226,7 @@ ROWS: dict[str, Row] = {
         "CleanRL, not yet measured apart: ddprl normalises advantages over the whole rollout of all ranks, "
         "CleanRL in each minibatch of 64, and ddprl updates its observation statistics once per rollout (after "
         "the update), CleanRL's NormalizeObservation at every step.",
+        cleanrl="cleanrl-humanoid-v4",
     ),
     "ppo-humanoid-v4-mbadv": Row(
         "PPO, Humanoid-v4, advantages normalised per minibatch",
@@ -217,6 +235,7 @@ ROWS: dict[str, Row] = {
         "The row above with the advantages normalised as CleanRL normalises them: in each optimizer step, "
         "with the mean and std of its minibatch (64 samples: 32 on each of the 2 ranks), where ddprl's "
         "default normalises them once per rollout.",
+        cleanrl="cleanrl-humanoid-v4",
     ),
 }
 # QMIX on EPyMARL's protocol (Papoudakis et al. 2021): 2M env steps (ddprl's QMIX defaults run

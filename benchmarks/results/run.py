@@ -69,8 +69,28 @@ Each seed's tests are kept as
 ``runs/<row>/seed<K>/`` like a ddprl run's evaluations; EPyMARL runs on one core, so ``--jobs N``
 runs N seeds at once.
 
+CleanRL rows (``cleanrl-humanoid-v4``) run CleanRL's own PPO, ``cleanrl/ppo_continuous_action.py``, here
+on the task of the PPO rows that name it (the Humanoid-v4 rows), and stand beside CleanRL's published
+number there as "CleanRL run here": the same code and hyperparameters on this machine, measured as
+ddprl's runs are (the training episodes' return over the last 5 % of the steps). CleanRL is not part of
+ddprl either: its script runs unchanged from a checkout you make, in an environment of its own
+(``CLEANRL_VENV`` in ``rows.py``: CleanRL's gymnasium 0.29.1 and MuJoCo 2.3.3)::
+
+    git clone https://github.com/vwxyzjn/cleanrl cleanrl
+    git -C cleanrl checkout fe8d8a03c41a7ef5b523e2e354bd01c363e786bb
+    python3 -m venv cleanrl-venv
+    cleanrl-venv/bin/pip install torch==2.13.0 "gymnasium==0.29.1" "mujoco==2.3.3" "numpy<2" tyro tensorboard imageio
+    python benchmarks/results/run.py cleanrl-humanoid-v4 --cleanrl cleanrl \
+        --cleanrl-python cleanrl-venv/bin/python --seeds 3 --jobs 2
+    python benchmarks/results/run.py cleanrl-humanoid-v4 ... --seeds 1 --steps 8192 --runs /tmp/smoke   # a smoke run
+
+Each seed runs in a scratch directory (the script writes ``runs/`` into its working directory), on one
+core (``OMP_NUM_THREADS=1``, ``--no-cuda``): ``--jobs N`` runs N seeds at once. The training episodes
+it prints (``global_step=..., episodic_return=[...]``) are kept as ``runs/<row>/seed<K>/`` (ddprl's
+``train/episode_return`` at the step each ended, so ``ddprl plot`` draws them beside ddprl's runs).
+
 The harness beside this file: ``rows.py`` (each row's command, reference and notes: where a row is
-added), ``training.py`` (ddprl's seeds), ``peers.py`` (EPyMARL, PureJaxRL, random actions),
+added), ``training.py`` (ddprl's seeds), ``peers.py`` (EPyMARL, CleanRL, PureJaxRL, random actions),
 ``baselines.py`` (the supervised rows' scikit-learn baselines), ``store.py`` (the kept runs),
 ``stats.py`` (numbers from curves) and ``page.py`` (docs/results.md).
 """
@@ -87,14 +107,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: thi
 
 from results import store  # noqa: E402 (the path above first)
 from results.page import page  # noqa: E402
-from results.peers import epymarl_row_command, random_baseline, run_epymarl_row, run_peer_row  # noqa: E402
-from results.rows import EPYMARL_ROWS, PEER_ROWS, PUREJAXRL_CLONE, QMIX_TASKS, ROWS, SUPERVISED_ROWS  # noqa: E402
+from results.peers import (  # noqa: E402
+    cleanrl_row_command,
+    epymarl_row_command,
+    random_baseline,
+    run_cleanrl_row,
+    run_epymarl_row,
+    run_peer_row,
+)
+from results.rows import (  # noqa: E402
+    CLEANRL_CLONE,
+    CLEANRL_ROWS,
+    EPYMARL_ROWS,
+    PEER_ROWS,
+    PUREJAXRL_CLONE,
+    QMIX_TASKS,
+    ROWS,
+    SUPERVISED_ROWS,
+)
 from results.training import pass_on_stop_signals, run_row  # noqa: E402
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("row", nargs="?", choices=sorted({**ROWS, **SUPERVISED_ROWS, **PEER_ROWS, **EPYMARL_ROWS}))
+    parser.add_argument(
+        "row", nargs="?", choices=sorted({**ROWS, **SUPERVISED_ROWS, **PEER_ROWS, **EPYMARL_ROWS, **CLEANRL_ROWS})
+    )
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument(
         "--resume", action="store_true", help="keep the seeds this row's summary already holds, train the others"
@@ -116,10 +154,23 @@ def main() -> int:
         default=os.environ.get("EPYMARL_PYTHON"),
         help="epymarl-* rows: the python of EPyMARL's own environment (default: $EPYMARL_PYTHON)",
     )
+    parser.add_argument("--cleanrl", type=Path, help=f"cleanrl-* rows: a checkout of CleanRL ({CLEANRL_CLONE})")
     parser.add_argument(
-        "--jobs", type=int, default=1, help="seeds run at once (EPyMARL and one-rank ddprl rows run on one core each)"
+        "--cleanrl-python",
+        default=os.environ.get("CLEANRL_PYTHON"),
+        help="cleanrl-* rows: the python of CleanRL's own environment (default: $CLEANRL_PYTHON)",
     )
-    parser.add_argument("--steps", type=int, help="peer rows: a shorter budget (PureJaxRL's TOTAL_TIMESTEPS)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="seeds run at once (EPyMARL, CleanRL and one-rank ddprl rows run on one core each)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        help="peer and cleanrl-* rows: a shorter budget (PureJaxRL's TOTAL_TIMESTEPS, CleanRL's --total-timesteps)",
+    )
     parser.add_argument(
         "--runs", type=Path, help="keep the runs, the page and its PNGs under this folder instead (smoke runs)"
     )
@@ -131,6 +182,8 @@ def main() -> int:
             print(f"{name:34s} {row.command()}")
         for name, task in EPYMARL_ROWS.items():
             print(f"{name:34s} {epymarl_row_command(task)}  (EPyMARL's tree)")
+        for name in CLEANRL_ROWS:
+            print(f"{name:34s} {cleanrl_row_command(name)} --seed K  (CleanRL's tree)")
         return 0
     if args.random:
         if args.row not in QMIX_TASKS:
@@ -146,8 +199,14 @@ def main() -> int:
 
             parser.error(f"{args.row} runs EPyMARL: --epymarl DIR, an EPyMARL tree ({EPYMARL_VENV})")
         run_epymarl_row(args.row, args.seeds, args.epymarl.resolve(), args.epymarl_python, args.resume, args.jobs)
+    elif args.row in CLEANRL_ROWS:
+        if args.cleanrl is None:
+            parser.error(f"{args.row} runs CleanRL: --cleanrl DIR, a checkout made with {CLEANRL_CLONE}")
+        run_cleanrl_row(
+            args.row, args.seeds, args.cleanrl.resolve(), args.cleanrl_python, args.resume, args.jobs, args.steps
+        )
     elif args.steps:
-        parser.error("--steps shortens peer rows only")
+        parser.error("--steps shortens peer and cleanrl-* rows only")
     elif args.row:
         pass_on_stop_signals()
         run_row(args.row, args.seeds, args.resume, args.jobs)
