@@ -13,6 +13,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from . import store, training
@@ -105,8 +106,6 @@ def run_epymarl_row(
     the step it ran at) and the summary, as ``training.run_row`` does. EPyMARL runs on one core
     (``OMP_NUM_THREADS=1``, its episode runner): ``jobs`` seeds run at once, each one's wall time
     measured beside the others (the summary says how many)."""
-    from concurrent.futures import ThreadPoolExecutor, as_completed
-
     from qmix_learning import grid_step, run_epymarl
     from qmix_speed import EPYMARL_VENV, epymarl_commit, versions
 
@@ -126,28 +125,41 @@ def run_epymarl_row(
         with tempfile.TemporaryDirectory() as scratch:
             return run_epymarl(epymarl_settings(task, seed, checkout, python), Path(scratch))
 
+    def keep(seed: int, run: tuple[dict[int, float], float]) -> None:
+        tests, wall = run
+        folder = out / f"seed{seed}"
+        folder.mkdir(parents=True, exist_ok=True)
+        records = [{"step": grid_step(t, QMIX_EVAL_FREQ), "t_env": t, EVAL: r} for t, r in sorted(tests.items())]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        pack(folder)
+        results.append({**seed_summary(seed, round(wall, 1), curve(records)), "jobs": at_once})
+        print(f"{name} seed {seed}: {results[-1]}", flush=True)
+        results.sort(key=lambda s: s["seed"])
+        write_summary(out, name, command, results, **peer)
+
+    run_seeds(name, "EPyMARL", missing, at_once, one, keep)
+
+
+def run_seeds(name: str, library: str, missing: list[int], at_once: int, one: Callable, keep: Callable) -> None:
+    """A peer row's seeds: ``one(seed)`` for each of ``missing``, ``at_once`` of them at a time, and
+    ``keep(seed, what one returned)`` as each finishes (a row stopped part-way keeps those). A seed
+    whose run raised RuntimeError is said and the others go on; the row then exits nonzero."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
     failed = []
     with ThreadPoolExecutor(max_workers=max(at_once, 1)) as pool:
         runs = {pool.submit(one, seed): seed for seed in missing}
-        for done in as_completed(runs):  # each seed kept as it finishes: a stopped row keeps them
+        for done in as_completed(runs):
             seed = runs[done]
             try:
-                tests, wall = done.result()
+                result = done.result()
             except RuntimeError as e:
-                print(f"{name} seed {seed}: EPyMARL failed: {e}", flush=True)
+                print(f"{name} seed {seed}: {library} failed: {e}", flush=True)
                 failed.append(seed)
                 continue
-            keep = out / f"seed{seed}"
-            keep.mkdir(parents=True, exist_ok=True)
-            records = [{"step": grid_step(t, QMIX_EVAL_FREQ), "t_env": t, EVAL: r} for t, r in sorted(tests.items())]
-            (keep / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-            pack(keep)
-            results.append({**seed_summary(seed, round(wall, 1), curve(records)), "jobs": at_once})
-            print(f"{name} seed {seed}: {results[-1]}", flush=True)
-            results.sort(key=lambda s: s["seed"])
-            write_summary(out, name, command, results, **peer)
+            keep(seed, result)
     if failed:
-        raise SystemExit(f"{name}: EPyMARL failed on seed(s) {failed}; `--resume` runs them again")
+        raise SystemExit(f"{name}: {library} failed on seed(s) {sorted(failed)}; `--resume` runs them again")
 
 
 # What CleanRL's ppo_continuous_action.py prints: each training episode as it ends (its return as
@@ -190,18 +202,28 @@ def cleanrl_argv(name: str, seed: int, checkout: Path, python: str, steps: int |
     return [python, str(checkout / CLEANRL_SCRIPT), *cleanrl_args(name, steps), "--seed", str(seed)]
 
 
-def check_cleanrl(checkout: Path, python: str | None) -> None:
-    """Refuse no python to run CleanRL with, a checkout at another commit than CLEANRL_COMMIT, or
-    one whose script was changed (these rows run it as CleanRL wrote it)."""
+def check_checkout(
+    library: str, rows: str, checkout: Path, commit: str, clone: str, python: str | None, venv: str
+) -> None:
+    """Refuse no python to run a peer ``library`` with (``venv``: how to make one), or a checkout at
+    another commit than ``commit`` (``clone``: how to make one at it). Its options are named after it:
+    ``--cleanrl`` and ``--cleanrl-python`` (or ``$CLEANRL_PYTHON``) for CleanRL."""
+    flag = library.lower()
     if not python or not Path(python).exists():
         raise SystemExit(
-            f"cleanrl-* rows run CleanRL with the python of its own environment: --cleanrl-python PATH "
-            f"(or CLEANRL_PYTHON); make one with: {CLEANRL_VENV}"
+            f"{rows} run {library} with the python of its own environment: --{flag}-python PATH "
+            f"(or {flag.upper()}_PYTHON); make one with: {venv}"
         )
     head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
-    if head.returncode != 0 or head.stdout.strip() != CLEANRL_COMMIT:
+    if head.returncode != 0 or head.stdout.strip() != commit:
         found = head.stdout.strip() or "no git checkout"
-        raise SystemExit(f"--cleanrl {checkout}: {found}, not CleanRL at {CLEANRL_COMMIT}; {CLEANRL_CLONE}")
+        raise SystemExit(f"--{flag} {checkout}: {found}, not {library} at {commit}; {clone}")
+
+
+def check_cleanrl(checkout: Path, python: str | None) -> None:
+    """:func:`check_checkout` for CleanRL, which also refuses a checkout whose script was changed
+    (these rows run it as CleanRL wrote it)."""
+    check_checkout("CleanRL", "cleanrl-* rows", checkout, CLEANRL_COMMIT, CLEANRL_CLONE, python, CLEANRL_VENV)
     changed = subprocess.run(["git", "-C", str(checkout), "diff", "--quiet", "HEAD", "--", CLEANRL_SCRIPT])
     if changed.returncode != 0:
         raise SystemExit(
@@ -278,8 +300,6 @@ def run_cleanrl_row(
     training episodes' return over the last 5 % of the steps, the measure set beside ddprl's. One
     core a seed: ``jobs`` seeds run at once, each one's wall time measured beside the others. A
     failed seed is said and the others go on; the row then exits nonzero."""
-    from concurrent.futures import ThreadPoolExecutor, as_completed
-
     check_cleanrl(checkout, python)
     budget = steps or CLEANRL_ROWS[name][1]
     out = store.RUNS / name
@@ -296,49 +316,32 @@ def run_cleanrl_row(
         print(f"$ {command} --seed {seed}  (in {checkout})", flush=True)
         return run_cleanrl(cleanrl_argv(name, seed, checkout, python, steps), f"{name} seed {seed}")
 
-    failed = []
-    with ThreadPoolExecutor(max_workers=max(at_once, 1)) as pool:
-        runs = {pool.submit(one, seed): seed for seed in missing}
-        for done in as_completed(runs):  # each seed kept as it finishes: a stopped row keeps them
-            seed = runs[done]
-            try:
-                episodes, wall, sps = done.result()
-            except RuntimeError as e:
-                print(f"{name} seed {seed}: CleanRL failed: {e}", flush=True)
-                failed.append(seed)
-                continue
-            keep = out / f"seed{seed}"
-            keep.mkdir(parents=True, exist_ok=True)
-            (keep / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
-            pack(keep)
-            returns = curve(episodes, TRAIN)
-            results.append(
-                {
-                    **seed_summary(seed, wall, returns),  # final, best: single training episodes
-                    "train_return": window_mean(returns, budget),
-                    "episodes": len(episodes),
-                    "sps": sps,
-                    "jobs": at_once,
-                }
-            )
-            print(f"{name} seed {seed}: {results[-1]}", flush=True)
-            results.sort(key=lambda s: s["seed"])
-            write_summary(out, name, command, results, **peer)
-    if failed:
-        raise SystemExit(f"{name}: CleanRL failed on seed(s) {sorted(failed)}; `--resume` runs them again")
+    def keep(seed: int, run: tuple[list[dict], float, int | None]) -> None:
+        episodes, wall, sps = run
+        folder = out / f"seed{seed}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
+        pack(folder)
+        returns = curve(episodes, TRAIN)
+        results.append(
+            {
+                **seed_summary(seed, wall, returns),  # final, best: single training episodes
+                "train_return": window_mean(returns, budget),
+                "episodes": len(episodes),
+                "sps": sps,
+                "jobs": at_once,
+            }
+        )
+        print(f"{name} seed {seed}: {results[-1]}", flush=True)
+        results.sort(key=lambda s: s["seed"])
+        write_summary(out, name, command, results, **peer)
+
+    run_seeds(name, "CleanRL", missing, at_once, one, keep)
 
 
 def check_purejaxrl(checkout: Path, python: str | None) -> None:
     """Refuse a checkout at another commit than PUREJAXRL_COMMIT, or no python to run it with."""
-    if not python or not Path(python).exists():
-        raise SystemExit(
-            f"peer rows run PureJaxRL with the python of its own environment: --purejaxrl-python PATH "
-            f"(or PUREJAXRL_PYTHON); make one with: {PUREJAXRL_VENV}"
-        )
-    head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
-    if head.returncode != 0 or head.stdout.strip() != PUREJAXRL_COMMIT:
-        found = head.stdout.strip() or "no git checkout"
-        raise SystemExit(f"--purejaxrl {checkout}: {found}, not PureJaxRL at {PUREJAXRL_COMMIT}; {PUREJAXRL_CLONE}")
+    check_checkout("PureJaxRL", "peer rows", checkout, PUREJAXRL_COMMIT, PUREJAXRL_CLONE, python, PUREJAXRL_VENV)
 
 
 def jax_env(devices: int) -> dict[str, str]:
