@@ -214,13 +214,6 @@ ROWS: dict[str, Row] = {
         "slightly lower for the same gait. Why this row ends below CleanRL's band: the two Humanoid-v4 rows "
         "below, with CleanRL itself run here beside them.",
     ),
-    "ppo-humanoid-mbadv": Row(
-        "PPO, Humanoid-v5, advantages normalised per minibatch",
-        ("task=Humanoid-v5", "world_size=2", "n_steps=1024", "batch_size=32", "norm_adv=minibatch"),
-        (Reference(CLEANRL.format(task="Humanoid"), 716.11, 49.08, 1_000_000, TRAIN),),
-        "The row above with the advantages normalised as CleanRL normalises them (the Humanoid-v4 rows below "
-        "measure the same change on CleanRL's task version, beside CleanRL run here).",
-    ),
     "ppo-humanoid-v4": Row(
         "PPO, Humanoid-v4 (CleanRL's task version)",
         HUMANOID_V4_KEYS,
@@ -253,6 +246,13 @@ ROWS: dict[str, Row] = {
         "not resolved (Welch's t-test p = 0.19), so ddprl's default and its MuJoCo preset stay as they are "
         "(docs/ppo.md says how to choose).",
         cleanrl="cleanrl-humanoid-v4",
+    ),
+    "ppo-humanoid-mbadv": Row(
+        "PPO, Humanoid-v5, advantages normalised per minibatch",
+        ("task=Humanoid-v5", "world_size=2", "n_steps=1024", "batch_size=32", "norm_adv=minibatch"),
+        (Reference(CLEANRL.format(task="Humanoid"), 716.11, 49.08, 1_000_000, TRAIN),),
+        "The Humanoid-v5 row with the advantages normalised as CleanRL normalises them; the two rows above "
+        "measure the same change on Humanoid-v4, CleanRL's task version, beside CleanRL run here.",
     ),
 }
 # QMIX on EPyMARL's protocol (Papoudakis et al. 2021): 2M env steps (ddprl's QMIX defaults run
