@@ -41,6 +41,19 @@ PEER_RUNS = [(row, impl) for row in ("jax-cartpole", "jax-acrobot") for impl in 
 ]
 
 
+@pytest.fixture
+def page_store(tmp_path, monkeypatch):
+    """Kept runs, the page and its PNGs under ``tmp_path`` (runs/, results.md, images/)."""
+    monkeypatch.setattr(store, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(store, "IMAGES", tmp_path / "images")
+    monkeypatch.setattr(store, "PAGE", tmp_path / "results.md")
+
+
+def write_metrics(folder: Path, records: list[dict]) -> None:
+    """A run's metrics.jsonl as ddprl writes it, one record a line."""
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
 @pytest.mark.parametrize("row,impl", PEER_RUNS)
 def test_keys_resolve_to_purejaxrl_sizes(row, impl):
     peer = rows.PEER_ROWS[row]
@@ -189,19 +202,15 @@ def test_a_peer_row_keeps_each_finished_seed_and_resumes_with_the_others(tmp_pat
         peers.run_peer_row("jax-breakout", 4, tmp_path, "python", steps=8192 * 4, resume=True)
 
 
-def test_a_row_without_a_transcribed_reference_shows_ours_at_the_end_and_best(tmp_path, monkeypatch):
+def test_a_row_without_a_transcribed_reference_shows_ours_at_the_end_and_best(tmp_path, monkeypatch, page_store):
     """The QMIX rows (Papoudakis et al.'s table not transcribed): the page gives the final and the
     best evaluation over seeds, at LBF's two decimals, and draws the curves."""
 
     def fake_train(keys, seed, keep, what, env=None, work=None):
         keep.mkdir(parents=True)
-        rows = [{"step": 50_000, "eval/return_mean": 0.2 * seed}, {"step": 100_000, "eval/return_mean": 0.1 * seed}]
-        (keep / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        write_metrics(keep, [{"step": 50_000, rows.EVAL: 0.2 * seed}, {"step": 100_000, rows.EVAL: 0.1 * seed}])
         return 60.0
 
-    monkeypatch.setattr(store, "RUNS", tmp_path / "runs")
-    monkeypatch.setattr(store, "IMAGES", tmp_path / "images")
-    monkeypatch.setattr(store, "PAGE", tmp_path / "results.md")
     monkeypatch.setattr(training, "train_and_keep", fake_train)
     training.run_row("qmix-lbf-8x8-2p-2f-coop", 2)
     text = page.page()
@@ -278,7 +287,7 @@ def test_epymarl_tests_are_read_from_sacred_not_from_its_console(tmp_path):
         qmix_learning.epymarl_tests(tmp_path / "sacred")
 
 
-def test_epymarl_run_here_is_the_reference_of_both_qmix_rows_of_its_task(tmp_path, monkeypatch):
+def test_epymarl_run_here_is_the_reference_of_both_qmix_rows_of_its_task(tmp_path, monkeypatch, page_store):
     """An EPyMARL row keeps each seed's tests on the 50k grid (and the step each ran at); the two
     QMIX rows of its task show its final test as their reference, its curve on their PNG and its
     details. Nothing runs EPyMARL or trains: fakes stand in for both."""
@@ -303,9 +312,6 @@ def test_epymarl_run_here_is_the_reference_of_both_qmix_rows_of_its_task(tmp_pat
 
     monkeypatch.setattr(qmix_learning, "run_epymarl", fake_epymarl)
     monkeypatch.setitem(sys.modules, "qmix_learning", qmix_learning)
-    monkeypatch.setattr(store, "RUNS", tmp_path / "runs")
-    monkeypatch.setattr(store, "IMAGES", tmp_path / "images")
-    monkeypatch.setattr(store, "PAGE", tmp_path / "results.md")
     monkeypatch.setattr(training, "train_and_keep", fake_train)
     checkout = tmp_path / "epymarl"
     (checkout / "src").mkdir(parents=True)
@@ -531,7 +537,7 @@ def test_a_long_row_refused_at_its_start_fails_with_the_exit_and_leaves_nothing(
     assert not work.exists() and not keep.parent.exists()
 
 
-def test_a_long_row_part_way_shows_how_far_each_seed_got(tmp_path, monkeypatch):
+def test_a_long_row_part_way_shows_how_far_each_seed_got(tmp_path, monkeypatch, page_store):
     """No seed of the TD-MPC2 row has ended: the page says where each one stands, with its
     evaluations and training time so far (two sittings: wall time summed), and draws its curve."""
     row = "tdmpc2-cartpole-swingup"
@@ -546,9 +552,6 @@ def test_a_long_row_part_way_shows_how_far_each_seed_got(tmp_path, monkeypatch):
         lines = [{"step": step, "wall_time": wall, **({rows.EVAL: ev} if ev else {})} for step, wall, ev in points]
         (keep / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
         (keep / store.SITTINGS).write_text(json.dumps(walls))
-    monkeypatch.setattr(store, "RUNS", tmp_path / "runs")
-    monkeypatch.setattr(store, "IMAGES", tmp_path / "images")
-    monkeypatch.setattr(store, "PAGE", tmp_path / "results.md")
     text = page.page()
     assert (
         "| 50,000 | not reached: 3 in progress, at 12,000 and 5,000 and 4,000 | 277.9 so far (seed 1) | 0 | | "
@@ -564,7 +567,7 @@ def test_a_long_row_part_way_shows_how_far_each_seed_got(tmp_path, monkeypatch):
     assert (tmp_path / "images" / f"{row}.png").exists()
 
 
-def test_a_long_row_before_its_first_evaluation_has_no_curve(tmp_path, monkeypatch):
+def test_a_long_row_before_its_first_evaluation_has_no_curve(tmp_path, monkeypatch, page_store):
     """A seed stopped before its first evaluation: the page says how far it got, draws no figure
     (it would hold the reference alone) and links none."""
     row = "tdmpc2-reacher-easy"
@@ -572,9 +575,6 @@ def test_a_long_row_before_its_first_evaluation_has_no_curve(tmp_path, monkeypat
     keep.mkdir(parents=True)
     (keep / "metrics.jsonl").write_text(json.dumps({"step": 7000, "wall_time": 2400.0}) + "\n")
     (keep / store.SITTINGS).write_text(json.dumps([2460.0]))
-    monkeypatch.setattr(store, "RUNS", tmp_path / "runs")
-    monkeypatch.setattr(store, "IMAGES", tmp_path / "images")
-    monkeypatch.setattr(store, "PAGE", tmp_path / "results.md")
     text = page.page()
     assert "| 50,000 | not reached: 1 in progress, at 7,000 |  | 0 | | no evaluation yet |" in text
     assert "seed 1 at 7,000 of 50,000 steps after 0.7 h of training, evaluations: none yet" in text
@@ -582,7 +582,7 @@ def test_a_long_row_before_its_first_evaluation_has_no_curve(tmp_path, monkeypat
     assert f"images/{row}.png" not in text
 
 
-def test_a_long_row_whose_checkpoint_is_gone_keeps_the_lost_attempt_and_shows_both(tmp_path, monkeypatch):
+def test_a_long_row_whose_checkpoint_is_gone_keeps_the_lost_attempt_and_shows_both(tmp_path, monkeypatch, page_store):
     """A sitting on a new machine finds a seed's in-progress record but no checkpoint (the work
     directory is not committed): the record moves to ``lost/`` (a second loss beside the first)
     rather than being overwritten by the fresh start, and the page shows both attempts apart."""
@@ -608,9 +608,6 @@ def test_a_long_row_whose_checkpoint_is_gone_keeps_the_lost_attempt_and_shows_bo
     assert store.set_aside_lost(out, 1, work) == out / store.LOST / "seed1-2"  # lost again: both kept
 
     record(store.IN_PROGRESS, [(5000, 1800.0, None)], [1800.0])  # the third attempt, going on
-    monkeypatch.setattr(store, "RUNS", tmp_path / "runs")
-    monkeypatch.setattr(store, "IMAGES", tmp_path / "images")
-    monkeypatch.setattr(store, "PAGE", tmp_path / "results.md")
     drawn, draw_figure = [], plot.figure
 
     def figure(runs, keys, x="step", styles=None):
@@ -676,7 +673,8 @@ model saved to runs/Humanoid-v4__ppo_continuous_action__1__1764400000/ppo_contin
 def test_cleanrl_output_becomes_training_episode_records():
     """CleanRL's script prints each training episode as it ends; those lines, and only those,
     become ddprl's metrics records at the step each ended (its other output is skipped)."""
-    assert peers.cleanrl_episodes(CLEANRL_OUTPUT) == [
+    episodes = [e for line in CLEANRL_OUTPUT.splitlines() if (e := peers.cleanrl_episode(line))]
+    assert episodes == [
         {"step": 17, rows.TRAIN: 81.67697},
         {"step": 35, rows.TRAIN: -35.0},
         {"step": 2090, rows.TRAIN: 102.5},
@@ -773,7 +771,7 @@ def test_a_cleanrl_row_keeps_each_seed_that_ran_and_says_which_failed(tmp_path, 
     assert [s["train_return"] for s in summary["seeds"]] == [20.0, 40.0, 60.0]
 
 
-def test_cleanrl_run_here_stands_beside_the_published_number_on_the_page(tmp_path, monkeypatch):
+def test_cleanrl_run_here_stands_beside_the_published_number_on_the_page(tmp_path, monkeypatch, page_store):
     """A kept CleanRL run: the rows that name it get a table line 'CleanRL run here' with ddprl's
     training episodes measured alike at its steps, a details line, and its binned mean ± std on the
     training-episode axis of the PNG; a row not run yet shows it beside 'not run yet'. Before any
@@ -782,13 +780,9 @@ def test_cleanrl_run_here_stands_beside_the_published_number_on_the_page(tmp_pat
     def fake_train(keys, seed, keep, what, env=None, work=None):
         keep.mkdir(parents=True)
         logged = [(960_000, 600.0), (1_000_000, 620.0)] if seed == 1 else [(960_000, 640.0), (1_000_000, 660.0)]
-        lines = [{"step": s, rows.TRAIN: r, rows.EVAL: r + 100} for s, r in logged]
-        (keep / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        write_metrics(keep, [{"step": s, rows.TRAIN: r, rows.EVAL: r + 100} for s, r in logged])
         return 1200.0
 
-    monkeypatch.setattr(store, "RUNS", tmp_path / "runs")
-    monkeypatch.setattr(store, "IMAGES", tmp_path / "images")
-    monkeypatch.setattr(store, "PAGE", tmp_path / "results.md")
     monkeypatch.setattr(training, "train_and_keep", fake_train)
     training.run_row("ppo-humanoid-v4", 2)
     before = page.page()
@@ -799,8 +793,7 @@ def test_cleanrl_run_here_stands_beside_the_published_number_on_the_page(tmp_pat
     episodes[2].append((995_000, 650.0))
     for seed, points in episodes.items():
         (out / f"seed{seed}").mkdir(parents=True)
-        lines = "".join(json.dumps({"step": s, rows.TRAIN: r}) + "\n" for s, r in points)
-        (out / f"seed{seed}" / "metrics.jsonl").write_text(lines)
+        write_metrics(out / f"seed{seed}", [{"step": s, rows.TRAIN: r} for s, r in points])
     seeds = [{"seed": seed, "wall_s": 3600.0, "train_return": r, "jobs": 2} for seed, r in ((1, 700.0), (2, 650.0))]
     summary = {
         "row": "cleanrl-humanoid-v4",

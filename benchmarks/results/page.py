@@ -461,9 +461,7 @@ def cleanrl_returns(cleanrl: dict) -> list[float]:
 def ddprl_train_returns(name: str, summary: dict, steps: int) -> list[float]:
     """Each kept ddprl seed's training episodes' return over the last 5 % of ``steps``: the measure
     of a reference on the training episodes (``stats.measure``), at a peer's budget."""
-    values = [
-        window_mean(curve(read_rows(store.RUNS / name / f"seed{s['seed']}"), TRAIN), steps) for s in summary["seeds"]
-    ]
+    values = [window_mean(points, steps) for points in seed_curves(name, summary, TRAIN)]
     return [v for v in values if v is not None]
 
 

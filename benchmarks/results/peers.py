@@ -181,11 +181,6 @@ def cleanrl_episode(line: str) -> dict | None:
     return {"step": int(match[1]), TRAIN: float(match[2])} if match else None
 
 
-def cleanrl_episodes(stdout: str) -> list[dict]:
-    """Every training episode in CleanRL's output (:func:`cleanrl_episode`), in order."""
-    return [episode for line in stdout.splitlines() if (episode := cleanrl_episode(line))]
-
-
 def cleanrl_args(name: str, steps: int | None = None) -> list[str]:
     """The arguments of CleanRL's script for a CLEANRL_ROWS row (``steps``: a shorter budget), seed apart."""
     env_id, budget = CLEANRL_ROWS[name]

@@ -16,6 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from .rows import EVAL
 from .stats import curve
 
 HERE = Path(__file__).resolve().parent
@@ -34,9 +35,9 @@ def kept_summary(row: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def seed_curves(row: str, summary: dict) -> list[list[tuple[int, float]]]:
-    """Each kept seed's evaluation curve, in the summary's order."""
-    return [curve(read_rows(RUNS / row / f"seed{seed['seed']}")) for seed in summary["seeds"]]
+def seed_curves(row: str, summary: dict, key: str = EVAL) -> list[list[tuple[int, float]]]:
+    """Each kept seed's curve of ``key`` (the evaluation return), in the summary's order."""
+    return [curve(read_rows(RUNS / row / f"seed{seed['seed']}"), key) for seed in summary["seeds"]]
 
 
 def read_rows(run: Path) -> list[dict]:
@@ -193,7 +194,7 @@ def seed_summary(seed: int, wall: float, evals: list[tuple[int, float]], machine
     }
 
 
-def write_summary(out: Path, name: str, command: str, seeds: list[dict], **extra: str) -> None:
+def write_summary(out: Path, name: str, command: str, seeds: list[dict], **extra: object) -> None:
     summary = {
         "row": name,
         "command": command,

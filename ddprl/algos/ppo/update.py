@@ -108,7 +108,9 @@ class UpdateStep:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """PPO's loss on the minibatch ``idx`` (B,), whose ``advantages`` (B,) are given, as a
         function of ``params``; aux: the terms (len(TERMS),)."""
-        b, cfg = {k: v[idx] for k, v in self.batch.items()}, self.cfg
+        # the advantages come as an argument (normalised per step or not): not gathered again
+        b = {k: v[idx] for k, v in self.batch.items() if k != "advantages"}
+        cfg = self.cfg
         obs = self.normalize(b["obs"])
         with self.autocast:
             # eagerly ``params`` are the module's own: the plain call is the same, and cheaper
