@@ -72,6 +72,8 @@ def test_run_directory_checkpoints_eval_and_play(tmp_path):
     assert all(r["time/global_fps"] > 0 and r["train/effective_batch_size"] == 32 * 4 for r in rows)
     assert "time/compile_s" in rows[0] and "time/compile_s" not in rows[1]
     assert [r["step"] for r in rows if "eval/return_mean" in r] == [512, 1024]
+    last = rows[-1]
+    assert last["eval/return_min"] <= last["eval/return_mean"] <= last["eval/return_max"]
     assert list((run / "tb").glob("events.out.tfevents.*"))
     config = (run / "config.yaml").read_text()
     assert "engine: jax" in config and "devices: 4" in config

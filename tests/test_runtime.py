@@ -349,6 +349,16 @@ def test_evaluation_with_fewer_episodes_than_ranks_keeps_every_rank_in_step(tmp_
     assert r0["after"] == r1["after"] == 2
 
 
+def test_evaluation_summary_keeps_the_worst_and_best_episode():
+    from ddprl.evaluate import summarize
+
+    records = [{"return": r, "length": 500.0} for r in (975.0, 980.0, 3.0, 972.0)]
+    out = summarize(records)
+    assert (out["return_min"], out["return_max"]) == (3.0, 980.0)
+    assert out["return_mean"] == 732.5 and out["episodes"] == 4
+    assert "length_min" not in out  # only the return: the rest stays as it was
+
+
 def test_running_stats_identical_across_ranks_and_exact(tmp_path):
     launch(functools.partial(dist_fns.rms_update, out=str(tmp_path)), cfg2())
     r0, r1 = _results(tmp_path)

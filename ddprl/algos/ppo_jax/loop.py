@@ -155,6 +155,8 @@ def train(rt: Any, cfg: Any) -> None:
         return {
             "eval/return_mean": float(returns.mean()),
             "eval/return_std": float(returns.std()),
+            "eval/return_min": float(returns.min()),
+            "eval/return_max": float(returns.max()),
             "eval/length_mean": float(lengths.mean()),
             "eval/episodes": float(len(returns)),
         }
