@@ -69,6 +69,8 @@ def test_eval_and_play_from_the_checkpoint(qmix_run, tmp_path):
     res = run_cli(["eval", f"checkpoint={ckpt}", "episodes=6"])
     assert res.returncode == 0, res.stderr[-2000:]
     assert "return_mean" in res.stdout and "success_mean" in res.stdout
+    refused = run_cli(["eval", f"checkpoint={ckpt}", "deterministic=false"])
+    assert refused.returncode == 2 and "evaluates without exploration noise" in refused.stderr
     gif = tmp_path / "lbf.gif"
     res = run_cli(["play", f"checkpoint={ckpt}", f"video={gif}"])
     assert res.returncode == 0, res.stderr[-2000:]

@@ -28,6 +28,9 @@ class TDMPC2Config(RLConfig):
     temperature: float = key("MPPI elite weights exp(temperature * (V - V_max))")
     min_std: float = key("MPPI lower bound of the sampling std")
     max_std: float = key("MPPI initial sampling std and its upper bound")
+    eval_deterministic: bool = key(
+        "evaluate (and play) with the plan's action alone; false: with training's exploration noise added"
+    )
     # -- optimisation ------------------------------------------------------------------------
     lr: float = key("Adam learning rate of world model and policy")
     enc_lr_scale: float = key("encoder learning rate = lr x enc_lr_scale")

@@ -145,7 +145,7 @@ def train(rt: Any, cfg: Any) -> None:
         def make_eval_env(n: int, seed: int):
             return NotifyEpisodeEnds(make_tdmpc2_env(cfg, n, seed, rt.device), eval_acting)
 
-        return run.evaluate(make_eval_env, lambda o: eval_acting(o, eval_mode=True))
+        return run.evaluate(make_eval_env, lambda o: eval_acting(o, eval_mode=cfg.eval_deterministic))
 
     obs = env.reset()
     recorder.start(obs)
@@ -232,7 +232,8 @@ def train(rt: Any, cfg: Any) -> None:
 
 def load_actor(cfg: Any, state: dict[str, Any], device: torch.device) -> Actor:
     """A TD-MPC2 agent from a checkpoint's ``state`` (written by any number of ranks), for eval
-    and video: MPPI in eval mode (no exploration noise), or the policy mean when ``mpc=false``."""
+    and video: MPPI in eval mode (no exploration noise), or the policy mean when ``mpc=false``;
+    ``eval_deterministic=false`` acts as training does (the noise added, the prior sampled)."""
     probe = make_tdmpc2_env(cfg, 1, cfg.seed, device)
     obs_dim, action_dim = probe.single_observation_space.shape[0], probe.single_action_space.shape[0]
     discount = cfg.discount if cfg.discount is not None else discount_for_episode_length(episode_length_of(cfg, probe))
@@ -245,4 +246,4 @@ def load_actor(cfg: Any, state: dict[str, Any], device: torch.device) -> Actor:
     def make(num_envs: int, seed: int):
         return NotifyEpisodeEnds(make_tdmpc2_env(cfg, num_envs, seed, device), acting)
 
-    return Actor(make, lambda obs: acting(obs, eval_mode=True), ())
+    return Actor(make, lambda obs: acting(obs, eval_mode=cfg.eval_deterministic), ())
