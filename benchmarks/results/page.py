@@ -202,16 +202,22 @@ def not_yet() -> list[str]:
     )
     csv = ", ".join(f"{task} {' / '.join(f'{v:g}' for v in values)}" for task, values in TDMPC2_TASKS.items())
 
+    tdmpc2_kept = {
+        name: (row, len(kept_seeds(store.RUNS / name, name, row.command(), 3)))
+        for name, row in ROWS.items()
+        if row.key("algo") == "tdmpc2"
+    }
+
     def seeds_kept(on_gpu: bool) -> str:
         return ", ".join(
-            f"{row.key('task')} {len(kept_seeds(store.RUNS / name, name, row.command(), 3))}"
-            for name, row in ROWS.items()
-            if row.key("algo") == "tdmpc2" and (row.key("device") == "cuda") == on_gpu
+            f"{row.key('task')} {kept}" for row, kept in tdmpc2_kept.values() if (row.key("device") == "cuda") == on_gpu
         )
 
-    tdmpc2_missing = (
-        "TD-MPC2 at 100k environment steps (50k agent steps, action repeat 2) against the official per-task CSVs "
-        f"(github.com/nicklashansen/tdmpc2, `results/tdmpc2/`, 3 seeds, at 100k: {csv}): at model_size 1 this "
+    def short(on_gpu: bool) -> bool:
+        return any(kept < 3 for row, kept in tdmpc2_kept.values() if (row.key("device") == "cuda") == on_gpu)
+
+    tdmpc2_cpu = (
+        "at model_size 1 this "
         "CPU made 2.1 to 2.5 agent steps per second on a core (2.1 each with two seeds side by side), 6 to 7 "
         "hours per seed, and 2.4 each since Mish is computed the faster way (cartpole-swingup's seeds 1 and 2, "
         "their first 22k steps before it, took 6.8 h each, evaluations included); an AMD EPYC of the first Zen "
@@ -219,7 +225,16 @@ def not_yet() -> list[str]:
         "three CPU rows trains across many sittings, a seed a core, each seed going on from its checkpoint and "
         "replay buffer (`run.py tdmpc2-TASK --seeds 3 --jobs 2 --resume`; a row above says how far each seed "
         "got, and how far an attempt got before its checkpoints went with the machine they were on): seeds "
-        f"kept so far of 3, {seeds_kept(False)}. On a GPU the CSVs' own model trains a seed in 9 to 11 min "
+        f"kept so far of 3, {seeds_kept(False)}."
+        if short(False)
+        else "the three CPU rows (model_size 1) have their 3 seeds, each trained across sittings from its "
+        "checkpoint and replay buffer (6 to 7 h a seed on a core of the Intel Xeon, up to three times that on "
+        "the AMD EPYC: the rows' wall times)."
+    )
+    tdmpc2_missing = (
+        "TD-MPC2 at 100k environment steps (50k agent steps, action repeat 2) against the official per-task CSVs "
+        f"(github.com/nicklashansen/tdmpc2, `results/tdmpc2/`, 3 seeds, at 100k: {csv}): {tdmpc2_cpu} "
+        "On a GPU the CSVs' own model trains a seed in 9 to 11 min "
         "(the rows 'model_size 5, one GPU'), but a session gets 15 min of a GPU when it gets one at all, about "
         f"one seed: seeds kept so far of 3, {seeds_kept(True)}. docs/benchmarks.md has a 30k-step "
         "cartpole-swingup run on 2 ranks."
@@ -247,7 +262,11 @@ def not_yet() -> list[str]:
         ),
         *textwrap.wrap(qmix_missing, 100, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False),
         *qmix_seeds(),
-        *textwrap.wrap(tdmpc2_missing, 100, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False),
+        *(
+            textwrap.wrap(tdmpc2_missing, 100, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False)
+            if short(False) or short(True)
+            else []
+        ),
     ]
 
 
