@@ -78,7 +78,7 @@ def summarize(records: list[dict[str, float]]) -> dict[str, float]:
     ``length_mean``, ... and ``episodes``.
 
     The worst and best episode go with the return: a mean of 730 ± 420 over 4 episodes is
-    three near 975 and one near 0 (a start the policy cannot handle), which only they show.
+    three near 975 and one near 0 (an episode the policy failed outright), which only they show.
     """
     if not records:
         return {"episodes": 0}
