@@ -202,19 +202,16 @@ def not_yet() -> list[str]:
     )
     csv = ", ".join(f"{task} {' / '.join(f'{v:g}' for v in values)}" for task, values in TDMPC2_TASKS.items())
 
-    tdmpc2_kept = {
-        name: (row, len(kept_seeds(store.RUNS / name, name, row.command(), 3)))
-        for name, row in ROWS.items()
-        if row.key("algo") == "tdmpc2"
-    }
+    # TD-MPC2 seeds kept of 3, (task, count) per row: the CPU rows apart from the GPU ones
+    tdmpc2_kept: dict[bool, list[tuple[str, int]]] = {False: [], True: []}
+    for name, row in ROWS.items():
+        if row.key("algo") == "tdmpc2":
+            kept = len(kept_seeds(store.RUNS / name, name, row.command(), 3))
+            tdmpc2_kept[row.key("device") == "cuda"].append((row.key("task"), kept))
+    cpu_short, gpu_short = (any(kept < 3 for _, kept in tdmpc2_kept[gpu]) for gpu in (False, True))
 
     def seeds_kept(on_gpu: bool) -> str:
-        return ", ".join(
-            f"{row.key('task')} {kept}" for row, kept in tdmpc2_kept.values() if (row.key("device") == "cuda") == on_gpu
-        )
-
-    def short(on_gpu: bool) -> bool:
-        return any(kept < 3 for row, kept in tdmpc2_kept.values() if (row.key("device") == "cuda") == on_gpu)
+        return ", ".join(f"{task} {kept}" for task, kept in tdmpc2_kept[on_gpu])
 
     tdmpc2_cpu = (
         "at model_size 1 this "
@@ -226,7 +223,7 @@ def not_yet() -> list[str]:
         "replay buffer (`run.py tdmpc2-TASK --seeds 3 --jobs 2 --resume`; a row above says how far each seed "
         "got, and how far an attempt got before its checkpoints went with the machine they were on): seeds "
         f"kept so far of 3, {seeds_kept(False)}."
-        if short(False)
+        if cpu_short
         else "the three CPU rows (model_size 1) have their 3 seeds, each trained across sittings from its "
         "checkpoint and replay buffer (6 to 7 h a seed on a core of the Intel Xeon, up to three times that on "
         "the AMD EPYC: the rows' wall times)."
@@ -251,22 +248,18 @@ def not_yet() -> list[str]:
         "ranks take 20 to 25 min per seed on the 2-core machine these pages are made on when it is otherwise "
         "idle (Ant's 18 min beside one TD-MPC2 seed, run at a lower priority), 36 to 50 min beside heavier jobs."
     )
+
+    def bullet(text: str) -> list[str]:
+        return textwrap.wrap(text, 100, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False)
+
     return [
         "",
         "## Not reproduced yet",
         "",
-        *(
-            textwrap.wrap(ppo_missing, 100, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False)
-            if ppo_short
-            else []
-        ),
-        *textwrap.wrap(qmix_missing, 100, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False),
+        *(bullet(ppo_missing) if ppo_short else []),
+        *bullet(qmix_missing),
         *qmix_seeds(),
-        *(
-            textwrap.wrap(tdmpc2_missing, 100, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False)
-            if short(False) or short(True)
-            else []
-        ),
+        *(bullet(tdmpc2_missing) if cpu_short or gpu_short else []),
     ]
 
 
