@@ -2,12 +2,14 @@
 
 Prints what this machine sees (torch, devices, backend choice), then across ``world_size``
 processes: an all_reduce correctness check (every rank contributes rank+1; the sum must be
-N(N+1)/2 everywhere) and the all_reduce bandwidth (bus bandwidth, as nccl-tests define it).
+N(N+1)/2 everywhere), the latency of a small all_reduce and the bandwidth of a large one (bus
+bandwidth, as nccl-tests define it): the two inputs of docs/scaling.md's model.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from typing import Any
 
@@ -37,6 +39,15 @@ def doctor(rt: Any, cfg: Any, size_mb: float = 64.0) -> None:
     expected = rt.world_size * (rt.world_size + 1) / 2
     ok = bool(torch.all(total == expected))
     all_ok = rt.all_gather_object(ok)
+    # Latency: a small all_reduce, what a metrics dict or a small gradient costs a call.
+    small = torch.ones(8, device=rt.device)
+    latencies = []
+    for _ in range(200):
+        rt.barrier()
+        start = time.perf_counter()
+        float(rt.all_reduce_sum(small)[0])  # its value: the collective has finished
+        latencies.append(time.perf_counter() - start)
+    latency = max(rt.all_gather_object(statistics.median(latencies)))
     # Bandwidth: time all_reduce of a float32 buffer of size_mb MB.
     numel = int(size_mb * 2**20 / 4)
     buf = torch.ones(numel, device=rt.device)
@@ -57,6 +68,7 @@ def doctor(rt: Any, cfg: Any, size_mb: float = 64.0) -> None:
         busbw = algbw * (2 * (n - 1) / n) if n > 1 else 0.0
         print(f"ranks' devices: {', '.join(devices)}")
         print(f"all_reduce correctness: {'OK' if all(all_ok) else 'FAILED'} (expected {expected:g} on every rank)")
+        print(f"collectives: {rt.collectives}; all_reduce latency (32 B): {latency * 1e6:.0f} us (median of 200)")
         print(
             f"all_reduce {numel * 4 / 2**20:.0f} MiB: {slowest * 1e3:.1f} ms, "
             f"algbw {algbw:.2f} GB/s, busbw {busbw:.2f} GB/s"

@@ -12,6 +12,7 @@ Every algorithm's loop uses :class:`Run` the same way, so saving and resuming ar
     run.log(step, metrics)                     # every rank calls; rank 0 writes
     run.save(step, state={...}, counters={...}, own={"env": ...}, score=eval_return)   # collective
     run.step_boundary(step, save, score=eval_return, due=..., last=...)   # collective: checkpoint, preemption
+    with run.split.phase("env"): ...           # where the time goes: time/<phase>_s in every row
     run.finish()                               # close the sinks; rank 0 prints the summary block
 
 Rank 0 names and creates the directory and broadcasts its path: one directory per job.
@@ -46,6 +47,7 @@ from ddprl.config import save_yaml, to_dict
 from ddprl.errors import UsageError
 from ddprl.metrics import MetricsLogger
 from ddprl.runtime.preemption import Preempted, StopCheck
+from ddprl.timesplit import PHASES, TimeSplit, shares
 
 log = logging.getLogger("ddprl")
 
@@ -223,6 +225,9 @@ class Run:
         self.best: dict[str, Any] | None = self.checkpoint.get("best") if self.checkpoint else None
         self.dir: Path | None = None
         self._stop_check = StopCheck(rt)
+        # the loop marks env/act/learn; evaluation and checkpoints are marked here
+        self.split = TimeSplit(lambda: getattr(rt, "collective_s", 0.0))
+        self.split_totals = dict.fromkeys(PHASES, 0.0)  # seconds per phase, mean over ranks, whole run
         self._started = time.perf_counter()
         self.last_step = self.step  # of the last row logged
         self.last_eval: tuple[int, dict[str, float]] | None = None  # (step, eval/ and test/ metrics) last logged
@@ -294,13 +299,14 @@ class Run:
         self.logger = MetricsLogger(
             self.dir, self.cfg, self.rt.is_main, total_steps=total_steps, start_step=self.step, resumed=self.resumed
         )
+        self.split.take()  # the time split starts here: building models and envs is start-up
         return self.dir
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Record global metrics at ``step`` and move the progress bar (every rank calls)."""
         # What the stop-signal checks have cost so far: time in their collectives (about the same
         # on every rank, collectives end together), here rank 0's.
-        metrics = {**metrics, "time/stop_check_s": self._stop_check.reduce_s}
+        metrics = {**metrics, "time/stop_check_s": self._stop_check.reduce_s, **self._time_split()}
         self.logger.log(step, metrics)
         self.last_step = step
         evaluated = {k: v for k, v in metrics.items() if k.startswith(("eval/", "val/", "test/"))}
@@ -310,14 +316,31 @@ class Run:
         label = self.rate_key.rsplit("/", 1)[-1].replace("global_", "").replace("_per_", "/")
         self.logger.progress(step, metrics.get(self.rate_key), label)
 
+    def _time_split(self) -> dict[str, float]:
+        """Collective: the seconds per phase since the last row, mean over ranks, as
+        ``time/<phase>_s`` for every phase this run has used so far."""
+        window = self.split.take()
+        if self.rt.world_size > 1:
+            window = self.rt.all_reduce_mean(window)
+        for k, v in window.items():
+            self.split_totals[k] += v
+        return {f"time/{k}_s": v for k, v in window.items() if self.split_totals[k] > 0}
+
     def evaluate(self, make_eval_env: Any, act: Any, extra_keys: tuple[str, ...] = ()) -> dict[str, float]:
         """Collective: ``eval_episodes`` episodes split over the ranks (:func:`ddprl.evaluate.evaluate`,
         seeded from ``seed``, shown on the progress bar); the global means as ``eval/<name>``."""
         from ddprl.evaluate import evaluate
 
-        result = evaluate(
-            self.rt, make_eval_env, act, self.cfg.eval_episodes, self.cfg.seed, extra_keys, progress=self.eval_progress
-        )
+        with self.split.phase("eval"):
+            result = evaluate(
+                self.rt,
+                make_eval_env,
+                act,
+                self.cfg.eval_episodes,
+                self.cfg.seed,
+                extra_keys,
+                progress=self.eval_progress,
+            )
         return {f"eval/{k}": v for k, v in result.items()}
 
     def eval_progress(self, done: int, episodes: int) -> None:
@@ -362,7 +385,8 @@ class Run:
             "state": state,
             "best": self.best,
         }
-        return self.checkpointer.save(self.rt, step, payload, {"rng": rng_state(), **(own or {})}, is_best)
+        with self.split.phase("checkpoint"):
+            return self.checkpointer.save(self.rt, step, payload, {"rng": rng_state(), **(own or {})}, is_best)
 
     def step_boundary(
         self, step: int, save: Any, score: float | None = None, due: bool = False, last: bool = False
@@ -431,6 +455,7 @@ class Run:
                 f"  best evaluation  {self.score_name} {self.best['score']:.4g} at step {self.best['step']:,}: "
                 f"{self.dir / 'checkpoints' / 'best.pt'}"
             )
+        lines.extend(self._time_lines())
         # checkpoint=<run directory>: eval and play take its best.pt, else latest.pt
         lines.append(f"  evaluate         ddprl eval checkpoint={self.dir}")
         if registry.get(self.cfg.algo, self.cfg.engine).load_actor is not None:  # a policy to watch
@@ -438,6 +463,20 @@ class Run:
         lines.append(f"  plot             ddprl plot {self.dir}")
         lines.append(f"run directory: {self.dir}")
         return "\n".join(lines)
+
+    def _time_lines(self) -> list[str]:
+        """Where the logged time went (mean over ranks), the largest share first; a hint when
+        collectives lead."""
+        split = shares(self.split_totals)
+        if not split:
+            return []
+        lines = [f"  time             {split}"]
+        if max(self.split_totals, key=self.split_totals.get) == "collective":
+            lines.append(
+                "  collectives take the largest share: fewer, larger updates per rank cut it "
+                "(sync_freq, batch_size, envs per rank; docs/scaling.md)"
+            )
+        return lines
 
     def close(self) -> None:
         self.logger.close()

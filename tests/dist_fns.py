@@ -308,3 +308,26 @@ def ppo_learn_compiled(rt, cfg, out: str, batch_path: str, steps: int = 1, backe
         {"params": {k: v.clone() for k, v in agent.state_dict().items()}, "checksums": checksums, "metrics": metrics},
         Path(out) / f"rank{rt.rank}.pt",
     )
+
+
+def host_collectives(rt, cfg, out: str) -> None:
+    """Sums through whichever collectives the job chose: several dtypes, a tensor larger than a
+    shared-memory slot (chunks), and a DDP model's averaged gradient."""
+    from ddprl.runtime import shm
+
+    big = torch.arange(shm.SLOT_BYTES // 4 * 2 + 5, dtype=torch.float32) * (rt.rank + 1)
+    model = torch.nn.Linear(3, 2)
+    wrapped = rt.wrap(model)
+    x = torch.full((4, 3), float(rt.rank + 1))
+    wrapped(x).sum().backward()
+    result = {
+        "shm": rt._host is not None,
+        "float64": rt.all_reduce_sum(torch.tensor([0.1, 1e-20], dtype=torch.float64) * (rt.rank + 1)),
+        "int64": rt.all_reduce_sum(torch.tensor([2**40 + rt.rank], dtype=torch.int64)),
+        "big": rt.all_reduce_sum(big),
+        "region_mean": rt.region_mean(torch.tensor([1.0, 3.0]) * rt.rank),
+        "transposed": rt.all_reduce_sum(torch.arange(6.0).view(2, 3).t() * (rt.rank + 1)),
+        "grad": model.weight.grad.clone(),
+        "collective_s": rt.collective_s,
+    }
+    torch.save(result, Path(out) / f"rank{rt.rank}.pt")

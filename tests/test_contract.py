@@ -53,7 +53,9 @@ def test_old_ddp_signature_wraps_and_broadcasts_buffers(tmp_path):
 
 
 def test_world_size_auto():
-    assert resolve_world_size("auto", "auto", cuda_count=0) == 2  # CPU: two processes
+    assert resolve_world_size("auto", "auto", cuda_count=0, cores=2) == 2  # CPU: two processes
+    assert resolve_world_size("auto", "auto", cuda_count=0, cores=1) == 1  # one core: two ranks would lose
+    assert resolve_world_size("auto", "cpu", nnodes=2, cuda_count=0, cores=64) == 4
     assert resolve_world_size("auto", "cuda", cuda_count=1) == 1  # one GPU: one rank
     assert resolve_world_size("auto", "auto", nnodes=2, cuda_count=8) == 16
     assert resolve_world_size(3, "cuda", cuda_count=1) == 3  # explicit values keep today's checks

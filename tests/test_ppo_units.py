@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import gymnasium as gym
@@ -257,3 +258,85 @@ def test_norm_adv_takes_true_false_or_minibatch():
     for bad in ("batch", "1"):  # 1 is not true: a typo would otherwise pass as "on"
         with pytest.raises(UsageError, match="is not true, false or minibatch"):
             load_config([f"norm_adv={bad}"])
+
+
+# -- the host rollout (a Gymnasium env on the CPU) ----------------------------------------------
+
+
+def gym_rollout(task, num_envs, n_steps, on_host):
+    """PPO's rollout of ``task`` as ``train`` builds it (norm_obs on), run by ``RolloutStep.host_steps``
+    or, ``on_host=False``, by the per-step region ``RolloutStep.steps`` every env may run."""
+    from ddprl.algos.ppo.rollout import RolloutBuffer, RolloutStep
+    from ddprl.envs import make_env
+
+    env = make_env(task, num_envs, seed=5)
+    torch.manual_seed(0)
+    policy = ActorCritic(env.single_observation_space, env.single_action_space, hidden_sizes=[16, 16])
+    rms = RunningMeanStd(tuple(env.single_observation_space.shape))
+    rms.update(torch.randn(32, *env.single_observation_space.shape, generator=torch.Generator().manual_seed(1)))
+    action_shape = tuple(env.single_action_space.shape)
+    dtype = torch.long if policy.discrete else torch.float32
+    buffer = RolloutBuffer(
+        n_steps, num_envs, tuple(env.single_observation_space.shape), action_shape, dtype, env.device
+    )
+    rollout = RolloutStep(env, policy, buffer, rms.normalize, contextlib.nullcontext(), obs=env.reset())
+    assert rollout.on_host
+    rollout.on_host = on_host
+    return rollout
+
+
+@pytest.mark.parametrize("task", ["CartPole-v1", "Pendulum-v1"])
+def test_host_rollout_stores_what_the_step_region_stores(task):
+    """On the CPU a Gymnasium rollout runs ``host_steps``: over two rollouts, its stored rows,
+    episode sums, next observation and draws from the global generator are those of the region
+    ``steps``, bit for bit (CartPole's episodes end, Pendulum's are truncated at 200 steps)."""
+    runs = []
+    for on_host in (True, False):
+        rollout = gym_rollout(task, num_envs=3, n_steps=160, on_host=on_host)
+        torch.manual_seed(7)
+        sums = [torch.stack(rollout.collect()) for _ in range(2)]
+        runs.append((rollout, sums, torch.get_rng_state()))
+    (host, host_sums, host_rng), (region, region_sums, region_rng) = runs
+    for name, a, b in zip(host.buffer.data._fields, host.buffer.data, region.buffer.data, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+    assert all(torch.equal(a, b) for a, b in zip(host_sums, region_sums, strict=True))
+    assert float(host_sums[1][1]) > 0  # episodes ended in the second rollout
+    if task == "Pendulum-v1":
+        assert bool(host.buffer.data.truncated.any()) and bool(host.buffer.data.final_values.ne(0).any())
+    assert torch.equal(host.obs, region.obs) and torch.equal(host_rng, region_rng)
+    assert int(host.cursor) == int(region.cursor) == 160
+
+
+@pytest.mark.parametrize("action_space", [gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,))])
+def test_act_with_noise_scores_its_action_as_the_update_does(action_space):
+    """The rollout's log-prob (``act_with_noise``, no distribution object) is the update's
+    (``forward``: torch's Categorical / Normal) bit for bit: the first epoch's ratio is exactly 1."""
+    torch.manual_seed(0)
+    net = ActorCritic(gym.spaces.Box(-1, 1, (4,)), action_space, hidden_sizes=[8], log_std_init=-0.3)
+    obs = torch.randn(64, 4)
+    with torch.no_grad():
+        action, log_prob, value = net.act_with_noise(obs, net.fill_noise_(torch.empty(64, *net.noise_shape)))
+        out = net(obs, action)
+    assert torch.equal(log_prob, out.log_prob) and torch.equal(value, out.value)
+
+
+def test_gym_vec_env_step_types_and_episode_counters():
+    """A Gymnasium step crosses as float32 / bool / int64 tensors; the episode return and length
+    reported where an episode ends survive the counters' reset, which the next step starts from."""
+    from ddprl.envs import make_env
+
+    env = make_env("CartPole-v1", 2, seed=0)
+    env.reset()
+    length, ends = torch.zeros(2, dtype=torch.int64), 0
+    for _ in range(100):  # pushing left ends an episode in ~10 steps (CartPole pays 1 a step)
+        obs, reward, terminated, truncated, info = env.step(torch.zeros(2, dtype=torch.long))
+        assert (obs.dtype, reward.dtype, terminated.dtype, truncated.dtype) == (torch.float32,) * 2 + (torch.bool,) * 2
+        assert (info["episode_return"].dtype, info["episode_length"].dtype) == (torch.float32, torch.int64)
+        length += 1
+        assert torch.equal(info["episode_length"], length) and torch.equal(info["episode_return"], length.float())
+        done = terminated | truncated
+        if done.any():
+            assert not torch.equal(info["final_obs"][done], obs[done])  # the last observation, not the next first
+            length[done], ends = 0, ends + int(done.sum())
+    assert ends >= 4
+    env.close()

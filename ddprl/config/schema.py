@@ -64,6 +64,11 @@ class JobConfig:
         "auto",
     )
     dist_timeout: float = key("seconds before a stuck collective fails the job", 300.0)
+    host_collectives: str = key(
+        "auto | shm | gloo: how CPU ranks on one machine reduce tensors (auto: through shared memory, "
+        "microseconds a call, when every rank is on this x86-64 Linux machine; else gloo)",
+        "auto",
+    )
     nccl_preset: str = key(
         "none | nvlink | ib: NCCL variables for the interconnect (variables you exported win)", "none"
     )
@@ -96,6 +101,10 @@ class JobConfig:
             f"world_size={ws!r} must be auto or an integer >= 1",
         )
         _check(self.nnodes >= 1, f"nnodes={self.nnodes} must be >= 1")
+        _check(
+            self.host_collectives in ("auto", "shm", "gloo"),
+            f"host_collectives={self.host_collectives!r} is not auto, shm or gloo",
+        )
         _check(self.sync_freq >= 1, f"sync_freq={self.sync_freq} must be >= 1")
         _check(self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1")
         _check(self.dist_timeout > 0, f"dist_timeout={self.dist_timeout} must be > 0")

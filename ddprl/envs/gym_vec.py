@@ -66,8 +66,11 @@ class GymVecEnv:
         self._episode_length = np.zeros(num_envs, dtype=np.int64)
         self._obs: np.ndarray | None = None
 
-    def _tensor(self, x: np.ndarray, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(x), dtype=dtype).to(self.device, non_blocking=True)
+    def _tensor(self, x: np.ndarray, dtype: type = np.float32) -> torch.Tensor:
+        # Cast in numpy and share the array: ~1 us, against ~5 us for as_tensor(x, dtype).to(device),
+        # and a step converts six arrays. The same values: float64 -> float32 rounds alike in both.
+        t = torch.from_numpy(np.asarray(x, dtype=dtype))
+        return t if self.device.type == "cpu" else t.to(self.device, non_blocking=True)
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
         obs, _ = self.envs.reset(seed=self.seed if seed is None else seed)
@@ -85,26 +88,29 @@ class GymVecEnv:
         self._episode_return += reward
         self._episode_length += 1
         done = terminated | truncated
+        ended = bool(done.any())
         obs_t = self._tensor(obs)
         final_obs_t = obs_t  # most steps end no episode: no copy, no second conversion
-        if done.any():
+        if ended:
             final_obs = obs.copy()
             for i in np.flatnonzero(done):
                 final_obs[i] = info["final_obs"][i]
             final_obs_t = self._tensor(final_obs)
         out_info = {
             "final_obs": final_obs_t,
-            "episode_return": self._tensor(self._episode_return.copy()),
-            "episode_length": self._tensor(self._episode_length.copy(), torch.int64),
+            # copies (astype copies): the counters are zeroed below where an episode ended
+            "episode_return": self._tensor(self._episode_return.astype(np.float32)),
+            "episode_length": self._tensor(self._episode_length.copy(), np.int64),
         }
-        self._episode_return[done] = 0
-        self._episode_length[done] = 0
+        if ended:
+            self._episode_return[done] = 0
+            self._episode_length[done] = 0
         self._obs = obs
         return (
             obs_t,
             self._tensor(reward),
-            self._tensor(terminated, torch.bool),
-            self._tensor(truncated, torch.bool),
+            self._tensor(terminated, np.bool_),
+            self._tensor(truncated, np.bool_),
             out_info,
         )
 

@@ -31,7 +31,7 @@ import torch
 
 from ddprl.errors import UsageError
 from ddprl.runtime import Seeds, detect_launcher, exit_process, failures, preemption, setup_logging, spawn
-from ddprl.runtime.launch import spawn_port, spawn_sizes
+from ddprl.runtime.launch import restore_logging, spawn_port, spawn_sizes
 from ddprl.runtime.placement import rendezvous_from_env
 
 log = logging.getLogger("ddprl")
@@ -131,6 +131,16 @@ class JaxRuntime:
         gathered = np.asarray(self._mu.process_allgather(padded)).reshape(self.world_size, -1)
         return [pickle.loads(gathered[i, : int(sizes[i])].tobytes()) for i in range(self.world_size)]
 
+    def all_reduce_mean(self, values: dict[str, float]) -> dict[str, float]:
+        """The mean over processes of a dict of numbers (the same keys everywhere). One array of
+        a fixed shape: JAX compiles the gather once, where pickled objects of varying sizes (as
+        :meth:`all_gather_object` sends) would compile again at every new size."""
+        if self.world_size == 1:
+            return dict(values)
+        keys = sorted(values)
+        gathered = np.asarray(self._mu.process_allgather(np.array([values[k] for k in keys], np.float32)))
+        return dict(zip(keys, gathered.reshape(self.world_size, -1).mean(0).tolist(), strict=True))
+
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         return obj if self.world_size == 1 else self.all_gather_object(obj)[src]
 
@@ -219,7 +229,7 @@ def _child(local_index: int, fn: Callable, cfg: Any) -> None:
 
 
 def _run_process(fn: Callable, cfg: Any, process_id: int, num_processes: int, coordinator: str) -> Any:
-    setup_logging(process_id)
+    logging_before = setup_logging(process_id)
     previous_handlers = preemption.install_handlers()  # SIGTERM/SIGUSR1: stop at a step boundary, saved
     try:
         start_jax(cfg, process_id, num_processes, coordinator)
@@ -244,3 +254,4 @@ def _run_process(fn: Callable, cfg: Any, process_id: int, num_processes: int, co
         raise
     finally:
         preemption.restore_handlers(previous_handlers)
+        restore_logging(logging_before)

@@ -10,6 +10,8 @@ import contextlib
 import datetime
 import logging
 import os
+import socket
+import time
 from typing import Any
 
 import torch
@@ -17,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ddprl.runtime import shm
 from ddprl.runtime.compat import compiled_inner, ddp_buffer_kwargs, functional_all_gather, functional_all_reduce
 from ddprl.runtime.placement import Placement
 from ddprl.runtime.seeding import Seeds
@@ -36,7 +39,7 @@ class Runtime:
     invariant 9), and ``world_size=1`` goes through the same code (a process group of one).
     """
 
-    def __init__(self, placement: Placement, dist_timeout: float):
+    def __init__(self, placement: Placement, dist_timeout: float, host_collectives: str = "auto"):
         self.placement = placement
         self.rank = placement.rank
         self.local_rank = placement.local_rank
@@ -68,6 +71,49 @@ class Runtime:
             )
         global _group_joined
         _group_joined = True
+        self.collective_s = 0.0  # seconds this rank spent in collectives, waiting for peers included
+        self._host: shm.SharedMemoryGroup | None = None
+        if host_collectives != "gloo" and self.world_size > 1 and self.backend == "gloo":
+            self._host = self._join_host_group(required=host_collectives == "shm")
+
+    @property
+    def collectives(self) -> str:
+        """What carries this rank's collectives: ``shared memory``, ``gloo`` or ``nccl``."""
+        return "shared memory" if self._host is not None else self.backend
+
+    def _join_host_group(self, required: bool) -> shm.SharedMemoryGroup | None:
+        """Shared-memory collectives (``ddprl.runtime.shm``) when every rank runs on this machine,
+        else None (gloo's). Decided together: every rank uses the same ones."""
+        reason = shm.supported()
+        path = None
+        if self.is_main and reason is None:
+            try:
+                path = shm.create_file(self.world_size)
+            except OSError as e:
+                reason = str(e)
+        path, host = self.broadcast_object((path, socket.gethostname()))
+        group, why_not = None, reason
+        if path is not None and socket.gethostname() != host:
+            why_not = "the ranks run on more than one machine"
+        elif path is not None:
+            try:
+                group = shm.SharedMemoryGroup(path, self.rank, self.world_size, self.timeout.total_seconds(), [])
+            except OSError as e:  # the file is on another machine's /dev/shm
+                why_not = f"rank {self.rank} cannot open {path}: {e}"
+        views = self.all_gather_object((group is not None, os.getpid(), why_not))
+        if self.is_main and path is not None:
+            os.unlink(path)  # every rank has it mapped (or failed to): nothing is left behind
+        pids = [pid for _, pid, _ in views]
+        if all(ok for ok, _, _ in views) and all(shm.alive(pid) for pid in pids):
+            group.pids = pids
+            if self.is_main:
+                log.info("collectives: shared memory between the %d ranks of this machine", self.world_size)
+            return group
+        if group is not None:
+            group.close()
+        why_not = next((w for ok, _, w in views if not ok and w), None) or why_not or "a peer's process is not visible"
+        (log.warning if required else log.info)("collectives: gloo (%s)", why_not)
+        return None
 
     # -- modules ---------------------------------------------------------------------------
 
@@ -99,9 +145,21 @@ class Runtime:
             )
             if broadcast_yourself:  # older torch: broadcast_buffers=False skipped them at construction
                 self.broadcast_buffers(module.module)
+            if self._host is not None:  # each gradient bucket through shared memory, not gloo
+                module.register_comm_hook(None, self._bucket_mean_hook)
         if compile:
             module = torch.compile(module)
         return module
+
+    def _bucket_mean_hook(self, state, bucket):  # unannotated: DDP checks the annotations it finds
+        """DDP's communication hook on shared memory: the bucket's mean over ranks, done when
+        returned (DDP hands buckets over in the same order on every rank)."""
+        grads = bucket.buffer()
+        self._all_reduce_sum_(grads)
+        grads.div_(self.world_size)
+        done: torch.futures.Future = torch.futures.Future()
+        done.set_result(grads)
+        return done
 
     @staticmethod
     def unwrap(module: nn.Module) -> nn.Module:
@@ -165,7 +223,7 @@ class Runtime:
             comm = out.to(self._comm_device()) if out.device != self._comm_device() else out
             if not comm.is_floating_point() and mean:
                 comm = comm.double()
-            dist.all_reduce(comm, op=dist.ReduceOp.SUM)
+            self._all_reduce_sum_(comm)
             if mean:
                 comm = comm / self.world_size
             return comm.to(value.device) if comm.device != value.device else comm
@@ -174,6 +232,17 @@ class Runtime:
             out = float(self._reduce(t, mean))
             return int(out) if isinstance(value, int) and not mean else out
         raise TypeError(f"cannot all-reduce a {type(value).__name__}")
+
+    def _all_reduce_sum_(self, tensor: torch.Tensor) -> None:
+        """Sum ``tensor`` (contiguous, on the backend's device) over ranks in place, timed."""
+        start = time.perf_counter()
+        if self.world_size == 1:
+            pass
+        elif self._host is not None:
+            self._host.all_reduce_sum_(tensor)
+        else:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        self.collective_s += time.perf_counter() - start
 
     def _comm_device(self) -> torch.device:
         # gloo reduces CPU tensors; NCCL reduces CUDA tensors.
@@ -206,7 +275,7 @@ class Runtime:
             # functional one costs more per call outside a graph (gloo, 9k floats, 2 ranks
             # interleaved: 1.8 ms against 1.0 ms median), and PPO calls this every minibatch.
             total = tensor.to(torch.float32, copy=True)
-            dist.all_reduce(total, group=self._group())
+            self._all_reduce_sum_(total)
         return (total / self.world_size).to(tensor.dtype)
 
     def region_all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -266,6 +335,9 @@ class Runtime:
         with ``os._exit``), and on torch 2.4 ``destroy_process_group`` sometimes never returned
         after a DDP job (seen in ~1 of 8 two-rank runs of the KL test).
         """
+        if self._host is not None:
+            self._host.close()
+            self._host = None
         if dist.is_initialized() and not _ddp_used:
             dist.destroy_process_group()
 

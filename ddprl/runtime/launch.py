@@ -31,6 +31,7 @@ from ddprl.runtime.collectives import Runtime
 from ddprl.runtime.nccl import apply_nccl_preset
 from ddprl.runtime.placement import (
     Placement,
+    auto_world_size_note,
     check_port_free,
     choose_device_and_backend,
     detect_launcher,
@@ -66,14 +67,24 @@ class BarSafeHandler(logging.StreamHandler):
             self.handleError(record)
 
 
-def setup_logging(rank: int) -> None:
-    """``[RANK r]`` prefix on every line; rank 0 speaks at INFO, the others only warn."""
+def setup_logging(rank: int) -> tuple[list[logging.Handler], int, bool]:
+    """``[RANK r]`` prefix on every line; rank 0 speaks at INFO, the others only warn. Returns
+    the logger's settings before, for :func:`restore_logging`."""
+    before = (list(log.handlers), log.level, log.propagate)
     handler = BarSafeHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("[RANK %(rank)s] %(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     handler.addFilter(RankFilter(rank))
     log.handlers[:] = [handler]
     log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     log.propagate = False
+    return before
+
+
+def restore_logging(before: tuple[list[logging.Handler], int, bool]) -> None:
+    """Put back what :func:`setup_logging` replaced: a rank run in the caller's process (one
+    rank, the Trainer in a notebook) leaves the caller's logging as it found it."""
+    log.handlers[:], level, log.propagate = before
+    log.setLevel(level)
 
 
 def prepare_spawn(cfg: Any) -> Any:
@@ -155,7 +166,7 @@ def _child(local_rank: int, fn: Callable, cfg: Any, dist_timeout: float) -> None
 
 
 def _run_rank(placement: Placement, fn: Callable, cfg: Any, dist_timeout: float) -> Any:
-    setup_logging(placement.rank)
+    logging_before = setup_logging(placement.rank)
     previous_handlers = preemption.install_handlers()  # SIGTERM/SIGUSR1: stop at a step boundary, saved
     nccl_set = apply_nccl_preset(getattr(cfg, "nccl_preset", "none"))
     if nccl_set:
@@ -166,7 +177,7 @@ def _run_rank(placement: Placement, fn: Callable, cfg: Any, dist_timeout: float)
     # oversubscribing the machine.
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
-    rt = Runtime(placement, dist_timeout)
+    rt = Runtime(placement, dist_timeout, getattr(cfg, "host_collectives", "auto"))
     matmuls_before = float32_matmuls(getattr(cfg, "precision", "fp32"), rt.device)
     try:
         result = fn(rt, cfg)
@@ -191,6 +202,7 @@ def _run_rank(placement: Placement, fn: Callable, cfg: Any, dist_timeout: float)
         rt.close()
         torch.set_float32_matmul_precision(matmuls_before)  # one rank runs in the caller's process
         preemption.restore_handlers(previous_handlers)
+        restore_logging(logging_before)
 
 
 def float32_matmuls(precision: str, device: torch.device) -> str:
@@ -220,7 +232,9 @@ def launch(fn: Callable[[Runtime, Any], Any], cfg: Any) -> Any:
         return _run_rank(placement_from_env(cfg), fn, cfg, cfg.dist_timeout)
     if cfg.world_size == "auto":
         cfg = resolved_config(cfg)
-    port = prepare_spawn(cfg)
+    port = prepare_spawn(cfg)  # the last check of the input: from here on, no bad-input exit
+    if cfg.sources.get("world_size") == "auto" and cfg.node_rank == 0:
+        print(f"ddprl: {auto_world_size_note(cfg.world_size, cfg.device, cfg.nnodes)}", file=sys.stderr, flush=True)
     cfg = dataclasses.replace(cfg, master_port=str(port))
     nprocs = cfg.world_size // cfg.nnodes
     if nprocs == 1 and cfg.nnodes == 1:

@@ -5,6 +5,7 @@ Pure functions of the environment variables and the config: unit-tested without 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from ddprl.errors import UsageError
+from ddprl.runtime import shm
 
 CPU_WORLD_SIZE = 2  # world_size=auto without CUDA: two CPU processes (the default job's DDP on a laptop)
 
@@ -296,14 +298,29 @@ def resolved_config(cfg: Any) -> Any:
     """
     if getattr(cfg, "engine", "torch") == "jax":
         return cfg.resolved(cfg.nnodes if cfg.world_size == "auto" else int(cfg.world_size))
-    return cfg.resolved(resolve_world_size(cfg.world_size, cfg.device, cfg.nnodes))
+    resolved = cfg.resolved(resolve_world_size(cfg.world_size, cfg.device, cfg.nnodes))
+    if cfg.world_size == "auto":  # config.yaml and the start-up line say the value was chosen here
+        resolved = dataclasses.replace(resolved, sources={**resolved.sources, "world_size": "auto"})
+    return resolved
 
 
-def resolve_world_size(world_size: int | str, device: str, nnodes: int = 1, cuda_count: int | None = None) -> int:
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity: a container's or SLURM's limit), not the
+    machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def resolve_world_size(
+    world_size: int | str, device: str, nnodes: int = 1, cuda_count: int | None = None, cores: int | None = None
+) -> int:
     """``world_size=auto``: one rank per visible GPU (on each of ``nnodes`` machines) when the
-    device is CUDA, else two CPU processes. An explicit number is returned unchanged.
+    device is CUDA, else two CPU processes, or one where a single core is usable (two ranks on
+    one core train slower than one). An explicit number is returned unchanged.
 
-    >>> resolve_world_size("auto", "auto", cuda_count=0), resolve_world_size("auto", "cuda", 2, cuda_count=4)
+    >>> resolve_world_size("auto", "auto", cuda_count=0, cores=8), resolve_world_size("auto", "cuda", 2, cuda_count=4)
     (2, 8)
     """
     if world_size != "auto":
@@ -312,4 +329,19 @@ def resolve_world_size(world_size: int | str, device: str, nnodes: int = 1, cuda
     use_cuda = device == "cuda" or (device == "auto" and cuda_count > 0)
     if device == "cuda" and cuda_count == 0:
         raise UsageError("device=cuda but no CUDA device is visible (check CUDA_VISIBLE_DEVICES); use device=cpu")
-    return (cuda_count if use_cuda else CPU_WORLD_SIZE) * nnodes
+    cores = usable_cores() if cores is None else cores
+    return (cuda_count if use_cuda else max(1, min(CPU_WORLD_SIZE, cores))) * nnodes
+
+
+def auto_world_size_note(world_size: int, device: str, nnodes: int = 1) -> str:
+    """The start-up line that says what ``world_size=auto`` chose here (``device``: the key), and why."""
+    if device == "cuda" or (device == "auto" and torch.cuda.device_count() > 0):
+        return f"world_size=auto: {world_size} processes, one per visible GPU"
+    per_node, cores = world_size // nnodes, usable_cores()
+    if per_node == 1:
+        return f"world_size=auto: 1 CPU process per machine: {cores} core usable here, and 2 ranks on it are slower"
+    through = "shared memory" if shm.supported() is None else "gloo"
+    return (
+        f"world_size=auto: {per_node} CPU processes per machine, one a core ({cores} usable), reducing through "
+        f"{through} (world_size=1 for one process)"
+    )

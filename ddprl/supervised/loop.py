@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import math
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from ddprl.supervised.data import eval_loader, train_loader
 from ddprl.supervised.early_stopping import EarlyStopping
 from ddprl.supervised.metrics import evaluate
 from ddprl.supervised.task import Task, batch_len, to_device
+from ddprl.timesplit import TimeSplit
 
 log = logging.getLogger("ddprl")
 
@@ -246,7 +248,8 @@ def fit(rt: Any, cfg: Any, task: Task) -> FitResult:
         average_buffers(rt, plain)
         validated = val_loader is not None and (epoch % cfg.eval_freq == 0 or epoch == cfg.epochs)
         if validated:
-            row.update(evaluate(rt, plain, val_loader, task, "val", autocast))
+            with run.split.phase("eval"):
+                row.update(evaluate(rt, plain, val_loader, task, "val", autocast))
         score = row.get(monitor) if validated or monitor.startswith("train/") else None
         # Every rank sees the same global score; rank 0's decision is still the one taken
         # (broadcast), so no float or state difference can ever split the ranks.
@@ -308,29 +311,31 @@ def train_one_epoch(
     loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
     samples = 0
     done = micro_batches
-    for i, batch in enumerate(loader, start=first):
+    for i, batch in enumerate(timed(loader, run.split, "data"), start=first):
         group_start = i - i % cfg.sync_freq
         group_size = min(cfg.sync_freq, micro_batches - group_start)  # the epoch's last group may be short
         last_micro = i == group_start + group_size - 1
-        inputs, target = task.split_batch(to_device(batch, rt.device, non_blocking=True))
-        with rt.no_sync(net, enabled=not last_micro):  # all-reduce once, on the last micro-batch
-            with autocast:
-                output = net(inputs)
-            loss = task.loss(output.float() if output.is_floating_point() else output, target)
-            scaler.scale(loss / group_size).backward()
-        n = batch_len(target)
-        loss_sum += loss.detach().double() * n
-        samples += n
+        with run.split.phase("learn"):
+            inputs, target = task.split_batch(to_device(batch, rt.device, non_blocking=True))
+            with rt.no_sync(net, enabled=not last_micro):  # all-reduce once, on the last micro-batch
+                with autocast:
+                    output = net(inputs)
+                loss = task.loss(output.float() if output.is_floating_point() else output, target)
+                scaler.scale(loss / group_size).backward()
+            n = batch_len(target)
+            loss_sum += loss.detach().double() * n
+            samples += n
+            if last_micro:
+                if cfg.max_grad_norm > 0:
+                    scaler.unscale_(optimizer)
+                    torch.nn.utils.clip_grad_norm_(plain.parameters(), cfg.max_grad_norm)
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+                if scheduler is not None:
+                    scheduler.step()
         if not last_micro:
             continue
-        if cfg.max_grad_norm > 0:
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(plain.parameters(), cfg.max_grad_norm)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        if scheduler is not None:
-            scheduler.step()
         step += 1
         run.progress(step)
         if cfg.log_freq and step % cfg.log_freq == 0:
@@ -340,6 +345,20 @@ def train_one_epoch(
             break
     totals = rt.all_reduce_sum({"loss": loss_sum, "samples": float(samples)})
     return totals, step, done
+
+
+def timed(loader: Any, split: TimeSplit, phase: str) -> Iterator[Any]:
+    """``loader``'s items, the time spent waiting for each charged to ``phase``."""
+    items = iter(loader)
+    while True:
+        with split.phase(phase):
+            item = next(items, _END)
+        if item is _END:
+            return
+        yield item
+
+
+_END = object()
 
 
 def test_best(

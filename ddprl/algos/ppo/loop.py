@@ -200,17 +200,22 @@ def train(rt: Any, cfg: Any) -> None:
                 group["lr"] = cfg.lr * (1.0 - iteration / num_iterations)
         # -- rollout: n_steps in each local env (no gradient, no collective) ---------------------
         t_start = time.perf_counter()
-        ep_return_sum, ep_count = rollout.collect()
-        with torch.no_grad(), autocast:
-            next_values = policy.value(normalize(rollout.observe())).float()
-        advantages, returns = advantages_and_returns(rt, cfg, buffer.data, next_values, return_scaler)
+        with run.split.phase("act"):  # the env's own steps are moved to "env" below
+            env_s = rollout.env_s
+            ep_return_sum, ep_count = rollout.collect()
+            with torch.no_grad(), autocast:
+                next_values = policy.value(normalize(rollout.observe())).float()
+        run.split.move(rollout.env_s - env_s, "act", "env")  # a traceable env steps inside the act
+        with run.split.phase("learn"):
+            advantages, returns = advantages_and_returns(rt, cfg, buffer.data, next_values, return_scaler)
         t_rollout = time.perf_counter() - t_start
         # -- update -------------------------------------------------------------------------------
         t_update_start = time.perf_counter()
-        update.load(advantages.flatten(), returns.flatten())  # the rest of the batch: the rollout storage
-        metrics = learn(rt, update, cfg)
-        if cfg.norm_obs:  # after the update: rollout and update used the same statistics
-            obs_rms.update(buffer.data.obs, reduce_sum=rt.all_reduce_sum)
+        with run.split.phase("learn"):
+            update.load(advantages.flatten(), returns.flatten())  # the rest of the batch: the rollout storage
+            metrics = learn(rt, update, cfg)
+            if cfg.norm_obs:  # after the update: rollout and update used the same statistics
+                obs_rms.update(buffer.data.obs, reduce_sum=rt.all_reduce_sum)
         t_update = time.perf_counter() - t_update_start
         # -- bookkeeping: every number is global (docs/distributed.md) ---------------------------
         global_step += steps_per_iteration

@@ -34,6 +34,8 @@ def _layer(layer: nn.Module, std: float = math.sqrt(2), ortho: bool = True) -> n
     return layer
 
 
+_LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))  # the constant of Normal.log_prob, computed as it does
+
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}  # the mlp policy's hidden activation (key ``activation``)
 
 
@@ -143,14 +145,18 @@ class ActorCritic(nn.Module):
         argmax(logits - log e), a sample of Categorical(logits) (the Gumbel-max trick: -log e is
         Gumbel distributed); for a continuous one standard normal draws, action = mean + std * noise.
         """
+        # The arithmetic of :meth:`distribution`'s Categorical / Normal and their log_prob, op for
+        # op (the same bits: tests), without building the distribution: ~25 us of Python a step.
         features = self.trunk(obs)
-        dist = self.distribution(features)
+        logits_or_mean = self.actor(features).float()
         if self.discrete:
-            action = (dist.logits - noise.log()).argmax(-1)
-            log_prob = dist.log_prob(action)
+            log_pmf = logits_or_mean - logits_or_mean.logsumexp(dim=-1, keepdim=True)  # Categorical.logits
+            action = (log_pmf - noise.log()).argmax(-1)
+            log_prob = log_pmf.gather(-1, action.unsqueeze(-1)).squeeze(-1)
         else:
-            action = dist.mean + dist.stddev * noise
-            log_prob = dist.log_prob(action).sum(-1)
+            mean, std = logits_or_mean, self.log_std.exp().expand_as(logits_or_mean)
+            action = mean + std * noise
+            log_prob = (-((action - mean) ** 2) / (2 * std**2) - std.log() - _LOG_SQRT_2PI).sum(-1)
         return action, log_prob, self.critic(features).squeeze(-1).float()
 
     def fill_noise_(self, noise: torch.Tensor) -> torch.Tensor:

@@ -189,8 +189,9 @@ def train(rt: Any, cfg: Any) -> None:
     for iteration in range(start_iteration, num_iterations):
         lr = cfg.lr * (1.0 - iteration / num_iterations) if cfg.anneal_lr else cfg.lr
         t_start = time.perf_counter()
-        carry, out = iterate(carry, env_ids, jnp.float32(lr))
-        out = jax.device_get(local_copy(out))  # waits for the iteration
+        with run.split.phase("sync"):  # one program: rollout, update and pmean, the host waiting
+            carry, out = iterate(carry, env_ids, jnp.float32(lr))
+            out = jax.device_get(local_copy(out))  # waits for the iteration
         seconds = time.perf_counter() - t_start
         global_step += steps_per_iteration
         metrics = {k: float(v) for k, v in out.items() if k not in ("train/episode_return_sum", "train/episodes")}

@@ -243,15 +243,17 @@ def train(rt: Any, cfg: Any) -> None:
             if pretrain
             else epsilon_at(global_step, cfg.epsilon_start, cfg.epsilon_finish, cfg.epsilon_anneal_steps)
         )
-        if acting is None:
-            actions = select_actions(torch.zeros(obs.avail.shape, device=rt.device), obs.avail, 1.0)
-        else:
-            actions = acting(obs, epsilon)
-        next_obs, reward, terminated, truncated, info = env.step(actions)
-        episodes = staging.record(obs, actions, reward, terminated, truncated, info["final_obs"])
-        if episodes is not None:
-            buffer.add(episodes)
-            window.episodes(info, terminated | truncated)
+        with run.split.phase("act"):
+            if acting is None:
+                actions = select_actions(torch.zeros(obs.avail.shape, device=rt.device), obs.avail, 1.0)
+            else:
+                actions = acting(obs, epsilon)
+        with run.split.phase("env"):  # the step, and its transitions into the episodes and the replay
+            next_obs, reward, terminated, truncated, info = env.step(actions)
+            episodes = staging.record(obs, actions, reward, terminated, truncated, info["final_obs"])
+            if episodes is not None:
+                buffer.add(episodes)
+                window.episodes(info, terminated | truncated)
         obs = next_obs
         global_step += steps_per_iteration
         window.collect_s += time.perf_counter() - t0
@@ -263,10 +265,11 @@ def train(rt: Any, cfg: Any) -> None:
             scheduled = due  # warming up: those slots pass without an update
         elif iteration + 1 == warmup_iterations:
             run.step_cost_changes()  # the first updates (on every rank at this step)
-        while scheduled < due:
-            batches = [buffer.sample(cfg.batch_size) for _ in range(cfg.sync_freq)]
-            window.learner(learner.update(batches))
-            scheduled += 1
+        with run.split.phase("learn"):
+            while scheduled < due:
+                batches = [buffer.sample(cfg.batch_size) for _ in range(cfg.sync_freq)]
+                window.learner(learner.update(batches))
+                scheduled += 1
         window.update_s += time.perf_counter() - t0
 
         # -- bookkeeping: every number global (docs/distributed.md, invariant 7) -------------------

@@ -156,10 +156,11 @@ def train(rt: Any, cfg: Any) -> None:
 
     while not schedule.done:
         # -- act: random while seeding, else plan (MPPI) or the policy prior ---------------------
-        if schedule.acts_randomly:
-            action = torch.rand(local_num_envs, action_dim) * 2 - 1
-        else:
-            action = acting(obs.to(rt.device, non_blocking=True)).cpu()  # waits for the act only
+        with run.split.phase("act"):
+            if schedule.acts_randomly:
+                action = torch.rand(local_num_envs, action_dim) * 2 - 1
+            else:
+                action = acting(obs.to(rt.device, non_blocking=True)).cpu()  # waits for the act only
         schedule.advance()
 
         # -- learn: decided on global counters only, so every rank does the same ---------------
@@ -174,24 +175,26 @@ def train(rt: Any, cfg: Any) -> None:
             if not_ready == 0:
                 schedule.start_learning()  # the pretraining burst, unless made before a resume
                 run.step_cost_changes()  # from ~1 ms a random step to an update and a plan a step
-        for _ in range(schedule.take_updates()):
-            # sampled on the CPU, copied without blocking: no wait for the previous update's kernels
-            batches = [
-                buffer.sample(cfg.batch_size, cfg.horizon).to(rt.device, non_blocking=True)
-                for _ in range(cfg.sync_freq)
-            ]
-            noises = [draw_noise(shared, model.num_q, rt.device) for _ in range(cfg.sync_freq)]
-            terms = update(rt, learner, batches, noises, cfg, discount)
-            sum_terms = terms if sum_terms is None else sum_terms + terms  # one add, not one per metric
-            num_sums += 1
+        with run.split.phase("learn"):
+            for _ in range(schedule.take_updates()):
+                # sampled on the CPU, copied without blocking: no wait for the previous update's kernels
+                batches = [
+                    buffer.sample(cfg.batch_size, cfg.horizon).to(rt.device, non_blocking=True)
+                    for _ in range(cfg.sync_freq)
+                ]
+                noises = [draw_noise(shared, model.num_q, rt.device) for _ in range(cfg.sync_freq)]
+                terms = update(rt, learner, batches, noises, cfg, discount)
+                sum_terms = terms if sum_terms is None else sum_terms + terms  # one add, not one per metric
+                num_sums += 1
 
         # -- env step, recorded: episodes enter the buffer when they end ---------------------
-        next_obs, reward, terminated, truncated, info = env.step(action)
-        done = terminated | truncated
-        acting.episode_ended(done)
-        for episode in recorder.add(action, reward, terminated, done, info["final_obs"], next_obs):
-            buffer.add_episode(*episode)
-        ep_stats += torch.stack([(info["episode_return"] * done).sum(), done.sum()]).float()
+        with run.split.phase("env"):
+            next_obs, reward, terminated, truncated, info = env.step(action)
+            done = terminated | truncated
+            acting.episode_ended(done)
+            for episode in recorder.add(action, reward, terminated, done, info["final_obs"], next_obs):
+                buffer.add_episode(*episode)
+            ep_stats += torch.stack([(info["episode_return"] * done).sum(), done.sum()]).float()
         obs = next_obs
 
         # -- bookkeeping: every number is global (docs/distributed.md, invariant 7) -------------

@@ -1,0 +1,179 @@
+"""All-reduce through shared memory for CPU ranks on one machine.
+
+Gloo moves a tensor between two processes of one machine through TCP and three threads a side;
+on small tensors (a PPO gradient of 9k floats, a dict of metrics) its all-reduce costs a
+millisecond or more, and an RL loop calls it every minibatch. Here each rank copies its tensor
+into its own slot of one shared file, publishes a sequence number, waits until every rank has
+published the same one, and sums the slots in rank order: every rank gets the same bits, as
+with gloo, for the cost of two memory copies and a poll of a few counters
+(docs/benchmarks.md, "Collectives").
+
+The wait polls, yields its core to any other runnable thread, and sleeps once a wait grows
+long (a peer evaluating or saving), so an idle rank neither holds a core nor sleeps through the
+moment its peers arrive. It is bounded by ``dist_timeout``, and names a peer whose process has
+ended.
+
+Ordering: a rank writes its slot, then its counter; a peer reads the counter, then the slots.
+That order holds without fences on x86-64 (stores are seen in program order, loads happen in
+program order), so :func:`supported` limits this to x86-64 Linux; elsewhere gloo is used.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+import torch
+
+CACHE_LINE = 64  # each rank's counter in a line of its own: no false sharing between writers
+SLOT_BYTES = 1 << 20  # per rank and parity; larger tensors go through in chunks of this size
+SPIN_S = 50e-6  # poll without yielding this long: a peer arriving now is seen within a microsecond
+YIELD_S = 5e-3  # then poll and give the core away; after this (a peer evaluating?), poll every SLEEP_S
+SLEEP_S = 200e-6
+CHECK_PEERS_S = 0.5  # how often a long wait looks whether its peers' processes still exist
+
+
+def supported() -> str | None:
+    """Why shared-memory collectives cannot run here (None when they can)."""
+    if sys.platform != "linux":
+        return f"shared-memory collectives need Linux (this is {sys.platform})"
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"shared-memory collectives need x86-64's store order (this is {platform.machine()})"
+    if not os.path.isdir("/dev/shm"):
+        return "/dev/shm does not exist"
+    return None
+
+
+def region_bytes(world_size: int) -> int:
+    return world_size * CACHE_LINE + world_size * 2 * SLOT_BYTES
+
+
+class PeerLost(RuntimeError):
+    """A rank did not reach a shared-memory collective: its process ended, or the timeout passed."""
+
+
+class SharedMemoryGroup:
+    """The ranks of one machine reducing tensors through the file ``path`` (made by
+    :func:`create_file`, opened by every rank; it may be unlinked once all have opened it).
+
+    ``pids``: every rank's process id, in rank order, to tell a dead peer from a slow one.
+
+    >>> group = SharedMemoryGroup(path, rank, world_size, timeout_s=1800, pids=pids)  # doctest: +SKIP
+    >>> group.all_reduce_sum_(grad)            # grad now holds the sum over ranks, in place
+    """
+
+    def __init__(self, path: str, rank: int, world_size: int, timeout_s: float, pids: list[int]):
+        self.rank, self.world_size, self.timeout_s, self.pids = rank, world_size, timeout_s, pids
+        fd = os.open(path, os.O_RDWR)
+        try:
+            self._map = mmap.mmap(fd, region_bytes(world_size))
+        finally:
+            os.close(fd)
+        header = world_size * CACHE_LINE
+        # every rank's sequence number: one int64 at the start of each cache line
+        self._counters = np.frombuffer(self._map, dtype=np.int64, count=header // 8)[:: CACHE_LINE // 8]
+        data = torch.frombuffer(self._map, dtype=torch.uint8, offset=header, count=world_size * 2 * SLOT_BYTES)
+        self._slots = data.view(world_size, 2, SLOT_BYTES)  # [rank, parity] -> bytes
+        self._seq = int(self._counters[rank])  # 0 in a fresh file
+        self.wait_s = 0.0  # time spent waiting for peers (for the time split of a run)
+
+    def all_reduce_sum_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` (a CPU tensor) over ranks, in place; every rank gets the same bits."""
+        if not tensor.is_contiguous():
+            return tensor.copy_(self.all_reduce_sum_(tensor.contiguous()))
+        flat = tensor.view(-1)
+        per_chunk = SLOT_BYTES // tensor.element_size()
+        for start in range(0, flat.numel(), per_chunk):
+            self._round(flat[start : start + per_chunk])
+        return tensor
+
+    def barrier(self) -> None:
+        """Return once every rank has called it."""
+        self._round(torch.empty(0))
+
+    def _round(self, chunk: torch.Tensor) -> None:
+        self._seq += 1
+        parity, n = self._seq & 1, chunk.numel() * chunk.element_size()
+        # Slot [rank, parity] was last read by the peers two rounds ago, and each of them has
+        # published the round between since: nobody reads it any more.
+        if n:
+            self._slots[self.rank, parity, :n].view(chunk.dtype).copy_(chunk)
+        self._counters[self.rank] = self._seq  # after the data: x86-64 keeps the two stores in order
+        self._wait(self._seq)
+        if n:
+            parts = [self._slots[r, parity, :n].view(chunk.dtype) for r in range(self.world_size)]
+            chunk.copy_(parts[0])
+            for part in parts[1:]:  # rank order on every rank: the same sum everywhere
+                chunk.add_(part)
+
+    def _wait(self, seq: int) -> None:
+        counters = self._counters
+        if counters.min() >= seq:
+            return
+        start = time.perf_counter()
+        now, checked = start, start
+        while counters.min() < seq:
+            now = time.perf_counter()
+            waited = now - start
+            if waited < SPIN_S:
+                continue
+            if waited < YIELD_S:
+                os.sched_yield()
+                continue
+            time.sleep(SLEEP_S)
+            if now - checked >= CHECK_PEERS_S:
+                checked = now
+                self._check_peers(seq, waited)
+        self.wait_s += time.perf_counter() - start
+
+    def _check_peers(self, seq: int, waited: float) -> None:
+        missing = [r for r in range(self.world_size) if self._counters[r] < seq]
+        for r in missing:
+            if not alive(self.pids[r]):
+                raise PeerLost(
+                    f"rank {r} (pid {self.pids[r]}) ended before a collective that rank {self.rank} waits in"
+                )
+        if waited > self.timeout_s:
+            raise PeerLost(
+                f"rank(s) {', '.join(map(str, missing))} did not reach a collective within dist_timeout="
+                f"{self.timeout_s:g}s (rank {self.rank} waited {waited:.0f}s)"
+            )
+
+    def close(self) -> None:
+        self._counters = None  # the views go before the map they point into
+        self._slots = None
+        try:
+            self._map.close()
+        except BufferError:  # a view still held somewhere: the map goes with the process
+            pass
+
+
+def create_file(world_size: int, directory: str = "/dev/shm") -> str:
+    """A zero-filled file for a :class:`SharedMemoryGroup` of ``world_size`` ranks; its path.
+    Raises OSError when ``directory`` lacks the room (a write past a full tmpfs would kill the
+    process with SIGBUS, not fail)."""
+    stat = os.statvfs(directory)
+    if stat.f_bavail * stat.f_frsize < region_bytes(world_size):
+        raise OSError(f"{directory} has less than the {region_bytes(world_size) >> 20} MiB the collectives need")
+    path = os.path.join(directory, f"ddprl-{os.getpid()}-{os.urandom(6).hex()}")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, region_bytes(world_size))
+    finally:
+        os.close(fd)
+    return path
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (as this process sees them)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
