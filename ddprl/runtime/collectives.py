@@ -309,7 +309,9 @@ class Runtime:
 
     def barrier(self) -> None:
         """Wait until every rank arrives (bounded by ``dist_timeout``)."""
-        if self.backend == "nccl":
+        if self._host is not None:
+            self._host.barrier()
+        elif self.backend == "nccl":
             dist.barrier(device_ids=[self.device.index])
         else:
             dist.barrier()
