@@ -79,7 +79,6 @@ class SharedMemoryGroup:
         data = torch.frombuffer(self._map, dtype=torch.uint8, offset=header, count=world_size * 2 * SLOT_BYTES)
         self._slots = data.view(world_size, 2, SLOT_BYTES)  # [rank, parity] -> bytes
         self._seq = int(self._counters[rank])  # 0 in a fresh file
-        self.wait_s = 0.0  # time spent waiting for peers (for the time split of a run)
 
     def all_reduce_sum_(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` (a CPU tensor) over ranks, in place; every rank gets the same bits."""
@@ -114,8 +113,7 @@ class SharedMemoryGroup:
         counters = self._counters
         if counters.min() >= seq:
             return
-        start = time.perf_counter()
-        now, checked = start, start
+        start = checked = time.perf_counter()
         while counters.min() < seq:
             now = time.perf_counter()
             waited = now - start
@@ -128,7 +126,6 @@ class SharedMemoryGroup:
             if now - checked >= CHECK_PEERS_S:
                 checked = now
                 self._check_peers(seq, waited)
-        self.wait_s += time.perf_counter() - start
 
     def _check_peers(self, seq: int, waited: float) -> None:
         missing = [r for r in range(self.world_size) if self._counters[r] < seq]
