@@ -38,7 +38,7 @@ from pathlib import Path
 
 from machine import cpu_model, emit_report
 
-from ddprl.timesplit import PHASES
+from ddprl.timesplit import PHASES, shares
 
 
 @dataclass(frozen=True)
@@ -204,14 +204,6 @@ def machine_ceiling(copies: int, seconds: float = 4.0, rounds: int = 3) -> float
     return statistics.median(together(copies) / (copies * together(1)) for _ in range(rounds))
 
 
-def shares(result: dict[str, float]) -> str:
-    total = sum(result[p] for p in PHASES)
-    if total <= 0:
-        return "n/a"
-    ranked = sorted(((result[p] / total, p) for p in PHASES if result[p] / total >= 0.05), reverse=True)
-    return ", ".join(f"{p} {100 * f:.0f}%" for f, p in ranked)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2], help="world sizes, the first is the base")
@@ -257,7 +249,8 @@ def main() -> None:
                 score = f"{res[top]['rate'] / (top / base * res[base]['rate']):.2f}"
             else:
                 score = f"{res[top]['rate'] / res[base]['rate']:.2f}x"
-            print(f"| {w.name} | {w.scaling} | {w.what} | {rates} | {score} | {shares(res[top])} |")
+            split = shares({p: res[top][p] for p in PHASES}, at_least=0.05) or "n/a"
+            print(f"| {w.name} | {w.scaling} | {w.what} | {rates} | {score} | {split} |")
 
     emit_report(report, args.out)
 

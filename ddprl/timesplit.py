@@ -73,10 +73,10 @@ class TimeSplit:
         return window
 
 
-def shares(totals: dict[str, float]) -> str:
-    """``learn 52 %, env 30 %, collective 9 %, ...``: phases of at least 1 %, largest first."""
+def shares(totals: dict[str, float], at_least: float = 0.01) -> str:
+    """``learn 52 %, env 30 %, collective 9 %, ...``: phases of at least ``at_least``, largest first."""
     whole = sum(totals.values())
     if whole <= 0:
         return ""
-    ranked = sorted(((v / whole, k) for k, v in totals.items() if v / whole >= 0.01), reverse=True)
+    ranked = sorted(((v / whole, k) for k, v in totals.items() if v / whole >= at_least), reverse=True)
     return ", ".join(f"{k} {100 * f:.0f} %" for f, k in ranked)

@@ -100,18 +100,21 @@ class Runtime:
                 group = shm.SharedMemoryGroup(path, self.rank, self.world_size, self.timeout.total_seconds(), [])
             except OSError as e:  # the file is on another machine's /dev/shm
                 why_not = f"rank {self.rank} cannot open {path}: {e}"
-        views = self.all_gather_object((group is not None, os.getpid(), why_not))
+        pids = self.all_gather_object(os.getpid())
+        if group is not None and not all(shm.alive(pid) for pid in pids):  # another PID namespace
+            why_not = f"rank {self.rank} cannot see its peers' processes"
+        # Decided on every rank's view, gathered: a rank alone choosing gloo would deadlock the others.
+        views = self.all_gather_object((group is not None and why_not is None, why_not))
         if self.is_main and path is not None:
             os.unlink(path)  # every rank has it mapped (or failed to): nothing is left behind
-        pids = [pid for _, pid, _ in views]
-        if all(ok for ok, _, _ in views) and all(shm.alive(pid) for pid in pids):
+        if all(ok for ok, _ in views):
             group.pids = pids
             if self.is_main:
                 log.info("collectives: shared memory between the %d ranks of this machine", self.world_size)
             return group
         if group is not None:
             group.close()
-        why_not = next((w for ok, _, w in views if not ok and w), None) or why_not or "a peer's process is not visible"
+        why_not = next((w for ok, w in views if not ok and w), None) or why_not
         (log.warning if required else log.info)("collectives: gloo (%s)", why_not)
         return None
 
