@@ -15,17 +15,25 @@ class RunningMeanStd(nn.Module):
     ``update(x, reduce_sum)`` sums count, sum and sum of squares over ranks with the given
     reduction before merging, so every rank ends with identical statistics.
 
+    ``mask`` (bool, ``shape``) picks the elements to normalise; the others keep mean 0 and
+    variance 1, which :meth:`normalize` leaves exactly as they are in float32 (one-hot columns:
+    SB3 normalises Box observations only). It is not saved: the statistics carry its effect.
+
     >>> rms = RunningMeanStd((3,))
     >>> rms.update(torch.randn(100, 3))
     >>> rms.normalize(torch.zeros(1, 3)).shape
     torch.Size([1, 3])
     """
 
-    def __init__(self, shape: tuple[int, ...], clip: float = 10.0, eps: float = 1e-8):
+    def __init__(self, shape: tuple[int, ...], clip: float = 10.0, eps: float = 1e-8, mask: torch.Tensor | None = None):
         super().__init__()
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
         self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
         self.register_buffer("count", torch.tensor(0.0, dtype=torch.float64))
+        # non-persistent: checkpoints keep the keys they always had
+        self.register_buffer(
+            "mask", None if mask is None else torch.as_tensor(mask, dtype=torch.bool), persistent=False
+        )
         self.clip, self.eps = clip, eps
 
     @torch.no_grad()
@@ -53,6 +61,9 @@ class RunningMeanStd(nn.Module):
         self.mean += delta * batch_count / total
         self.var.copy_(m2 / total)
         self.count.copy_(total)
+        if self.mask is not None:
+            self.mean.masked_fill_(~self.mask, 0.0)
+            self.var.masked_fill_(~self.mask, 1.0)
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         out = (x - self.mean.to(x.dtype)) / torch.sqrt(self.var.to(x.dtype) + self.eps)

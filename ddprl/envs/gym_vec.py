@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
+from ddprl.envs.flatten import FlatEncoder, unencodable
 from ddprl.errors import UsageError
 
 
@@ -21,6 +22,13 @@ class GymVecEnv:
 
     Tensors cross the boundary on ``device``; Gymnasium's numpy stays inside. Episode return
     and length are tracked here so every env reports them the same way.
+
+    A Box observation arrives as it is. Discrete, MultiDiscrete, MultiBinary, Tuple and Dict
+    ones arrive flat, encoded by :class:`~ddprl.envs.flatten.FlatEncoder` (one-hots and values,
+    SB3's encoding): ``single_observation_space`` is then the encoded Box, the task's own is
+    ``task_observation_space``, and ``norm_obs_mask`` marks the columns that came from a Box
+    (None: all of them). Any other space stays ``single_observation_space`` for an algorithm's
+    check to refuse by name.
 
     ``frames="rgb_array"`` (or ``"ansi"``) makes the envs with that ``render_mode`` when the
     task offers it, for :meth:`render_rgb` (or ``render_ascii``); a ``render_mode`` in
@@ -59,12 +67,26 @@ class GymVecEnv:
             [lambda: gym.make(task, **env_kwargs) for _ in range(num_envs)],
             autoreset_mode=AutoresetMode.SAME_STEP,
         )
-        self.single_observation_space = self.envs.single_observation_space
+        self.task_observation_space = self.envs.single_observation_space
+        self.single_observation_space = self.task_observation_space
+        self._flat: FlatEncoder | None = None
+        self.norm_obs_mask: np.ndarray | None = None
+        space = self.task_observation_space
+        if not isinstance(space, gym.spaces.Box) and unencodable(space) is None:
+            self._flat = FlatEncoder(space)
+            self.single_observation_space = self._flat.observation_space
+            self.norm_obs_mask = self._flat.normalized
         self.single_action_space = self.envs.single_action_space
         self._discrete = isinstance(self.single_action_space, gym.spaces.Discrete)
         self._episode_return = np.zeros(num_envs, dtype=np.float64)
         self._episode_length = np.zeros(num_envs, dtype=np.int64)
-        self._obs: np.ndarray | None = None
+        self._obs: np.ndarray | None = None  # as the tensors hold it (encoded)
+
+    def _encode(self, obs: Any) -> np.ndarray:
+        return obs if self._flat is None else self._flat(obs, self.num_envs)
+
+    def _encode_each(self, observations: list[Any]) -> np.ndarray:
+        return np.stack(observations) if self._flat is None else self._flat.each(observations)
 
     def _tensor(self, x: np.ndarray, dtype: type = np.float32) -> torch.Tensor:
         # Cast in numpy and share the array: ~1 us, against ~5 us for as_tensor(x, dtype).to(device),
@@ -74,6 +96,7 @@ class GymVecEnv:
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
         obs, _ = self.envs.reset(seed=self.seed if seed is None else seed)
+        obs = self._encode(obs)
         self._episode_return[:] = 0
         self._episode_length[:] = 0
         self._obs = obs
@@ -85,6 +108,7 @@ class GymVecEnv:
             # The policy's Gaussian is unbounded; the env sees actions clipped to its box.
             act = np.clip(act, self.single_action_space.low, self.single_action_space.high)
         obs, reward, terminated, truncated, info = self.envs.step(act)
+        obs = self._encode(obs)
         self._episode_return += reward
         self._episode_length += 1
         done = terminated | truncated
@@ -93,8 +117,8 @@ class GymVecEnv:
         final_obs_t = obs_t  # most steps end no episode: no copy, no second conversion
         if ended:
             final_obs = obs.copy()
-            for i in np.flatnonzero(done):
-                final_obs[i] = info["final_obs"][i]
+            ended_envs = np.flatnonzero(done)
+            final_obs[ended_envs] = self._encode_each([info["final_obs"][i] for i in ended_envs])
             final_obs_t = self._tensor(final_obs)
         out_info = {
             "final_obs": final_obs_t,

@@ -35,7 +35,10 @@ class PPOConfig(RLConfig):
     )
     norm_obs: bool = key("normalise observations with running statistics reduced over ranks")
     norm_reward: bool = key("divide rewards by the std of the discounted return (all ranks), clip to +-10")
-    policy: str = key("mlp | cnn (cnn for image-like C x H x W observations)")
+    policy: str = key(
+        "mlp | cnn (cnn for image-like C x H x W observations) | nature_cnn (Mnih et al. 2015's network for "
+        "Atari frames: pixels / 255, fixed layers; the Atari preset's choice)"
+    )
     hidden_sizes: list[int] = key("dense layer widths (of the MLPs; after the convs for cnn)")
     activation: str = key(
         "hidden-layer activation of policy=mlp: tanh (CleanRL, PureJaxRL's default) | relu (the cnn policy is relu)"
@@ -48,6 +51,9 @@ class PPOConfig(RLConfig):
     policy_width: int = key("CNN channels")
     policy_depth: int = key("CNN conv layers")
     env_kwargs: dict[str, Any] = key("extra keyword arguments for the environment constructor")
+    env_backend: str = key(
+        "Atari tasks: auto (EnvPool where installed, else Gymnasium) | envpool | gymnasium (ale-py)", "auto"
+    )
     eval_deterministic: bool = key("evaluate (and play) with the most likely action; false: sample from the policy")
     autoscale: bool = key("choose num_envs, n_steps and batch_size from the device's memory (keys you set win)")
     compile_unroll: int = key(
@@ -119,11 +125,19 @@ class PPOConfig(RLConfig):
         import gymnasium as gym
 
         from ddprl.envs import env_spaces
+        from ddprl.envs.flatten import ENCODABLE, unencodable
 
         obs_space, action_space = env_spaces(self.task, **self.env_kwargs)
         _check(
             isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)),
             f"ppo acts in Discrete or Box action spaces; {self.task} has {action_space}",
+        )
+        # The env encodes what it can into a flat Box; any other space reaches this check as it is.
+        bad = unencodable(obs_space)
+        _check(
+            bad is None,
+            f"ppo observes {ENCODABLE}; {self.task} observes {obs_space}"
+            + ("" if bad is obs_space else f", with a {type(bad).__name__} part"),
         )
         _check(
             # chosen in a layer of yours (a checkpoint only repeats the default it was saved with)

@@ -34,6 +34,13 @@ from ddprl.system import system_metrics
 log = logging.getLogger("ddprl")
 
 
+def norm_obs_mask(env: Any) -> torch.Tensor | None:
+    """The observation columns ``norm_obs`` rescales: those of Box parts (a Gymnasium env's
+    ``norm_obs_mask``, as SB3 normalises Box observations only); None: all."""
+    mask = getattr(env, "norm_obs_mask", None)  # only envs that encode observations have one
+    return None if mask is None else torch.as_tensor(mask)
+
+
 def build_agent(cfg: Any, env: Any) -> ActorCritic:
     return ActorCritic(
         env.single_observation_space,
@@ -115,7 +122,7 @@ def train(rt: Any, cfg: Any) -> None:
     env = make_env(cfg.task, local_num_envs, seed=run.env_seed, device=rt.device, **cfg.env_kwargs)
     obs = env.reset()
     policy = build_agent(cfg, env).to(rt.device)
-    obs_rms = RunningMeanStd(tuple(env.single_observation_space.shape)).to(rt.device)
+    obs_rms = RunningMeanStd(tuple(env.single_observation_space.shape), mask=norm_obs_mask(env)).to(rt.device)
     return_scaler = ReturnScaler(local_num_envs, cfg.gamma).to(rt.device)
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=1e-5)
     scaler = torch.amp.GradScaler(rt.device.type, enabled=cfg.precision == "fp16")
@@ -304,7 +311,7 @@ def load_actor(cfg: Any, state: dict[str, Any], device: torch.device) -> Actor:
     obs_shape = tuple(probe.single_observation_space.shape)
     probe.close()
     agent.load_state_dict(state["model"])
-    obs_rms = RunningMeanStd(obs_shape).to(device)
+    obs_rms = RunningMeanStd(obs_shape).to(device)  # the saved statistics leave masked columns alone
     obs_rms.load_state_dict(state["obs_rms"])
 
     generator = torch.Generator(device=device).manual_seed(Seeds(cfg.seed, rank=0).eval_actions())
