@@ -16,7 +16,6 @@ message naming both versions.
 from __future__ import annotations
 
 import logging
-import os
 import random
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 
 from ddprl.errors import UsageError
+from ddprl.files import write_atomically
 from ddprl.runtime.compat import COMPILED_PREFIX
 
 log = logging.getLogger("ddprl")
@@ -116,12 +116,9 @@ def save_checkpoint(rt: Any, path: Path, payload: dict[str, Any], rank_state: di
 
 
 def save_atomically(data: dict[str, Any], path: str | Path) -> None:
-    """``torch.save`` to ``<path>.tmp``, then rename: a crash never leaves half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(data, tmp)
-    os.replace(tmp, path)
+    """``torch.save`` to ``<path>.tmp``, then rename: a crash never leaves half a file, and a full
+    disk raises :class:`~ddprl.errors.DiskFull` (the ``.tmp`` removed, ``path`` as it was)."""
+    write_atomically(path, lambda f: torch.save(data, f))
 
 
 def checkpoint_in(path: str | Path, prefer: tuple[str, ...] = ("best.pt", "latest.pt")) -> Path:
@@ -162,9 +159,16 @@ def load_checkpoint(path: str | Path, expect_algo: str | None = None) -> dict[st
     if _cached is not None and _cached[0] == cache_key:
         data = _cached[1]
     else:
+        if stat.st_size and not _torch_file(path):
+            run_dir = f" (this file's: {path.parent})" if (path.parent / "checkpoints").is_dir() else ""
+            raise UnreadableCheckpoint(
+                f"{path} is not a checkpoint: give a .pt file that training wrote (<run directory>/checkpoints/"
+                f"latest.pt, best.pt, step_<N>.pt) or a run directory{run_dir}",
+                "not a torch file",
+            )
         try:
             data = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # truncated, corrupt, or not a torch file at all
+        except Exception as e:  # truncated or corrupt
             reason = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}"
             raise UnreadableCheckpoint(f"checkpoint {path} cannot be read ({reason})", reason) from None
         if not isinstance(data, dict) or "format_version" not in data:
@@ -178,6 +182,14 @@ def load_checkpoint(path: str | Path, expect_algo: str | None = None) -> dict[st
     if expect_algo is not None and data.get("algo") != expect_algo:
         raise UsageError(f"checkpoint {path} was written by algo={data.get('algo')}, not algo={expect_algo}")
     return data
+
+
+def _torch_file(path: Path) -> bool:
+    """Whether ``path`` starts as a file of ``torch.save`` does: a zip archive, or (before torch
+    1.6) a pickle."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    return head.startswith((b"PK\x03\x04", b"\x80"))
 
 
 def forget_checkpoint() -> None:

@@ -9,8 +9,10 @@
 
 Algorithms come from ``ddprl.registry``: nothing here knows one by name.
 
-Exit codes: 0 done; 2 bad input (one line ``ddprl: error: ...``); 1 failure at run time; 75
-preempted (a signal stopped the job after a checkpoint: the same command with resume=auto goes on).
+Exit codes: 0 done; 2 bad input (one line ``ddprl: error: ...``); 1 failure at run time; 74 a
+file of the run did not fit on its disk (one line; the same command with resume=auto goes on once
+there is room); 75 preempted (a signal stopped the job after a checkpoint: the same command with
+resume=auto goes on).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import sys
 from typing import Any
 
 from ddprl import registry
-from ddprl.errors import UsageError
+from ddprl.errors import DISK_FULL_EXIT_CODE, DiskFull, UsageError, say_once
 from ddprl.prepare import first_process, key_values, launcher_overrides, prepare_train, saved_config
 
 Row = tuple[str, str, str, str]  # (key, type, default, help) of a command's key
@@ -92,13 +94,15 @@ COMMAND_KEYS: dict[str, list[Row]] = {
 
 def cmd_train(args: argparse.Namespace) -> int:
     from ddprl.checkpoint import forget_checkpoint
+    from ddprl.runlock import run_dir_held
     from ddprl.runtime import runs_in_this_process
 
     cfg = prepare_train(args.overrides, args.config_name)
     if not runs_in_this_process(cfg):
         forget_checkpoint()  # the ranks read it themselves; don't hold it here meanwhile
     algorithm = registry.get(cfg.algo, cfg.engine)
-    algorithm.launch_fn()(algorithm.train_fn(), cfg)
+    with run_dir_held(cfg) as cfg:  # one job per run directory
+        algorithm.launch_fn()(algorithm.train_fn(), cfg)
     return 0
 
 
@@ -323,12 +327,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def cmd_keys(args: argparse.Namespace) -> int:
     kv = key_values(args.overrides, {"algo": str, "engine": str, "task": str}, "keys")
+    title, rows, preset = algo_keys(kv)  # first: bad input prints nothing but its one line
     if "algo" not in kv:
         print("algorithms (ddprl keys algo=NAME [engine=jax] [task=NAME] lists the keys of one):")
         for algorithm in registry.declarations():
             print(f"  {algorithm.name:12s} {algorithm.engine:6s} {algorithm.description}")
         print()
-    title, rows, preset = algo_keys(kv)
     print(f"{title}; set them as `ddprl train key=value`:")
     if preset:
         print(f"(from: preset = a value of {preset}, whose comments give its source; keys you set win)")
@@ -343,6 +347,8 @@ def algo_keys(choice: dict[str, str]) -> tuple[str, list[tuple[str, ...]], str]:
     from ddprl.config import key_rows, load_config, task_preset_file
 
     cfg = load_config([f"{k}={v}" for k, v in choice.items() if k in ("algo", "engine", "task")])
+    if "task" in choice:
+        cfg.check_task()  # an unknown task is refused as `ddprl train` would, with near matches
     title = f"keys of algo={cfg.algo}" + (f" engine={cfg.engine}" if cfg.engine != registry.DEFAULT_ENGINE else "")
     if getattr(cfg, "task", None) is not None:
         title += f" with task={cfg.task}"
@@ -476,29 +482,8 @@ def train_epilog(argv: list[str]) -> str:
 def report_usage_error(e: UsageError) -> None:
     """``ddprl: error: ...`` once per job. Under torchrun and srun every process runs this
     command line and finds the same bad input: the first process prints it, and each tells
-    torchrun through its error file (TORCHELASTIC_ERROR_FILE), whose failure summary then shows
-    this line instead of a link to its docs, on every machine of the job."""
-    line = f"ddprl: error: {e}"
-    if first_process():
-        print(line, file=sys.stderr, flush=True)
-    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if error_file:
-        import json
-        import time
-
-        try:
-            with open(error_file, "w") as f:
-                json.dump(
-                    {
-                        "message": {
-                            "message": line,
-                            "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))},
-                        }
-                    },
-                    f,
-                )
-        except OSError:
-            pass  # the line above (or rank 0's) says it already
+    torchrun through its error file (:func:`ddprl.errors.say_once`)."""
+    say_once(f"ddprl: error: {e}", first_process())
 
 
 def entry() -> None:
@@ -507,7 +492,7 @@ def entry() -> None:
 
     try:
         code = main()
-    except SystemExit as e:  # a rank's exit code raised through launch (2: bad input, 75: preempted)
+    except SystemExit as e:  # a rank's exit code raised through launch (2: bad input, 74: disk full, 75: preempted)
         code = e.code if isinstance(e.code, int) else 1
     exit_process(code)
 
@@ -521,6 +506,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         report_usage_error(e)
         return 2
+    except DiskFull as e:  # met by this process itself (the run directory's lock file)
+        say_once(f"ddprl: error: {e}", first_process())
+        return DISK_FULL_EXIT_CODE
     except KeyboardInterrupt:
         print("ddprl: interrupted", file=sys.stderr)
         return 130

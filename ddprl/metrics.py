@@ -7,17 +7,21 @@ enabled, and a tqdm progress bar on rank 0. Values handed to ``log`` must alread
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
 import math
 import os
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from ddprl.config import to_dict
+from ddprl.errors import DiskFull
+from ddprl.files import AppendFile, disk_full, is_disk_full, write_atomically
 
 
 class MetricsLogger:
@@ -43,11 +47,17 @@ class MetricsLogger:
             # wall_time goes on from the last row kept, so that it only grows over the sittings of
             # a job (the time between that row and the stop, and the restart, are not counted)
             self.start_time -= _drop_rows_after(self.run_dir / "metrics.jsonl", start_step)
-        self._jsonl = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
+        self._jsonl = AppendFile(self.run_dir / "metrics.jsonl")
         from torch.utils.tensorboard import SummaryWriter
 
         # purge_step: TensorBoard hides the earlier events at steps >= it (the abandoned future).
-        self._tb = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=start_step + 1 if resumed else None)
+        purge_step = start_step + 1 if resumed else None
+        try:
+            with self._tb_writes():
+                self._tb = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=purge_step)
+        except BaseException:
+            self._jsonl.close()
+            raise
         if cfg.enable_wandb:
             self._wandb = _start_wandb(cfg, self.run_dir)
         if cfg.progress:
@@ -64,9 +74,11 @@ class MetricsLogger:
             return
         clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
         record = {"step": int(step), "wall_time": time.time() - self.start_time, **clean}
-        self._jsonl.write(json.dumps(record) + "\n")
-        for k, v in clean.items():
-            self._tb.add_scalar(k, v, int(step))
+        self._jsonl.append((json.dumps(record) + "\n").encode())
+        if self._tb is not None:
+            with self._tb_writes():
+                for k, v in clean.items():
+                    self._tb.add_scalar(k, v, int(step))
         if self._wandb is not None:
             self._wandb.log(clean, step=int(step))
         if "eval/return_mean" in clean:
@@ -92,15 +104,68 @@ class MetricsLogger:
         self._bar.set_description(desc, refresh=True)
 
     def close(self) -> None:
+        """Flush and close every sink; a full disk met on the way raises :class:`DiskFull` once
+        all of them are closed."""
         if not self.is_main:
             return
+        self.is_main = False  # closed: a second close (after a failure) has nothing to do
         if self._bar is not None:
             self._bar.close()
-        self._tb.flush()
-        self._tb.close()
         self._jsonl.close()
-        if self._wandb is not None:
-            self._wandb.finish()
+        try:
+            if self._tb is not None:
+                with self._tb_writes():
+                    self._tb.flush()
+        finally:
+            self._close_tb()
+            if self._wandb is not None:
+                self._wandb.finish()
+
+    def abandon(self) -> None:
+        """Close every sink, quietly: the job is leaving after a write that did not fit."""
+        try:
+            self.close()
+        except DiskFull:
+            pass
+
+    @contextlib.contextmanager
+    def _tb_writes(self) -> Iterator[None]:
+        """TensorBoard writes events from a thread of its own and raises a failed write at a later
+        call: a full disk there becomes a :class:`DiskFull` naming the events file."""
+        try:
+            yield
+        except OSError as e:
+            if not is_disk_full(e):
+                raise
+            path = self._tb_file()
+            self._close_tb()  # its writer thread has stopped: nothing more goes through it
+            raise disk_full(path, None, e) from None
+
+    def _tb_file(self) -> Path:
+        writer = getattr(self._tb, "file_writer", None)
+        name = getattr(getattr(writer, "event_writer", None), "_file_name", None)  # not public: the folder else
+        return Path(name) if name else self.run_dir / "tb"
+
+    def _close_tb(self) -> None:
+        tb, self._tb = self._tb, None
+        if tb is not None:
+            try:
+                tb.close()
+            except OSError as e:  # what it could not write is lost either way; the first error was raised
+                if not is_disk_full(e):
+                    raise
+
+
+def _quiet_tb_disk_full(args: threading.ExceptHookArgs) -> None:
+    """TensorBoard's writer thread ends on a full disk printing a traceback, and raises the same
+    error again at the logger's next call, which says it in one line: keep the thread quiet."""
+    if type(args.thread).__name__ == "_AsyncWriterThread" and is_disk_full(args.exc_value):
+        return
+    _excepthook(args)
+
+
+_excepthook = threading.excepthook
+threading.excepthook = _quiet_tb_disk_full
 
 
 def _start_wandb(cfg: Any, run_dir: Path):
@@ -126,22 +191,47 @@ def _start_wandb(cfg: Any, run_dir: Path):
 
 
 def _drop_rows_after(path: Path, step: int) -> float:
-    """Keep the rows of ``path`` up to global ``step`` (atomically rewritten; no file: nothing to
-    do); returns the last kept row's ``wall_time`` (0 when none)."""
+    """Keep the rows of ``path`` up to global ``step`` (no file: nothing to do); returns the last
+    kept row's ``wall_time`` (0 when none).
+
+    The rows kept are nearly always the file's first ones: the file is then cut in place, which
+    needs no free space (so a job resumed on a nearly full disk starts); otherwise it is
+    rewritten atomically.
+    """
     if not path.exists():
         return 0.0
-    kept, wall_time = [], 0.0
-    for line in path.read_text().splitlines():
+    data = path.read_bytes()
+    kept: list[bytes] = []
+    wall_time = 0.0
+    prefix_end = 0  # bytes of the leading rows kept
+    scattered = False  # a kept row after a dropped one: the kept rows are no prefix
+    dropped = False
+    offset = 0
+    for line in data.splitlines(keepends=True):
+        offset += len(line)
         try:
             row = json.loads(line)
-            if row["step"] <= step:
-                kept.append(line + "\n")
-                wall_time = float(row.get("wall_time", wall_time))
+            keep = row["step"] <= step
         except (ValueError, KeyError, TypeError):  # a line cut short by a killed job
+            keep = False
+        if not keep:
+            dropped = True
             continue
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(kept))
-    os.replace(tmp, path)
+        kept.append(line if line.endswith(b"\n") else line + b"\n")
+        wall_time = float(row.get("wall_time", wall_time))
+        scattered = scattered or dropped
+        prefix_end = offset
+    if scattered:
+        write_atomically(path, lambda f: f.write(b"".join(kept)))
+        return wall_time
+    if prefix_end < len(data):
+        os.truncate(path, prefix_end)
+    if prefix_end and not data[:prefix_end].endswith(b"\n"):  # a whole last row without its newline
+        end = AppendFile(path)
+        try:
+            end.append(b"\n")
+        finally:
+            end.close()
     return wall_time
 
 

@@ -10,6 +10,7 @@ import dataclasses
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ddprl import registry
@@ -76,6 +77,7 @@ def prepare_train(
     from ddprl.checkpoint import load_checkpoint
     from ddprl.config import load_config, preset_note
     from ddprl.run import resolve_resume, run_dir_of_checkpoint
+    from ddprl.runlock import holds_the_lock, refuse_if_in_use
     from ddprl.runtime import resolved_config
 
     overrides = launcher_overrides(overrides)
@@ -96,6 +98,8 @@ def prepare_train(
         cfg = dataclasses.replace(cfg, resume=str(ckpt_path), run_dir=run_dir)
     elif cfg.resume:  # resume=auto with nothing to resume yet
         cfg = dataclasses.replace(cfg, resume="")
+    if cfg.run_dir and holds_the_lock(cfg):
+        refuse_if_in_use(Path(cfg.run_dir))  # before the checks: a job refused says only that
     cfg = resolved_config(cfg)
     prepare = algorithm.prepare_fn() if prepare_hook else None
     if prepare is not None:

@@ -10,23 +10,27 @@ Every algorithm's loop uses :class:`Run` the same way, so saving and resuming ar
     own = run.restore_rank_state()             # this rank's saved state (RNG restored), or None
     run.open(total_steps)                      # collective: directory, config.yaml, metrics, TensorBoard
     run.log(step, metrics)                     # every rank calls; rank 0 writes
+    run.save_own_file({"buffer": ...}, path)  # a rank's own file of the next checkpoint (replay buffer)
     run.save(step, state={...}, counters={...}, own={"env": ...}, score=eval_return)   # collective
     run.step_boundary(step, save, score=eval_return, due=..., last=...)   # collective: checkpoint, preemption
     with run.split.phase("env"): ...           # where the time goes: time/<phase>_s in every row
     run.finish()                               # close the sinks; rank 0 prints the summary block
 
-Rank 0 names and creates the directory and broadcasts its path: one directory per job.
+Rank 0 names and creates the directory and broadcasts its path: one directory per job. A write
+that does not fit (a full disk) is said by every rank together at the next collective here
+(:class:`~ddprl.errors.DiskFull`, exit code 74), so that no rank is left waiting in one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
 import random
 import re
-import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -40,11 +44,13 @@ from ddprl.checkpoint import (
     forget_checkpoint,
     load_checkpoint,
     rng_state,
+    save_atomically,
     save_checkpoint,
     set_rng_state,
 )
 from ddprl.config import save_yaml, to_dict
-from ddprl.errors import UsageError
+from ddprl.errors import DiskFull, UsageError
+from ddprl.files import copy_atomically
 from ddprl.metrics import MetricsLogger
 from ddprl.runtime.preemption import Preempted, StopCheck
 from ddprl.timesplit import PHASES, TimeSplit, shares
@@ -52,6 +58,7 @@ from ddprl.timesplit import PHASES, TimeSplit, shares
 log = logging.getLogger("ddprl")
 
 STEP_FILE = re.compile(r"step_(\d+)\.pt")
+DISK_FULL_KEY = "disk_full"  # a flag in the time split's reduction, never logged
 
 
 def default_run_dir(cfg: Any) -> Path:
@@ -65,14 +72,25 @@ def default_run_dir(cfg: Any) -> Path:
 
 
 def open_run_dir(rt: Any, cfg: Any) -> Path:
-    """Collective: rank 0 creates the run directory and writes config.yaml; all get its path."""
+    """Collective: rank 0 names the run directory (``run_dir``, else a new default one); all get
+    its path. Nothing is written yet (:func:`prepare_run_dir`)."""
     path = None
     if rt.is_main:
-        path = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
-        (path / "checkpoints").mkdir(parents=True, exist_ok=True)
-        save_yaml(cfg, path / "config.yaml")
-        path = str(path.resolve())
+        path = str((Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)).resolve())
     return Path(rt.broadcast_object(path))
+
+
+def prepare_run_dir(path: Path, cfg: Any) -> None:
+    """Rank 0: create the run directory, remove what an interrupted job left half-written
+    (``*.tmp``: its job is over, the run directory's lock says so), write config.yaml."""
+    (path / "checkpoints").mkdir(parents=True, exist_ok=True)
+    folders = (path, path / "checkpoints", path / "checkpoints" / "buffers")
+    leftovers = [p for folder in folders for p in folder.glob("*.tmp")]
+    for p in leftovers:
+        p.unlink(missing_ok=True)
+    if leftovers:
+        log.info("removed %s: left half-written by an interrupted job", ", ".join(p.name for p in leftovers))
+    save_yaml(cfg, path / "config.yaml")
 
 
 def resolve_resume(resume: str, run_dir: str, algo: str) -> Path | None:
@@ -152,7 +170,8 @@ def _link(src: Path, dst: Path) -> None:
     try:
         os.link(src, tmp)  # same bytes, no second write; survives src being pruned
     except OSError:
-        shutil.copyfile(src, tmp)
+        copy_atomically(src, dst)
+        return
     os.replace(tmp, dst)
 
 
@@ -231,6 +250,7 @@ class Run:
         self._started = time.perf_counter()
         self.last_step = self.step  # of the last row logged
         self.last_eval: tuple[int, dict[str, float]] | None = None  # (step, eval/ and test/ metrics) last logged
+        self._full: DiskFull | None = None  # this rank's write that did not fit, until every rank knows
         # Per-rank randomness (action sampling, minibatch order, init on rank 0 before the
         # broadcast). A resumed run starts from a stream of its resume step, never step 0's.
         seed_generators(self.seeds.torch(self.step))
@@ -292,13 +312,18 @@ class Run:
         """
         self.dir = open_run_dir(self.rt, self.cfg)
         self.checkpointer = Checkpointer(self.dir, self.cfg.keep_last)
-        if self.resumed and self.rt.is_main:
-            for p in self.checkpointer.drop_after(self.step):
-                log.info("dropped %s: past the resumed checkpoint's step %d", p.name, self.step)
-            self.checkpointer.point_latest_at(Path(self.cfg.resume))
-        self.logger = MetricsLogger(
-            self.dir, self.cfg, self.rt.is_main, total_steps=total_steps, start_step=self.step, resumed=self.resumed
-        )
+        self.logger = MetricsLogger(self.dir, self.cfg, False, total_steps=total_steps)  # rank 0's below
+        if self.rt.is_main:
+            with self._writing():
+                prepare_run_dir(self.dir, self.cfg)
+                if self.resumed:
+                    for p in self.checkpointer.drop_after(self.step):
+                        log.info("dropped %s: past the resumed checkpoint's step %d", p.name, self.step)
+                    self.checkpointer.point_latest_at(Path(self.cfg.resume))
+                self.logger = MetricsLogger(
+                    self.dir, self.cfg, True, total_steps=total_steps, start_step=self.step, resumed=self.resumed
+                )
+        self._settle_disk_full()
         self.split.take()  # the time split starts here: building models and envs is start-up
         return self.dir
 
@@ -307,7 +332,11 @@ class Run:
         # What the stop-signal checks have cost so far: time in their collectives (about the same
         # on every rank, collectives end together), here rank 0's.
         metrics = {**metrics, "time/stop_check_s": self._stop_check.reduce_s, **self._time_split()}
-        self.logger.log(step, metrics)
+        if self._full is None:  # after a write that did not fit, no row more: the file ends whole
+            with self._writing():
+                self.logger.log(step, metrics)
+            if self.rt.world_size == 1:
+                self._settle_disk_full()  # no peer to tell; with peers, the next row's reduction does
         self.last_step = step
         evaluated = {k: v for k, v in metrics.items() if k.startswith(("eval/", "val/", "test/"))}
         if evaluated:
@@ -321,7 +350,10 @@ class Run:
         ``time/<phase>_s`` for every phase this run has used so far."""
         window = self.split.take()
         if self.rt.world_size > 1:
-            window = self.rt.all_reduce_mean(window)
+            # Whether a rank's write did not fit rides on this reduction: no collective of its own per row.
+            window = self.rt.all_reduce_mean({**window, DISK_FULL_KEY: float(self._full is not None)})
+            if window.pop(DISK_FULL_KEY) > 0:
+                self._settle_disk_full()
         for k, v in window.items():
             self.split_totals[k] += v
         return {f"time/{k}_s": v for k, v in window.items() if self.split_totals[k] > 0}
@@ -385,8 +417,42 @@ class Run:
             "state": state,
             "best": self.best,
         }
+        path = self.checkpointer.dir / f"step_{step}.pt"
         with self.split.phase("checkpoint"):
-            return self.checkpointer.save(self.rt, step, payload, {"rng": rng_state(), **(own or {})}, is_best)
+            with self._writing():
+                path = self.checkpointer.save(self.rt, step, payload, {"rng": rng_state(), **(own or {})}, is_best)
+            self._settle_disk_full()
+        return path
+
+    def save_own_file(self, data: dict[str, Any], path: Path) -> None:
+        """Write this rank's own file of the next checkpoint (its replay buffer) atomically; call
+        :meth:`save` after it, where a full disk met here is said by every rank together."""
+        with self._writing():
+            save_atomically(data, path)
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """This rank's writes: the first that does not fit is kept, not raised, until every rank
+        learns of it (:meth:`_settle_disk_full`), so that no rank waits alone in a collective."""
+        try:
+            yield
+        except DiskFull as e:
+            if self._full is None:
+                self._full = e
+
+    def _settle_disk_full(self) -> None:
+        """Collective: when a write of any rank did not fit, every rank closes its sinks and raises
+        :class:`DiskFull` with that rank's message (rank 0 prints it; exit code 74)."""
+        mine = None if self._full is None else str(self._full)
+        failed = [m for m in ([mine] if self.rt.world_size == 1 else self.rt.all_gather_object(mine)) if m]
+        if not failed:
+            return
+        self.logger.abandon()
+        where = f"run_dir={self.dir}" if self.dir is not None else "run_dir=<this run's directory>"
+        raise DiskFull(
+            f"{failed[0]}; free some space, then the same command with resume=auto {where} continues "
+            "from the last checkpoint"
+        )
 
     def step_boundary(
         self, step: int, save: Any, score: float | None = None, due: bool = False, last: bool = False
@@ -419,7 +485,8 @@ class Run:
         """Collective, after the checkpoint of ``step`` is saved: close the sinks, leave together
         and raise :class:`Preempted` (the job's exit code is then 75)."""
         self.close()
-        self.rt.barrier()  # no rank leaves (and lets a launcher kill the others) before rank 0 wrote
+        # also the barrier: no rank leaves (and lets a launcher kill the others) before rank 0 wrote
+        self._settle_disk_full()
         if self.rt.is_main:
             log.warning(
                 "stopped by %s at step %d, checkpoint saved: run the same command with resume=auto "
@@ -433,6 +500,7 @@ class Run:
     def finish(self) -> None:
         """End of training (every rank calls): close the sinks; rank 0 prints the summary block."""
         self.close()
+        self._settle_disk_full()
         if self.rt.is_main:
             print(self.summary(), flush=True)
 
@@ -479,4 +547,6 @@ class Run:
         return lines
 
     def close(self) -> None:
-        self.logger.close()
+        """Close the sinks (rank 0 flushes its files: a full disk is kept for :meth:`_settle_disk_full`)."""
+        with self._writing():
+            self.logger.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import os
 import time
 from pathlib import Path
 
@@ -331,3 +332,15 @@ def host_collectives(rt, cfg, out: str) -> None:
         "collective_s": rt.collective_s,
     }
     torch.save(result, Path(out) / f"rank{rt.rank}.pt")
+
+
+def affinity(rt, cfg, out: str) -> None:
+    """The cores this rank and a process it starts may run on."""
+    import json
+    import subprocess
+    import sys
+
+    code = "import json, os; print(json.dumps(sorted(os.sched_getaffinity(0))))"
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    cores = {"rank": sorted(os.sched_getaffinity(0)), "child": json.loads(child.stdout)}
+    torch.save(cores, Path(out) / f"rank{rt.rank}.pt")

@@ -66,6 +66,15 @@ def test_gymnax_failure_is_termination_without_truncation():
     assert abs(steps[first_end]["obs"][env_i][2]) < 0.06  # a fresh episode
 
 
+def test_gymnax_state_index_observations_are_one_hot():
+    """FrozenLake-misc observes its cell as an index: the network sees a one-hot of 16, as the
+    torch engine's FrozenLake-v1 does."""
+    steps = rollout(make_jax_env("gymnax/FrozenLake-misc"), 3)
+    for s in steps:
+        assert s["obs"].shape[-1] == 16 and s["final_obs"].shape[-1] == 16
+        assert np.array_equal(s["obs"].sum(-1), np.ones(s["obs"].shape[:-1]))
+
+
 def test_brax_time_limit_and_continuous_actions():
     # The adapter does not depend on brax's physics pipeline: the quick-to-compile "spring" one
     # here (MJX, the default, is compiled by tests/test_jax_engine.py's brax run).

@@ -1,10 +1,17 @@
-"""The multi-agent adapters (LBF, RWARE, MPE, VMAS) against the contract of ``envs/marl/base.py``.
+"""The multi-agent adapters (LBF, RWARE, MPE, VMAS, SMAX) against the contract of ``envs/marl/base.py``.
 
 Small num_envs and short time limits keep the file fast on 2 CPU cores; semantics that need a
 whole episode (LBF's 50 steps, RWARE's 500) run at the registered limit.
 """
 
 from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -19,7 +26,11 @@ LBF = "Foraging-8x8-2p-2f-coop-v3"
 RWARE = "rware-tiny-2ag-v2"
 MPE = "simple_speaker_listener_v4"
 VMAS = "vmas/balance"
-TASKS = [LBF, RWARE, MPE, VMAS]
+SMAX = "smax/3m"
+needs_jaxmarl = pytest.mark.skipif(
+    importlib.util.find_spec("jaxmarl") is None, reason="jaxmarl (Python 3.11+) is not installed"
+)
+TASKS = [LBF, RWARE, MPE, VMAS, pytest.param(SMAX, marks=needs_jaxmarl)]
 
 
 def random_actions(obs: MAObs, gen: torch.Generator) -> torch.Tensor:
@@ -200,7 +211,12 @@ def test_mpe_pads_heterogeneous_agents():
 
 @pytest.mark.parametrize(
     "task, native",
-    [(LBF, "max_episode_steps"), (RWARE, "max_steps"), ("simple_spread_v3", "max_cycles"), (VMAS, "max_steps")],
+    [
+        (LBF, "max_episode_steps"),
+        (RWARE, "max_steps"),
+        ("simple_spread_v3", "max_cycles"),
+        (VMAS, "max_steps"),
+    ],
 )
 def test_time_limit_sets_episode_limit_and_truncation(task, native):
     env = make_marl_env(task, 2, seed=0, time_limit=4)
@@ -224,6 +240,51 @@ def test_vmas_termination_resets_only_that_env():
     assert obs.first.tolist() == [True, False, False]
     assert not torch.equal(info["final_obs"].obs[0], obs.obs[0])
     assert torch.equal(info["final_obs"].obs[1:], obs.obs[1:])
+
+
+@needs_jaxmarl
+def test_smax_win_terminates_and_counts_once():
+    """Enemies at a sliver of health, allies attacking them: the battle is won at once, terminated,
+    with the team reward once (damage dealt plus SMAX's win bonus of 1)."""
+    env = make_marl_env(SMAX, 2, seed=0)
+    obs = env.reset()
+    battles = env._state.state
+    allies = env.n_agents
+    health = battles.unit_health.at[:, allies:].set(1e-3)
+    env._state = env._state.replace(state=battles.replace(unit_health=health))
+    close = battles.unit_positions.at[:, allies:].set(battles.unit_positions[:, :1] + 0.5)  # within range
+    env._state = env._state.replace(state=env._state.state.replace(unit_positions=close))
+    attack = (5 + torch.arange(allies)).expand(2, allies)  # after SMAX's 5 moves: ally i attacks enemy i
+    obs, reward, terminated, truncated, info = env.step(attack)
+    assert terminated.all() and not truncated.any() and obs.first.all()
+    assert info["episode_won"].tolist() == [1.0, 1.0]
+    assert (reward > 1.0).all() and (reward < 1.1).all()  # the bonus counted once, not per agent
+    assert not info["final_obs"].first.any()
+
+
+@needs_jaxmarl
+def test_smax_time_limit_counts_steps():
+    """SMAX's own max_steps=M ends a battle after M + 1 steps; time_limit=T after T."""
+    assert make_marl_env(SMAX, 1, seed=0).episode_limit == 101
+    assert make_marl_env(SMAX, 1, seed=0, max_steps=9).episode_limit == 10
+    env = make_marl_env(SMAX, 2, seed=0, time_limit=4)
+    env.reset()
+    stop = torch.zeros(2, env.n_agents, dtype=torch.int64) + 4  # SMAX's stop: no battle ends by itself
+    for t in range(1, 5):
+        _, _, terminated, truncated, _ = env.step(stop)
+        assert truncated.all() == (t == 4) and not terminated.any()
+    with pytest.raises(UsageError, match="not both"):
+        make_marl_env(SMAX, 1, seed=0, time_limit=4, max_steps=4)
+
+
+@needs_jaxmarl
+def test_smax_unknown_scenario_and_render():
+    with pytest.raises(UsageError, match="did you mean smax/3m"):
+        check_marl_task("smax/3n")
+    env = make_marl_env("smax/2s3z", 1, seed=0)
+    env.reset()
+    frame = env.render_rgb()
+    assert frame.dtype == np.uint8 and frame.shape[2] == 3 and frame.std() > 0
 
 
 def test_unknown_tasks_and_missing_packages(monkeypatch):
@@ -268,3 +329,72 @@ def test_render_rgb_without_a_display(task, monkeypatch):
             pytest.skip(f"VMAS cannot render here: {e}")
         raise
     assert frame.dtype == np.uint8 and frame.ndim == 3 and frame.shape[2] == 3 and frame.std() > 0
+
+
+# -- SMAC (StarCraft II): against tests/smac_standin, which has SMAC's API over a tiny battle --------
+
+STANDIN = Path(__file__).parent / "smac_standin"
+
+
+@pytest.fixture
+def smac_standin(monkeypatch, tmp_path):
+    """The stand-in ``smac`` importable and a StarCraft II folder at SC2PATH, for one test."""
+    monkeypatch.syspath_prepend(str(STANDIN))
+    monkeypatch.setenv("SC2PATH", str(tmp_path))
+    yield tmp_path
+    for name in [m for m in sys.modules if m == "smac" or m.startswith("smac.")]:
+        del sys.modules[name]
+
+
+def test_smac_refused_without_the_package_or_the_game(monkeypatch, tmp_path):
+    if importlib.util.find_spec("smac") is None:
+        with pytest.raises(UsageError, match="needs the smac package"):
+            check_marl_task("sc2/3m")
+    monkeypatch.syspath_prepend(str(STANDIN))
+    monkeypatch.setenv("SC2PATH", str(tmp_path / "no-game-here"))
+    with pytest.raises(UsageError, match="need StarCraft II with the SMAC maps; none at .*no-game-here"):
+        check_marl_task("sc2/3m")
+
+
+def test_smac_adapter_wins_truncates_and_seeds(smac_standin):
+    with pytest.raises(UsageError, match="did you mean sc2/3m"):
+        check_marl_task("sc2/3n")
+    env = make_marl_env("sc2/3m", 2, seed=0)
+    assert (env.n_agents, env.n_actions, env.episode_limit, env.extra_info_keys) == (3, 9, 60, ("episode_won",))
+    obs = env.reset()
+    assert obs.obs.shape == (2, 3, env.obs_dim) and obs.state.shape == (2, 6) and obs.avail.shape == (2, 3, 9)
+    assert torch.equal(env.reset(seed=1).obs[0], make_marl_env("sc2/3m", 1, seed=1).reset().obs[0])
+    obs = env.reset(seed=0)
+    assert torch.equal(obs.obs[1], make_marl_env("sc2/3m", 1, seed=1).reset().obs[0])  # env i: seed + i
+    # Focus fire on the first enemy alive (3 allies x 1 of its 3 hit points a step): a win in 3 steps.
+    for _ in range(3):
+        target = 6 + int(obs.avail[0, 0, 6:].int().argmax())
+        obs, reward, terminated, truncated, info = env.step(torch.where(obs.avail[..., target], target, 0))
+        assert (reward > 0).all()
+    assert terminated.all() and not truncated.any() and obs.first.all()
+    assert info["episode_won"].tolist() == [1.0, 1.0] and info["episode_length"].tolist() == [3, 3]
+    # Standing still until the limit: neither side wiped out, so truncated (SMAC says only "terminated").
+    stop = torch.ones(2, 3, dtype=torch.int64)
+    for _ in range(env.episode_limit):
+        alive = obs.avail[..., 1]  # the dead may only no-op (action 0)
+        obs, _, terminated, truncated, info = env.step(torch.where(alive, stop, 0))
+        if (terminated | truncated).any():
+            break
+    assert (terminated | truncated).all() and not info["episode_won"].any()
+    assert truncated.all() == (info["episode_length"] == env.episode_limit).all()
+    frame = env.envs[0].render_rgb()
+    assert frame.dtype == np.uint8 and frame.shape[2] == 3
+
+
+def test_smac_qmix_trains_through_the_cli(smac_standin, tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(STANDIN), os.environ.get("PYTHONPATH", "")]))
+    run_dir = tmp_path / "run"
+    keys = ["algo=qmix", "task=sc2/3m", "world_size=1", "num_envs=2", "steps=600", "batch_size=4", "log_freq=200"]
+    keys += ["eval_freq=600", "eval_episodes=4", "progress=false", f"run_dir={run_dir}"]
+    res = subprocess.run(
+        [sys.executable, "-m", "ddprl", "train", *keys], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any("eval/won_mean" in row for row in rows)
+    assert "use_rnn: true  # task preset" in (run_dir / "config.yaml").read_text()

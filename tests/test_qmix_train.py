@@ -4,6 +4,7 @@ play, resume, the staged pipeline, and bad input."""
 from __future__ import annotations
 
 import functools
+import importlib.util
 
 import dist_fns
 import pytest
@@ -165,6 +166,34 @@ def test_staged_pretrain_then_frozen_then_fine_tuned(tmp_path):
     res = run_cli(["train", *common, "stage=pretrain", "steps=1200", f"run_dir={stage1}", "resume=auto"])
     assert res.returncode == 0, res.stderr[-3000:]
     assert read_metrics(stage1)[-1]["step"] == 1200 and ckpt_of(stage1)["step"] == 1200
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jaxmarl") is None, reason="jaxmarl (Python 3.11+) is not installed")
+def test_staged_pretrain_then_frozen_on_smax(tmp_path):
+    """The stages on a StarCraft-like battle (SMAX's 3m): the encoder pretrained on random
+    battles, then QMIX (its preset's recurrent agent) on the frozen encoder, 2 ranks."""
+    stage1, stage2 = tmp_path / "pretrain", tmp_path / "frozen"
+    smax = [
+        "task=smax/3m",
+        "steps=808",
+        "update_every=202",
+        "buffer_size=16",
+        "num_envs=2",
+        "env_kwargs.time_limit=101",
+    ]
+    common = [*FAST, *smax, "encoder_dim=8", "eval_freq=0", "checkpoint_freq=0"]
+    res = run_cli(["train", *common, "stage=pretrain", f"run_dir={stage1}"])
+    assert res.returncode == 0, res.stderr[-3000:]
+    pre = ckpt_of(stage1)
+    assert "train/recon_mse" in read_metrics(stage1)[-1]
+    init = f"init_from={stage1 / 'checkpoints' / 'latest.pt'}"
+    res = run_cli(["train", *common, "stage=qmix", init, "freeze_encoder=true", f"run_dir={stage2}"])
+    assert res.returncode == 0, res.stderr[-3000:]
+    frozen = ckpt_of(stage2)
+    for k, v in pre["state"]["networks"]["encoder"].items():
+        assert torch.equal(frozen["state"]["networks"]["encoder"][k], v)
+    assert "trains agent, mixer" in res.stderr
+    assert "use_rnn: true  # task preset" in (stage2 / "config.yaml").read_text()
 
 
 @pytest.mark.parametrize(

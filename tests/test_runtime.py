@@ -29,7 +29,7 @@ from ddprl.runtime import (
     unwrap,
 )
 from ddprl.runtime.compat import COMPILED_PREFIX
-from ddprl.runtime.placement import expand_hostlist, slurm_tasks_per_node
+from ddprl.runtime.placement import core_share, expand_hostlist, slurm_tasks_per_node
 
 
 def cfg2(**extra):
@@ -195,6 +195,28 @@ def test_unwrap_strips_compile_and_ddp_layers():
 
 def _results(tmp_path, n=2):
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(n)]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable cores")
+@pytest.mark.parametrize("mode", ["cores", "none"])
+def test_cpu_bind_gives_each_rank_its_cores(tmp_path, mode):
+    launch(functools.partial(dist_fns.affinity, out=str(tmp_path)), cfg2(cpu_bind=mode))
+    r0, r1 = _results(tmp_path)
+    cores = sorted(os.sched_getaffinity(0))
+    for r in (r0, r1):
+        assert r["child"] == r["rank"]  # environment workers stay on their rank's cores
+    if mode == "none":  # the default
+        assert r0["rank"] == r1["rank"] == cores
+    else:
+        half = len(cores) // 2
+        assert (r0["rank"], r1["rank"]) == (cores[:half], cores[half : 2 * half])
+    assert sorted(os.sched_getaffinity(0)) == cores  # the launching process is left as it was
+
+
+def test_core_share():
+    assert core_share(0, 2, [3, 1, 0, 2]) == [0, 1]
+    assert core_share(2, 3, list(range(7))) == [4, 5]  # the seventh core is left out: equal shares
+    assert core_share(1, 4, [0, 1, 2]) is None
 
 
 def test_collectives_two_ranks(tmp_path, monkeypatch):

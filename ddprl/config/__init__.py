@@ -82,9 +82,16 @@ def task_preset_file(task: Any) -> Path | None:
 
     ``gymnax/<id>`` is gymnax's port of the Gymnasium task ``<id>`` (on engine=jax the bare id
     names it too), and ``mpe/<name>`` the particle env ``<name>``: one environment, one preset,
-    however it is spelt."""
+    however it is spelt. Every Atari game (``Breakout-v5``, ``ALE/Breakout-v5``) has ``_atari.yaml``,
+    every StarCraft battle (``smax/3m``, ``sc2/3m``) ``_starcraft.yaml``."""
     if task is None:
         return None
+    from ddprl.envs.atari import atari_rom
+
+    if atari_rom(task) is not None:
+        return CONFIG_DIR / "task" / "_atari.yaml"
+    if str(task).startswith(("smax/", "sc2/")):
+        return CONFIG_DIR / "task" / "_starcraft.yaml"
     name = str(task).removeprefix("gymnax/").removeprefix("mpe/")
     path = CONFIG_DIR / "task" / f"{name}.yaml"
     return path if "/" not in name and path.exists() else None
@@ -180,7 +187,7 @@ def load_config(
     task = cli.get("task", resumed.get("task", named.get("task", defaults.get("task"))))
     task_file = task_preset_file(task)
     if "task" in fields and task_file is not None:
-        layers.append(("task preset", f"task/{task}.yaml", _task_preset(task_file, algo, registry.names())))
+        layers.append(("task preset", f"task/{task_file.name}", _task_preset(task_file, algo, registry.names())))
     if named:
         layers.append(("config file", f"{config_name}.yaml", named))
     if resumed:
@@ -267,7 +274,10 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 def save_yaml(cfg: Any, path: Path) -> None:
     """The config as YAML, one key a line; a comment names where a value came from when it is
-    not a default (``norm_obs: true  # task preset``)."""
+    not a default (``norm_obs: true  # task preset``). Written atomically (a full disk:
+    :class:`~ddprl.errors.DiskFull`, the file as it was)."""
+    from ddprl.files import write_text_atomically
+
     sources = cfg.sources
     text = yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=None, width=10**6)
     lines = []
@@ -275,8 +285,7 @@ def save_yaml(cfg: Any, path: Path) -> None:
         key = line.partition(":")[0]
         source = sources.get(key, "default") if not line.startswith(" ") else "default"
         lines.append(line if source == "default" else f"{line}  # {source}")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_text_atomically(path, "\n".join(lines) + "\n")
 
 
 def describe(schema: type = JobConfig) -> list[tuple[str, str, str]]:

@@ -69,6 +69,11 @@ class JobConfig:
         "microseconds a call, when every rank is on this x86-64 Linux machine; else gloo)",
         "auto",
     )
+    cpu_bind: str = key(
+        "none | cores: cores keeps each CPU rank, and the processes it starts, on its own share of this "
+        "machine's cores (none: the scheduler places them)",
+        "none",
+    )
     nccl_preset: str = key(
         "none | nvlink | ib: NCCL variables for the interconnect (variables you exported win)", "none"
     )
@@ -105,6 +110,10 @@ class JobConfig:
             self.host_collectives in ("auto", "shm", "gloo"),
             f"host_collectives={self.host_collectives!r} is not auto, shm or gloo",
         )
+        _check(
+            self.cpu_bind in ("cores", "none"),
+            f"cpu_bind={self.cpu_bind!r} is not cores or none",
+        )
         _check(self.sync_freq >= 1, f"sync_freq={self.sync_freq} must be >= 1")
         _check(self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1")
         _check(self.dist_timeout > 0, f"dist_timeout={self.dist_timeout} must be > 0")
@@ -136,6 +145,10 @@ class JobConfig:
         each with the numbers and the key to change, what runs but cannot do what it is for (no
         update before the end, an evaluation that never comes)."""
         return []
+
+    def check_task(self) -> None:
+        """A UsageError naming near matches when ``task`` is none this algorithm knows (or its
+        package is missing); jobs without a task have nothing to check."""
 
     def run_name(self) -> str:
         """The stem of the default run directory name (``<stem>-<time>``)."""
@@ -175,10 +188,13 @@ class RLConfig(JobConfig):
         num_envs = world_size if self.num_envs is None else self.num_envs
         return dataclasses.replace(self, world_size=world_size, num_envs=num_envs)
 
-    def check(self) -> list[str]:
+    def check_task(self) -> None:
         from ddprl.envs import check_task
 
         check_task(self.task)
+
+    def check(self) -> list[str]:
+        self.check_task()
         return self.schedule_warnings()
 
     def schedule_warnings(self) -> list[str]:

@@ -12,6 +12,7 @@ from typing import Any
 import gymnasium as gym
 import torch
 
+from ddprl.envs import atari
 from ddprl.envs.base import VecEnv
 from ddprl.errors import UsageError
 from ddprl.runtime.seeding import env_seed
@@ -52,16 +53,20 @@ def rendering(mode: str) -> Iterator[None]:
         _render_mode = previous
 
 
-def check_task(task: str) -> None:
+def check_task(task: str, backend: str = "auto") -> None:
     """Raise a UsageError naming near matches when ``task`` is no known environment.
 
-    DMC names (``walker-run``, ``cup-catch``) are known without dm_control; using one without
-    it installed is a UsageError saying what to install.
+    DMC names (``walker-run``, ``cup-catch``) and Atari games (``Breakout-v5``) are known
+    without their packages; using one without them installed is a UsageError saying what to
+    install. ``backend``: the Atari back-end asked for (auto | envpool | gymnasium).
     """
     from ddprl.envs import dmc
 
     if dmc.parse_dmc_task(task) is not None:
         dmc.check_dmc_installed()
+        return
+    if atari.atari_rom(task) is not None:
+        atari.check_installed(task, backend)
         return
     if task in BUILTIN_TASKS or task in gym.registry:
         return
@@ -71,24 +76,37 @@ def check_task(task: str) -> None:
         raise UsageError(
             f"unknown DeepMind Control task {task!r}; {domain} tasks: {', '.join(f'{domain}-{t}' for t in tasks)}"
         )
-    names = list(BUILTIN_TASKS) + list(gym.registry) + dmc.dmc_task_names()
+    names = list(BUILTIN_TASKS) + list(gym.registry) + dmc.dmc_task_names() + atari.task_names()
     near = difflib.get_close_matches(task, names, n=3, cutoff=0.6)
     hint = f" (did you mean {', '.join(near)}?)" if near else ""
     raise UsageError(
-        f"unknown task {task!r}{hint}; use a Gymnasium id such as CartPole-v1 "
-        "or a DeepMind Control task such as walker-run"
+        f"unknown task {task!r}{hint}; use a Gymnasium id such as CartPole-v1, "
+        "a DeepMind Control task such as walker-run or an Atari game such as Breakout-v5"
     )
 
 
-def make_env(task: str, num_envs: int, seed: int, device: str | torch.device = "cpu", **kwargs: Any) -> VecEnv:
+def make_env(
+    task: str,
+    num_envs: int,
+    seed: int,
+    device: str | torch.device = "cpu",
+    training: bool = False,
+    backend: str = "auto",
+    **kwargs: Any,
+) -> VecEnv:
     """``num_envs`` environments of ``task`` on ``device``; env ``i`` seeded ``seed + i``.
 
     Callers pass ``seed=env_seed(cfg.seed, rank)`` so ranks never share a seed. A keyword the
     environment does not take (``env_kwargs``) is a UsageError naming those it takes.
+    ``training=True``: the env as a learner sees it, where that differs from how it is scored
+    (Atari: a lost life ends the episode, rewards clipped to their sign); False: as it is
+    scored (evaluation, play). ``backend``: Atari's auto | envpool | gymnasium (others: auto).
     """
-    check_task(task)
+    check_task(task, backend)
+    if backend != "auto" and atari.atari_rom(task) is None:
+        raise UsageError(f"env_backend={backend} chooses how Atari games run; {task} has one way: use auto")
     try:
-        return _make_env(task, num_envs, seed, device, **kwargs)
+        return _make_env(task, num_envs, seed, device, training, backend, **kwargs)
     except TypeError as e:
         unknown = re.search(r"unexpected keyword argument '([^']+)'", str(e))
         if unknown is None or unknown.group(1) not in kwargs:
@@ -102,9 +120,13 @@ def make_env(task: str, num_envs: int, seed: int, device: str | torch.device = "
         ) from None
 
 
-def _make_env(task: str, num_envs: int, seed: int, device: str | torch.device, **kwargs: Any) -> VecEnv:
+def _make_env(
+    task: str, num_envs: int, seed: int, device: str | torch.device, training: bool, backend: str, **kwargs: Any
+) -> VecEnv:
     from ddprl.envs import dmc
 
+    if atari.atari_rom(task) is not None:
+        return atari.AtariVecEnv(task, num_envs, seed, device, training=training, backend=backend, **kwargs)
     if dmc.parse_dmc_task(task) is not None:
         return dmc.DMCVecEnv(task, num_envs, seed=seed, device=device, **kwargs)
     if task == "snake":
@@ -116,11 +138,11 @@ def _make_env(task: str, num_envs: int, seed: int, device: str | torch.device, *
     return GymVecEnv(task, num_envs, seed=seed, device=device, frames=_render_mode, **kwargs)
 
 
-def env_spaces(task: str, **kwargs: Any) -> tuple[gym.Space, gym.Space]:
+def env_spaces(task: str, backend: str = "auto", **kwargs: Any) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of ``task``, from one env made and closed on the CPU: what
     an algorithm checks in the launching process, so that a task it cannot learn (or a bad
     ``env_kwargs``) is refused before any rank starts."""
-    env = make_env(task, 1, seed=0, device="cpu", **kwargs)
+    env = make_env(task, 1, seed=0, device="cpu", backend=backend, **kwargs)
     try:
         return env.single_observation_space, env.single_action_space
     finally:
@@ -131,11 +153,14 @@ def env_kwarg_names(task: str) -> list[str]:
     """The keywords ``env_kwargs`` may give ``task`` (empty when they cannot be told)."""
     from ddprl.envs import dmc
 
-    own = ("self", "task", "num_envs", "seed", "device")
+    own: tuple[str, ...] = ("self", "task", "num_envs", "seed", "device")
     extra: list[str] = []
     try:
-        if dmc.parse_dmc_task(task) is not None:
-            constructor: Any = dmc.DMCVecEnv.__init__
+        if atari.atari_rom(task) is not None:
+            constructor: Any = atari.AtariVecEnv.__init__
+            own += ("training", "backend")  # make_env's own keys
+        elif dmc.parse_dmc_task(task) is not None:
+            constructor = dmc.DMCVecEnv.__init__
         elif task == "snake":
             from ddprl.envs.snake import SnakeEnv
 

@@ -18,6 +18,10 @@ Step semantics (auto-reset in the same step, Gymnasium's ``SAME_STEP`` mode):
 - ``info["episode_return"]``   (N,) float32: undiscounted return of the episode that ended,
                                valid where ``terminated | truncated``.
 - ``info["episode_length"]``   (N,) int64: its length in agent steps, same validity.
+- ``info["episode_end"]``      (N,) bool, optional: where the episode that is scored ended, for
+                               an env whose learner's episodes are shorter (Atari's episodic
+                               life: a lost life terminates, the game goes on); the two entries
+                               above are then valid there (a whole game), not at every end.
 - further per-env tensors an env wants to report at episode end (Snake: ``episode_score``).
 """
 

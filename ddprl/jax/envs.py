@@ -135,6 +135,7 @@ def make_jax_env(task: str, **kwargs: Any) -> JaxEnv:
 
 def _gymnax(task: str, name: str, **kwargs: Any) -> JaxEnv:
     import gymnax
+    import jax
     import jax.numpy as jnp
     from gymnax.environments import spaces
 
@@ -146,6 +147,19 @@ def _gymnax(task: str, name: str, **kwargs: Any) -> JaxEnv:
             raise UsageError(f"env_kwargs {unknown} are not parameters of {task}; it has: {', '.join(sorted(fields))}")
         params = params.replace(**kwargs)
     obs_space, act_space = env.observation_space(params), env.action_space(params)
+    if isinstance(obs_space, spaces.Discrete):  # a state index (FrozenLake-misc): one-hot, as the torch engine's
+        n_states = int(obs_space.n)
+        obs_shape: tuple[int, ...] = (n_states,)
+
+        def encode(obs: Any) -> Any:
+            return jax.nn.one_hot(obs, n_states, dtype=jnp.float32)
+
+    else:
+        obs_shape = tuple(int(s) for s in obs_space.shape)
+
+        def encode(obs: Any) -> Any:
+            return jnp.asarray(obs, jnp.float32)
+
     discrete = isinstance(act_space, spaces.Discrete)
     low = high = None
     if discrete:
@@ -157,7 +171,7 @@ def _gymnax(task: str, name: str, **kwargs: Any) -> JaxEnv:
 
     def reset(key):
         obs, state = env.reset(key, params)
-        return state, jnp.asarray(obs, jnp.float32)
+        return state, encode(obs)
 
     def step(key, state, action):
         if not discrete and not act_space.shape:  # scalar-action envs (Pendulum) take a scalar
@@ -168,16 +182,16 @@ def _gymnax(task: str, name: str, **kwargs: Any) -> JaxEnv:
         truncated = jnp.asarray(truncated, bool) & ~terminated
         return (
             state,
-            jnp.asarray(obs, jnp.float32),
+            encode(obs),
             jnp.asarray(reward, jnp.float32),
             terminated,
             truncated,
-            jnp.asarray(info["final_observation"], jnp.float32),
+            encode(info["final_observation"]),
         )
 
     return JaxEnv(
         task,
-        tuple(int(s) for s in obs_space.shape),
+        obs_shape,
         discrete,
         action_dim,
         low,

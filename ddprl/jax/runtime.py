@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ddprl.errors import UsageError
+from ddprl.errors import DISK_FULL_EXIT_CODE, DiskFull, UsageError, say_once
 from ddprl.runtime import Seeds, detect_launcher, exit_process, failures, preemption, setup_logging, spawn
 from ddprl.runtime.launch import restore_logging, spawn_port, spawn_sizes
 from ddprl.runtime.placement import rendezvous_from_env
@@ -248,6 +248,9 @@ def _run_process(fn: Callable, cfg: Any, process_id: int, num_processes: int, co
         sys.exit(2)
     except preemption.Preempted:  # every process saved and left together (Run.preempted)
         sys.exit(preemption.PREEMPTED_EXIT_CODE)
+    except DiskFull as e:  # every process learned it together (Run); process 0 says it
+        say_once(f"ddprl: error: {e}", process_id == 0)
+        sys.exit(DISK_FULL_EXIT_CODE)
     except BaseException as e:
         failures.record_failure(process_id, e)  # first, with the time: the launcher orders errors by it
         log.error("process %d failed:\n%s", process_id, traceback.format_exc())

@@ -25,13 +25,14 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from ddprl.errors import UsageError
+from ddprl.errors import DISK_FULL_EXIT_CODE, DiskFull, UsageError, say_once
 from ddprl.runtime import collectives, failures, preemption
 from ddprl.runtime.collectives import Runtime
 from ddprl.runtime.nccl import apply_nccl_preset
 from ddprl.runtime.placement import (
     Placement,
     auto_world_size_note,
+    bind_cores,
     check_port_free,
     choose_device_and_backend,
     detect_launcher,
@@ -177,6 +178,9 @@ def _run_rank(placement: Placement, fn: Callable, cfg: Any, dist_timeout: float)
     # oversubscribing the machine.
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
+    bound = bind_cores(getattr(cfg, "cpu_bind", "none"), placement)
+    if bound and placement.rank == 0:
+        log.info("cpu_bind: each rank on its own cores (rank 0: %s)", ",".join(map(str, bound)))
     rt = Runtime(placement, dist_timeout, getattr(cfg, "host_collectives", "auto"))
     matmuls_before = float32_matmuls(getattr(cfg, "precision", "fp32"), rt.device)
     try:
@@ -194,6 +198,9 @@ def _run_rank(placement: Placement, fn: Callable, cfg: Any, dist_timeout: float)
         sys.exit(2)
     except preemption.Preempted:  # every rank saved and left together (Run.preempted)
         sys.exit(preemption.PREEMPTED_EXIT_CODE)
+    except DiskFull as e:  # every rank learned it together (Run); rank 0 says it
+        say_once(f"ddprl: error: {e}", rt.is_main)
+        sys.exit(DISK_FULL_EXIT_CODE)
     except BaseException as e:
         failures.record_failure(rt.rank, e)  # first, with the time: the launcher orders errors by it
         log.error("rank %d failed:\n%s", rt.rank, traceback.format_exc())
@@ -251,8 +258,8 @@ def spawn(child: Callable[..., None], args: tuple, nprocs: int, stop_grace_s: fl
     once all have ended, the root cause is reported: the earliest error that is not an echo of
     another process's death (:mod:`ddprl.runtime.failures`), whichever process exited first.
     Bad input found inside a process (exit code 2) becomes ``SystemExit(2)``, any other failure
-    :class:`RankFailed` naming the rank and its error; when every process ended with 0 or 75
-    (preempted, saved) and one with 75, ``SystemExit(75)``. A SIGTERM or SIGUSR1 sent to this
+    :class:`RankFailed` naming the rank and its error; when every process ended with 0, 74 (a
+    disk full) or 75 (preempted, saved), ``SystemExit(74)`` or ``SystemExit(75)``. A SIGTERM or SIGUSR1 sent to this
     process is passed on to every child, which stop together at a step boundary with a checkpoint.
     """
     reports = failures.make_reports_dir()
@@ -286,9 +293,11 @@ def spawn(child: Callable[..., None], args: tuple, nprocs: int, stop_grace_s: fl
             if i not in unasked and (f := failures.read_report(_report_file(reports, i), i)) is not None
         ]
         cause = failures.root_cause(failed)
-        if cause is None:
-            if preemption.PREEMPTED_EXIT_CODE in unasked.values():
-                raise SystemExit(preemption.PREEMPTED_EXIT_CODE)
+        together = [c for c in (DISK_FULL_EXIT_CODE, preemption.PREEMPTED_EXIT_CODE) if c in unasked.values()]
+        # A full disk that some rank met alone: its peers' errors only echo its exit.
+        if cause is None or (cause.consequence and DISK_FULL_EXIT_CODE in together):
+            if together:
+                raise SystemExit(together[0])
             return
         if cause.usage or (not cause.reported and unasked.get(cause.index) == 2):
             raise SystemExit(2)
@@ -325,7 +334,8 @@ def _wait_until_all_end_or_one_fails(processes: list[Any]) -> dict[int, float]:
 
 
 def _failed(exitcode: int | None) -> bool:
-    return exitcode not in (None, 0, preemption.PREEMPTED_EXIT_CODE)
+    # 75 (preempted) and 74 (disk full): every rank leaves with it together, after a collective
+    return exitcode not in (None, 0, preemption.PREEMPTED_EXIT_CODE, DISK_FULL_EXIT_CODE)
 
 
 def _report_file(reports: str, index: int) -> str:

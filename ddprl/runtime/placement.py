@@ -313,6 +313,38 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def core_share(local_rank: int, local_world_size: int, cores: list[int]) -> list[int] | None:
+    """The cores of local rank ``local_rank`` when ``cores`` are split into ``local_world_size``
+    contiguous, equal, disjoint shares (None when there are fewer cores than ranks). Contiguous
+    numbers are distinct physical cores on Linux, which numbers hyperthread siblings last.
+
+    >>> core_share(1, 2, [0, 1, 2, 3, 4]), core_share(0, 3, [0, 1])
+    ([2, 3], None)
+    """
+    per_rank = len(cores) // local_world_size
+    if per_rank == 0:
+        return None
+    return sorted(cores)[local_rank * per_rank : (local_rank + 1) * per_rank]
+
+
+def bind_cores(mode: str, placement: Placement) -> list[int] | None:
+    """``cpu_bind=cores``: keep this CPU rank, its threads and the processes it starts
+    (environment workers) on its own share of this process's cores; the cores kept, or None
+    when left as they are (``none``, a GPU rank, one rank, fewer cores than ranks).
+
+    Not the default: on a 2-vCPU virtual machine PPO's ranks in lock step waited longer bound
+    (docs/benchmarks.md, "Scaling"), a vCPU the host pauses holding its rank with it.
+    """
+    if mode != "cores" or placement.device.type != "cpu" or placement.local_world_size == 1:
+        return None
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    share = core_share(placement.local_rank, placement.local_world_size, list(os.sched_getaffinity(0)))
+    if share is not None:
+        os.sched_setaffinity(0, share)
+    return share
+
+
 def resolve_world_size(
     world_size: int | str, device: str, nnodes: int = 1, cuda_count: int | None = None, cores: int | None = None
 ) -> int:

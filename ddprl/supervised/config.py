@@ -88,5 +88,10 @@ class SupervisedConfig(JobConfig):
             f"monitor={self.monitor!r} must name a val/ or train/ metric (e.g. val/loss)",
         )
 
+    def check_task(self) -> None:
+        from ddprl.supervised.tasks import check_task_name
+
+        check_task_name(self.task)
+
     def run_name(self) -> str:
         return f"{self.algo}-{self.task.replace(':', '_').replace('/', '_').replace('.', '_')}"

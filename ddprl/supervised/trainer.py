@@ -7,7 +7,6 @@ torchrun / srun when the script runs under them.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import pickle
 from collections.abc import Callable, Mapping
@@ -98,18 +97,19 @@ class Trainer:
 
     def fit(self) -> FitResult:
         """Train (spawning ranks, or as this rank under torchrun/srun); returns the run's result."""
-        from ddprl.run import default_run_dir
+        from ddprl.runlock import run_dir_held
         from ddprl.runtime import launch, runs_in_this_process
         from ddprl.supervised.loop import fit, monitored
 
         cfg = self.config()
         monitored(cfg, self.task)
         if runs_in_this_process(cfg):
-            return launch(functools.partial(fit, task=self.task), cfg)
+            with run_dir_held(cfg) as cfg:  # one job per run directory
+                return launch(functools.partial(fit, task=self.task), cfg)
         _check_picklable(self.task)
-        if not cfg.run_dir:  # named here, so this process knows where the ranks wrote
-            cfg = dataclasses.replace(cfg, run_dir=str(default_run_dir(cfg)))
-        launch(functools.partial(fit, task=self.task), cfg)
+        # run_dir_held names a default run directory here, so this process knows where the ranks wrote
+        with run_dir_held(cfg) as cfg:
+            launch(functools.partial(fit, task=self.task), cfg)
         return FitResult.from_run_dir(cfg.run_dir)
 
     def test(self, checkpoint: str | Path, split: str = "test", device: str = "auto") -> dict[str, float]:

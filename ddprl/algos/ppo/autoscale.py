@@ -19,7 +19,7 @@ def prepare(cfg: Any, overrides: list[str], config_name: str | None, resuming: b
     """
     if not cfg.autoscale or resuming:
         return cfg
-    probe = make_env(cfg.task, 1, seed=0, device="cpu", **cfg.env_kwargs)
+    probe = make_env(cfg.task, 1, seed=0, device="cpu", backend=cfg.env_backend, **cfg.env_kwargs)
     obs_shape = tuple(probe.single_observation_space.shape)
     probe.close()
     if detect_launcher() == "spawn":

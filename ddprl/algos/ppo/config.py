@@ -81,7 +81,11 @@ class PPOConfig(RLConfig):
             isinstance(self.norm_adv, bool) or self.norm_adv == "minibatch",
             f"norm_adv={self.norm_adv!r} is not true, false or minibatch",
         )
-        _check(self.policy in ("mlp", "cnn"), f"policy={self.policy!r} is not mlp or cnn")
+        _check(self.policy in ("mlp", "cnn", "nature_cnn"), f"policy={self.policy!r} is not mlp, cnn or nature_cnn")
+        _check(
+            self.env_backend in ("auto", "envpool", "gymnasium"),
+            f"env_backend={self.env_backend!r} is not auto, envpool or gymnasium",
+        )
         _check(self.activation in ("tanh", "relu"), f"activation={self.activation!r} is not tanh or relu")
         _check(math.isfinite(self.log_std_init), f"log_std_init={self.log_std_init} must be a finite number")
         _check(
@@ -115,6 +119,9 @@ class PPOConfig(RLConfig):
 
     def check(self) -> list[str]:
         """Checks across keys that training needs (after autoscale; eval and play skip them)."""
+        from ddprl.envs import check_task
+
+        check_task(self.task, self.env_backend)  # RLConfig's check knows no back-end: what it lacks is named here
         warnings = super().check()
         rollout = self.local_num_envs(self.world_size) * self.n_steps
         _check(
@@ -127,7 +134,7 @@ class PPOConfig(RLConfig):
         from ddprl.envs import env_spaces
         from ddprl.envs.flatten import ENCODABLE, unencodable
 
-        obs_space, action_space = env_spaces(self.task, **self.env_kwargs)
+        obs_space, action_space = env_spaces(self.task, backend=self.env_backend, **self.env_kwargs)
         _check(
             isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)),
             f"ppo acts in Discrete or Box action spaces; {self.task} has {action_space}",
@@ -141,11 +148,23 @@ class PPOConfig(RLConfig):
         )
         _check(
             # chosen in a layer of yours (a checkpoint only repeats the default it was saved with)
-            self.policy != "cnn" or self.sources.get("activation", "default") in ("default", "checkpoint"),
-            f"activation={self.activation} sets the mlp policy's activation; policy=cnn is relu throughout",
+            self.policy == "mlp" or self.sources.get("activation", "default") in ("default", "checkpoint"),
+            f"activation={self.activation} sets the mlp policy's activation; policy={self.policy} is relu throughout",
         )
         _check(
-            self.policy != "cnn" or len(obs_space.shape or ()) == 3,
-            f"policy=cnn needs C x H x W observations; {self.task} observes shape {obs_space.shape}: use policy=mlp",
+            self.policy == "mlp" or len(obs_space.shape or ()) == 3,
+            f"policy={self.policy} needs C x H x W observations; {self.task} observes shape {obs_space.shape}: "
+            "use policy=mlp",
+        )
+        sizes = ("hidden_sizes", "policy_width", "policy_depth")
+        sized = [k for k in sizes if self.sources.get(k, "default") not in ("default", "checkpoint")]
+        _check(
+            self.policy != "nature_cnn" or not sized,
+            f"{', '.join(sized)} size the mlp and cnn policies; policy=nature_cnn has the fixed layers of "
+            "Mnih et al. 2015 (policy=cnn takes sizes)",
+        )
+        _check(
+            self.policy != "nature_cnn" or min(obs_space.shape[1:]) >= 36,
+            f"policy=nature_cnn needs frames of at least 36 x 36 pixels; {self.task} observes shape {obs_space.shape}",
         )
         return warnings

@@ -119,7 +119,15 @@ def train(rt: Any, cfg: Any) -> None:
     num_iterations = math.ceil(cfg.steps / steps_per_iteration)
 
     run = Run(rt, cfg)  # the checkpoint being resumed (if any), seeds, later the run directory
-    env = make_env(cfg.task, local_num_envs, seed=run.env_seed, device=rt.device, **cfg.env_kwargs)
+    env = make_env(
+        cfg.task,
+        local_num_envs,
+        seed=run.env_seed,
+        device=rt.device,
+        training=True,
+        backend=cfg.env_backend,
+        **cfg.env_kwargs,
+    )
     obs = env.reset()
     policy = build_agent(cfg, env).to(rt.device)
     obs_rms = RunningMeanStd(tuple(env.single_observation_space.shape), mask=norm_obs_mask(env)).to(rt.device)
@@ -294,7 +302,7 @@ def run_eval(rt: Any, cfg: Any, run: Run, env: Any, policy: ActorCritic, normali
         return policy.eval_action(normalize(x), cfg.eval_deterministic, generator)
 
     def make_eval_env(n: int, seed: int) -> Any:
-        return make_env(cfg.task, n, seed=seed, device=rt.device, **cfg.env_kwargs)
+        return make_env(cfg.task, n, seed=seed, device=rt.device, backend=cfg.env_backend, **cfg.env_kwargs)
 
     return run.evaluate(make_eval_env, eval_act, getattr(env, "extra_info_keys", ()))
 
@@ -303,7 +311,7 @@ def load_actor(cfg: Any, state: dict[str, Any], device: torch.device) -> Actor:
     """The PPO policy of a checkpoint's ``state``, for eval and play (``cfg.eval_deterministic``)."""
 
     def make(num_envs: int, seed: int):
-        return make_env(cfg.task, num_envs, seed=seed, device=device, **cfg.env_kwargs)
+        return make_env(cfg.task, num_envs, seed=seed, device=device, backend=cfg.env_backend, **cfg.env_kwargs)
 
     probe = make(1, cfg.seed)
     agent = build_agent(cfg, probe).to(device).eval()

@@ -1,4 +1,5 @@
-"""PPO actor-critic networks: an MLP for vector observations, a CNN for C x H x W planes.
+"""PPO actor-critic networks: an MLP for vector observations, a CNN for C x H x W planes, the
+Nature CNN for Atari frames.
 
 ``forward`` computes everything the PPO loss needs in one call: the update step differentiates
 one call of the module (``torch.func.functional_call`` when compiled), trunk computed once.
@@ -74,6 +75,45 @@ class ConvTrunk(nn.Module):
         return self.head(self.convs(obs))
 
 
+class NatureCNN(nn.Module):
+    """The DQN network's trunk (Mnih et al. 2015), as the PPO paper and CleanRL run it on Atari:
+    pixels in [0, 255] scaled to [0, 1], conv 32 8x8 stride 4, conv 64 4x4 stride 2, conv 64
+    3x3 stride 1, dense 512, ReLU after each; orthogonal init with gain sqrt 2, zero biases.
+
+    >>> NatureCNN((4, 84, 84))(torch.zeros(2, 4, 84, 84)).shape
+    torch.Size([2, 512])
+    """
+
+    MIN_SIZE = 36  # the smallest height and width the three convs leave a pixel of
+
+    def __init__(self, obs_shape: tuple[int, ...], ortho: bool = True):
+        super().__init__()
+        c, h, w = obs_shape
+        if min(h, w) < self.MIN_SIZE:
+            raise ValueError(f"the Nature CNN needs frames of at least {self.MIN_SIZE}x{self.MIN_SIZE}, got {h}x{w}")
+        self.convs = nn.Sequential(
+            _layer(nn.Conv2d(c, 32, 8, stride=4), ortho=ortho),
+            nn.ReLU(),
+            _layer(nn.Conv2d(32, 64, 4, stride=2), ortho=ortho),
+            nn.ReLU(),
+            _layer(nn.Conv2d(64, 64, 3, stride=1), ortho=ortho),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        flat = 64 * self._side(h) * self._side(w)  # 64 x 7 x 7 for 84 x 84 frames
+        self.head = nn.Sequential(_layer(nn.Linear(flat, 512), ortho=ortho), nn.ReLU())
+        self.out_dim = 512
+
+    @staticmethod
+    def _side(n: int) -> int:
+        for kernel, stride in ((8, 4), (4, 2), (3, 1)):
+            n = (n - kernel) // stride + 1
+        return n
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) in [0, 255] -> (B, 512)
+        return self.head(self.convs(obs / 255.0))
+
+
 class ActorCritic(nn.Module):
     """Policy and value function for a Discrete or Box action space.
 
@@ -100,11 +140,15 @@ class ActorCritic(nn.Module):
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         n_out = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
         self.noise_shape = (n_out,)  # per sample, for act_with_noise
-        if policy == "cnn":
+        if policy in ("cnn", "nature_cnn"):
             if len(obs_shape) != 3:
-                raise ValueError(f"policy=cnn needs C x H x W observations, got shape {obs_shape}")
+                raise ValueError(f"policy={policy} needs C x H x W observations, got shape {obs_shape}")
             # A shared conv trunk: the expensive part is computed once for actor and critic.
-            self.trunk: nn.Module = ConvTrunk(obs_shape, policy_width, policy_depth, list(hidden_sizes), ortho_init)
+            self.trunk: nn.Module = (
+                NatureCNN(obs_shape, ortho_init)
+                if policy == "nature_cnn"
+                else ConvTrunk(obs_shape, policy_width, policy_depth, list(hidden_sizes), ortho_init)
+            )
             feat = self.trunk.out_dim
             self.actor = _layer(OutputLinear(feat, n_out), std=0.01, ortho=ortho_init)
             self.critic = _layer(OutputLinear(feat, 1), std=1.0, ortho=ortho_init)

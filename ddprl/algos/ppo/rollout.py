@@ -171,7 +171,8 @@ class RolloutStep:
                 final_values=final_values,
             )
             done = terminated | truncated
-            finished = finished + torch.stack([(info["episode_return"] * done).sum(), done.sum().float()])
+            scored = info.get("episode_end", done)  # the episodes scored (Atari: games, not lives)
+            finished = finished + torch.stack([(info["episode_return"] * scored).sum(), scored.sum().float()])
             obs = next_obs
         if not self.in_graph:
             self.obs = obs
@@ -221,7 +222,8 @@ class RolloutStep:
                     if truncated.any():
                         with self.autocast:
                             data.final_values[row] = self.policy.value(self.normalize(info["final_obs"])).float()
-                    ended = torch.stack([(info["episode_return"] * done).sum(), done.sum().float()])
+                    scored = info.get("episode_end", done)  # within done
+                    ended = torch.stack([(info["episode_return"] * scored).sum(), scored.sum().float()])
                     call = ended if call is None else call + ended
                 obs, row = next_obs, row + 1
             if call is not None:

@@ -31,11 +31,14 @@ class JaxPPOConfig(PPOConfig):
         # num_envs=null (one env per device) is made concrete inside the job, where devices are known.
         return dataclasses.replace(self, world_size=world_size)
 
-    def check(self) -> list[str]:
+    def check_task(self) -> None:
         from ddprl.jax.envs import check_task
         from ddprl.jax.runtime import require_jax
 
         require_jax()
         check_task(self.task)
+
+    def check(self) -> list[str]:
+        self.check_task()
         # batch_size vs the per-device rollout needs the device count: checked inside the job.
         return self.schedule_warnings()

@@ -85,10 +85,15 @@ class QMIXConfig(RLConfig):
             "stage=pretrain trains the observation encoder: give encoder_dim > 0",
         )
 
-    def check(self) -> list[str]:
-        from ddprl.envs.marl import check_marl_task, make_marl_env
+    def check_task(self) -> None:
+        from ddprl.envs.marl import check_marl_task
 
         check_marl_task(self.task)
+
+    def check(self) -> list[str]:
+        from ddprl.envs.marl import make_marl_env
+
+        self.check_task()
         warnings = self.schedule_warnings()
         _check(
             self.buffer_size % self.world_size == 0 and self.buffer_size // self.world_size >= self.batch_size,
@@ -110,6 +115,7 @@ class QMIXConfig(RLConfig):
             from pathlib import Path
 
             _check(Path(self.init_from).is_file(), f"init_from={self.init_from}: no such checkpoint file")
+        self._check_something_to_freeze()
         # One env (bad env_kwargs are refused here), and the networks init_from loads into,
         # built as every rank builds them: a checkpoint that does not fit is refused before
         # any rank starts.
@@ -136,6 +142,29 @@ class QMIXConfig(RLConfig):
         rule of steps, not of buffer sizes, so that every rank starts updating at the same
         step without asking the others."""
         return episode_limit * math.ceil(self.batch_size / self.local_num_envs(world_size))
+
+    def _check_something_to_freeze(self) -> None:
+        """``freeze_encoder=true`` given on the command line (the default is true, and a run's
+        config.yaml names every key) where this stage builds no encoder: refused, rather than
+        trained as if the key had not been given."""
+        given = self.sources.get("freeze_encoder") == "command line"
+        if not (given and self.freeze_encoder and self.stage == "qmix" and self.encoder_dim == 0):
+            return
+        hint = "give encoder_dim=<its width> and init_from=<a stage=pretrain checkpoint>"
+        if self.init_from:
+            from ddprl.checkpoint import load_checkpoint
+
+            ckpt = load_checkpoint(self.init_from, expect_algo="qmix")
+            networks = ckpt["state"]["networks"]
+            if "encoder" in networks:
+                hint = f"give encoder_dim={ckpt['config'].get('encoder_dim')} to keep init_from's encoder"
+            else:
+                hint = f"init_from={self.init_from} has none either (it holds {', '.join(networks)}): {hint}"
+        _check(
+            False,
+            f"freeze_encoder=true keeps an observation encoder fixed, but encoder_dim=0 builds none; {hint}, "
+            "or leave freeze_encoder out",
+        )
 
     def _check_init_from(self, env: Any) -> None:
         from ddprl.algos.qmix.loop import build_networks, init_from_checkpoint

@@ -22,7 +22,7 @@ from ddprl.algos.common import crossed
 from ddprl.algos.qmix.buffer import EpisodeBuffer, EpisodeStaging, episode_fields
 from ddprl.algos.qmix.learner import AutoencoderLearner, QLearner, epsilon_at, select_actions
 from ddprl.algos.qmix.networks import AgentNet, Autoencoder, Decoder, Encoder, QMixer, QNetwork, VDNMixer
-from ddprl.checkpoint import buffer_path, load_checkpoint, restore_buffer, save_atomically, strip_prefixes
+from ddprl.checkpoint import buffer_path, load_checkpoint, restore_buffer, strip_prefixes
 from ddprl.envs.marl import make_marl_env
 from ddprl.envs.marl.base import MAObs
 from ddprl.errors import UsageError
@@ -203,7 +203,7 @@ def train(rt: Any, cfg: Any) -> None:
     def save(step: int, score: float | None) -> None:
         rt.check_in_sync(learner.model, "parameters at checkpoint")
         if cfg.checkpoint_buffer:  # each rank its own file, written before rank 0 writes latest.pt
-            save_atomically(
+            run.save_own_file(
                 {"step": step, "buffer": buffer.state_dict()}, buffer_path(run_dir / "checkpoints", rt.rank)
             )
         state = {

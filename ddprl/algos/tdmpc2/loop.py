@@ -29,7 +29,7 @@ from ddprl.algos.tdmpc2.learner import Learner, build_learner, draw_noise, model
 from ddprl.algos.tdmpc2.math import discount_for_episode_length
 from ddprl.algos.tdmpc2.networks import WorldModel
 from ddprl.algos.tdmpc2.schedule import Schedule
-from ddprl.checkpoint import buffer_path, restore_buffer, save_atomically
+from ddprl.checkpoint import buffer_path, restore_buffer
 from ddprl.errors import UsageError
 from ddprl.evaluate import Actor
 from ddprl.run import Run
@@ -132,7 +132,7 @@ def train(rt: Any, cfg: Any) -> None:
         rt.check_in_sync(model, "parameters at checkpoint")
         check_state_in_sync(rt, learner)
         if cfg.checkpoint_buffer:  # each rank its own file, written before rank 0 writes latest.pt
-            save_atomically(
+            run.save_own_file(
                 {"step": step, "buffer": buffer.state_dict()}, buffer_path(run_dir / "checkpoints", rt.rank)
             )
         run.save(

@@ -7,10 +7,12 @@ Four families, told apart by the task's name so that a missing package can be na
 - RWARE (``rware``): its Gymnasium ids, ``rware-tiny-2ag-v2``, ``rware-small-4ag-hard-v2``.
 - MPE (``mpe2``): the module names, ``simple_spread_v3``, ``simple_speaker_listener_v4``.
 - VMAS (``vmas``): ``vmas/<scenario>``, ``vmas/balance``, ``vmas/navigation``.
+- SMAX (``jaxmarl``): ``smax/<scenario>``, ``smax/3m``, ``smax/2s3z``, ``smax/5m_vs_6m``.
+- SMAC (``smac`` and StarCraft II, neither on a package index): ``sc2/<map>``, ``sc2/3m``.
 
-The first three are Python envs stepped in one loop on the CPU (``marl.pyloop``); VMAS runs
-batched in torch on ``device``. All follow ``marl.base``: the same MAObs, team reward,
-terminated/truncated split and same-step auto-reset.
+LBF, RWARE, MPE and SMAC are Python envs stepped in one loop on the CPU (``marl.pyloop``); VMAS runs
+batched in torch on ``device``, SMAX batched in JAX on the same device. All follow
+``marl.base``: the same MAObs, team reward, terminated/truncated split and same-step auto-reset.
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ _FAMILIES = {
     "rware": (r"rware.*", "rware", "rware"),
     "mpe": (r"(mpe/)?(simple\w*|collect_treasure)_v\d+", "mpe2", "mpe2"),
     "vmas": (r"vmas/.*", "vmas", "vmas"),
+    "smax": (r"smax/.*", "jaxmarl", "jaxmarl"),
+    "sc2": (r"sc2/.*", "smac", "git+https://github.com/oxwhirl/smac.git (and StarCraft II)"),
 }
-_EXAMPLES = "Foraging-8x8-2p-2f-coop-v3, rware-tiny-2ag-v2, simple_spread_v3 or vmas/balance"
+_EXAMPLES = "Foraging-8x8-2p-2f-coop-v3, rware-tiny-2ag-v2, simple_spread_v3, vmas/balance or smax/3m"
 
 
 def _family(task: str) -> str | None:
@@ -56,6 +60,14 @@ def _family_names(family: str) -> list[str]:
         from ddprl.envs.marl.mpe import mpe_task_names
 
         return mpe_task_names()
+    if family == "smax":
+        from ddprl.envs.marl.smax import smax_task_names
+
+        return smax_task_names()
+    if family == "sc2":
+        from ddprl.envs.marl.smac import smac_task_names
+
+        return smac_task_names()
     from ddprl.envs.marl.vmas_env import vmas_task_names
 
     return vmas_task_names()
@@ -72,6 +84,10 @@ def check_marl_task(task: str) -> None:
     family = _family(task)
     if family is not None and not _installed(family):
         raise UsageError(f"{task!r} needs the {_FAMILIES[family][1]} package: pip install {_FAMILIES[family][2]}")
+    if family == "sc2":
+        from ddprl.envs.marl.smac import check_smac
+
+        check_smac()  # the game too
     names = _family_names(family) if family is not None else marl_task_names()
     if task.removeprefix("mpe/") in names:
         return
@@ -97,12 +113,18 @@ def make_marl_env(
         from ddprl.envs.marl.vmas_env import VmasVecEnv
 
         return VmasVecEnv(task.removeprefix("vmas/"), num_envs, seed=seed, device=device, **kwargs)
+    if family == "smax":
+        from ddprl.envs.marl.smax import SmaxVecEnv
+
+        return SmaxVecEnv(task.removeprefix("smax/"), num_envs, seed=seed, device=device, **kwargs)
     from ddprl.envs.marl.pyloop import PyLoopVecEnv
 
     if family == "lbf":
         from ddprl.envs.marl.lbf import LBFEnv as OneEnv
     elif family == "rware":
         from ddprl.envs.marl.rware_env import RwareEnv as OneEnv
+    elif family == "sc2":
+        from ddprl.envs.marl.smac import SMACEnv as OneEnv
     else:
         from ddprl.envs.marl.mpe import MPEEnv as OneEnv
     return PyLoopVecEnv([OneEnv(task, **kwargs) for _ in range(num_envs)], seed=seed, device=device)

@@ -1,0 +1,260 @@
+"""SMAX battles (JaxMARL's SMAC-like unit micromanagement in JAX) behind ``MultiAgentVecEnv``.
+
+``smax/<scenario>`` (``smax/3m``, ``smax/2s3z``, ``smax/5m_vs_6m``, ``smax/smacv2_5_units``, ...):
+the learners control the allies, JaxMARL's heuristic controls the enemies
+(``HeuristicEnemySMAX``), with the settings JaxMARL's own QMIX trains on: enemies attack the
+closest ally, agents see the enemies' previous actions, and a unit touching a wall dies.
+
+All ``num_envs`` battles of a rank step in one compiled call (``jax.vmap``) on the rank's
+device; the arrays cross to torch without a Python loop over environments. What this adapter
+adds to JaxMARL's ``step``:
+
+- the true last step of an episode (``info["final_obs"]``): JaxMARL's step resets a finished
+  battle and returns only the first observation of the next;
+- terminated (every unit of one side dead) apart from truncated (the time limit reached with
+  both sides standing: a draw to bootstrap from). SMAX's ``max_steps`` (100 in every scenario)
+  ends a battle after max_steps + 1 steps, as JaxMARL's QMIX sees it; ``time_limit=T`` gives
+  battles of at most T steps;
+- the team reward once: SMAX gives every ally the same team reward (damage dealt, normalised,
+  plus 1 for a win), so it is not summed over agents as the per-agent rewards of LBF are;
+- ``info["episode_won"]``: 1 where the episode ended with every enemy dead and an ally alive
+  (SMAC's win; a battle where both sides die together is a draw).
+
+Env ``i`` draws from ``PRNGKey(seed + i)``: the same seed, the same battles.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import os
+import sys
+import types
+from typing import Any
+
+import numpy as np
+import torch
+
+from ddprl.envs.marl.base import MAObs
+from ddprl.errors import UsageError
+
+# JaxMARL's QMIX settings for SMAX (its baselines' env_kwargs)
+JAXMARL_SETTINGS = {"see_enemy_actions": True, "walls_cause_death": True, "attack_mode": "closest"}
+
+
+def _import_smax() -> Any:
+    """``jaxmarl.environments.smax``, without running ``jaxmarl``'s and ``jaxmarl.environments``'
+    ``__init__``: they import every JaxMARL environment (7 s here, against 1 s for SMAX alone)
+    and print about optional submodules. The two packages are stood in for during the import
+    and removed after it, so a later ``import jaxmarl`` still runs them, finding SMAX loaded."""
+    # A torch rank shares its GPU with JAX: no preallocation of 75 % of its memory.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    if "jaxmarl" in sys.modules:  # imported the usual way already: its __init__ has run
+        return importlib.import_module("jaxmarl.environments.smax")
+    spec = importlib.util.find_spec("jaxmarl")
+    if spec is None or not spec.submodule_search_locations:
+        raise UsageError("SMAX tasks need the jaxmarl package: pip install jaxmarl (Python 3.11+)")
+    root = list(spec.submodule_search_locations)[0]
+    packages = {"jaxmarl": root, "jaxmarl.environments": os.path.join(root, "environments")}
+    for name, path in packages.items():
+        package = types.ModuleType(name)
+        package.__path__ = [path]
+        sys.modules[name] = package
+    try:
+        return importlib.import_module("jaxmarl.environments.smax")
+    finally:
+        for name in packages:
+            del sys.modules[name]  # SMAX's own modules stay loaded
+
+
+def smax_task_names() -> list[str]:
+    return [f"smax/{name}" for name in sorted(_import_smax().smax_env.MAP_NAME_TO_SCENARIO)]
+
+
+def _jax_device(device: torch.device) -> Any:
+    """The JAX device of a torch device: the same GPU where JAX has one, else the CPU."""
+    import jax
+
+    if device.type == "cuda":
+        try:
+            return jax.devices("gpu")[device.index or 0]
+        except RuntimeError:  # a CPU-only jax: battles on the CPU, tensors moved to the GPU
+            pass
+    return jax.devices("cpu")[0]
+
+
+def _to_torch(array: Any, device: torch.device) -> torch.Tensor:
+    return torch.from_dlpack(array).to(device)
+
+
+class _Battles:
+    """One scenario's env and its batched, compiled reset and step (built once per process and
+    settings: every env of a rank, and its evaluation envs, share the compiled functions)."""
+
+    def __init__(self, scenario: str, settings: tuple[tuple[str, Any], ...]):
+        import jax
+        import jax.numpy as jnp
+
+        smax = _import_smax()
+        try:
+            env = smax.HeuristicEnemySMAX(scenario=smax.map_name_to_scenario(scenario), **dict(settings))
+        except TypeError as e:  # an unknown keyword
+            raise UsageError(f"smax/{scenario}: {e}") from None
+        self.env, agents, n_allies = env, env.agents, env.num_allies
+
+        def observe(obs: dict[str, Any], state: Any) -> tuple[Any, Any, Any]:
+            avail = env.get_avail_actions(state)
+            return (
+                jnp.stack([obs[a] for a in agents]).astype(jnp.float32),
+                obs["world_state"].astype(jnp.float32),
+                jnp.stack([avail[a] for a in agents]).astype(jnp.bool_),
+            )
+
+        def reset_one(key: Any) -> tuple[Any, Any, tuple[Any, Any, Any]]:
+            key, reset_key = jax.random.split(key)
+            obs, state = env.reset(reset_key)
+            # the types a step returns (a reset's state has a weakly typed leaf): one compiled step
+            state = jax.tree.map(lambda x: jnp.asarray(x, dtype=x.dtype), state)
+            return key, state, observe(obs, state)
+
+        def step_one(key: Any, state: Any, actions: Any) -> tuple[Any, ...]:
+            key, step_key, reset_key = jax.random.split(key, 3)
+            obs, state, rewards, dones, _ = env.step_env(step_key, state, {a: actions[i] for i, a in enumerate(agents)})
+            alive = state.state.unit_alive
+            allies_dead, enemies_dead = ~alive[:n_allies].any(), ~alive[n_allies:].any()
+            done = dones["__all__"]
+            terminated = allies_dead | enemies_dead
+            final = observe(obs, state)
+            first_obs, first_state = env.reset(reset_key)
+            state = jax.tree.map(lambda new, old: jnp.where(done, new, old), first_state, state)
+            nxt = jax.tree.map(lambda new, old: jnp.where(done, new, old), observe(first_obs, first_state), final)
+            info = (rewards[agents[0]], terminated, done & ~terminated, enemies_dead & ~allies_dead)
+            return key, state, nxt, final, info
+
+        self.reset = jax.jit(jax.vmap(reset_one))
+        self.step = jax.jit(jax.vmap(step_one), donate_argnums=(0, 1))
+
+
+@functools.cache
+def _battles(scenario: str, settings: tuple[tuple[str, Any], ...]) -> _Battles:
+    return _Battles(scenario, settings)
+
+
+class SmaxVecEnv:
+    """``num_envs`` battles of one SMAX scenario. kwargs: ``time_limit`` (steps in a battle at
+    most) or SMAX's ``max_steps``, and SMAX's own (``won_battle_bonus``, ``observation_type``,
+    ...) over JaxMARL's settings.
+
+    >>> env = SmaxVecEnv("3m", num_envs=8, seed=0)  # doctest: +SKIP
+    >>> env.reset().obs.shape
+    torch.Size([8, 3, 42])
+    """
+
+    extra_info_keys: tuple[str, ...] = ("episode_won",)
+
+    def __init__(self, scenario: str, num_envs: int, seed: int = 0, device: str | torch.device = "cpu", **kwargs: Any):
+        import jax
+
+        if scenario not in _import_smax().smax_env.MAP_NAME_TO_SCENARIO:
+            raise UsageError(f"unknown SMAX scenario {scenario!r}")
+        if "time_limit" in kwargs and "max_steps" in kwargs:
+            raise UsageError(f"smax/{scenario}: give time_limit or max_steps, not both")
+        if "time_limit" in kwargs:  # SMAX ends a battle one step after its step count reaches max_steps
+            limit = kwargs.pop("time_limit")
+            if not (isinstance(limit, int) and limit > 0):
+                raise UsageError(f"smax/{scenario}: time_limit must be a positive int, got {limit!r}")
+            kwargs["max_steps"] = limit - 1
+        settings = {**JAXMARL_SETTINGS, **kwargs}
+        if settings.get("action_type", "discrete") != "discrete":
+            raise UsageError(f"smax/{scenario}: QMIX needs action_type=discrete")
+        try:
+            self._battles = _battles(scenario, tuple(sorted(settings.items())))
+        except TypeError:  # an unhashable setting (a list): compiled for this env alone
+            self._battles = _Battles(scenario, tuple(sorted(settings.items())))
+        env = self._battles.env
+        if not (isinstance(env.max_steps, int) and env.max_steps >= 0):
+            raise UsageError(f"smax/{scenario}: max_steps must be an int >= 0, got {env.max_steps!r}")
+        self.device, self.num_envs, self.seed = torch.device(device), num_envs, seed
+        self.episode_limit = env.max_steps + 1
+        self.n_agents = env.num_agents
+        self.n_actions = int(env.action_space(env.agents[0]).n)
+        self.obs_dim = int(env.observation_space(env.agents[0]).shape[0])
+        self._jax_device = _jax_device(self.device)
+        self._keys = self._seed_keys(seed)
+        self._state: Any = None
+        self.state_dim = int(jax.eval_shape(self._battles.reset, self._keys)[2][1].shape[1])
+        self._episode_return = torch.zeros(num_envs, device=self.device)
+        self._episode_length = torch.zeros(num_envs, dtype=torch.int64, device=self.device)
+
+    def _seed_keys(self, seed: int) -> Any:
+        import jax
+        import jax.numpy as jnp
+
+        seeds = jnp.arange(self.num_envs, dtype=jnp.uint32) + np.uint32(seed % 2**32)
+        return jax.device_put(jax.vmap(jax.random.PRNGKey)(seeds), self._jax_device)
+
+    def _maobs(self, arrays: tuple[Any, Any, Any], first: torch.Tensor) -> MAObs:
+        obs, state, avail = (_to_torch(a, self.device) for a in arrays)
+        return MAObs(obs, state, avail, first)
+
+    def reset(self, seed: int | None = None) -> MAObs:
+        """Reset every battle; env ``i`` then draws from ``PRNGKey(seed + i)`` (no seed: the
+        streams continue)."""
+        if seed is not None:
+            self._keys = self._seed_keys(seed)
+        self._keys, self._state, arrays = self._battles.reset(self._keys)
+        self._episode_return.zero_()
+        self._episode_length.zero_()
+        return self._maobs(arrays, torch.ones(self.num_envs, dtype=torch.bool, device=self.device))
+
+    def step(self, actions: torch.Tensor) -> tuple[MAObs, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
+        import jax
+
+        acts = jax.device_put(actions.detach().to("cpu", torch.int32).numpy(), self._jax_device)
+        self._keys, self._state, nxt, final, info = self._battles.step(self._keys, self._state, acts)
+        reward, terminated, truncated, won = (_to_torch(x, self.device) for x in info)
+        reward = reward.float()
+        done = terminated | truncated
+        self._episode_return += reward
+        self._episode_length += 1
+        out: dict[str, Any] = {
+            "episode_return": self._episode_return.clone(),
+            "episode_length": self._episode_length.clone(),
+            "episode_won": won.float(),
+            "final_obs": self._maobs(final, torch.zeros_like(done)),
+        }
+        self._episode_return.masked_fill_(done, 0)
+        self._episode_length.masked_fill_(done, 0)
+        return self._maobs(nxt, done), reward, terminated, truncated, out
+
+    def render_rgb(self) -> np.ndarray:
+        """(H, W, 3) uint8 frame of env 0: the map from above, allies blue and enemies red, each
+        unit a disc of its radius filled in proportion to its health; the dead are not drawn."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Circle, Rectangle
+
+        env, state = self._battles.env, self._state.state
+        positions = np.asarray(state.unit_positions[0])
+        alive, teams = np.asarray(state.unit_alive[0]), np.asarray(state.unit_teams[0])
+        types = np.asarray(state.unit_types[0])
+        health = np.asarray(state.unit_health[0]) / np.asarray(env.unit_type_health)[types]
+        radius = np.asarray(env.unit_type_radiuses)[types]
+        fig = Figure(figsize=(4, 4), dpi=80)
+        canvas = FigureCanvasAgg(fig)  # drawn off screen, whatever backend pyplot uses
+        ax = fig.add_axes((0, 0, 1, 1))
+        ax.set_xlim(0, env.map_width)
+        ax.set_ylim(0, env.map_height)
+        ax.set_aspect("equal")
+        ax.axis("off")
+        ax.add_patch(Rectangle((0, 0), env.map_width, env.map_height, fill=False, color="0.6"))
+        for i in np.flatnonzero(alive):
+            color = "tab:blue" if teams[i] == 0 else "tab:red"
+            ax.add_patch(Circle(positions[i], radius[i] * 1.5, fill=False, color=color))
+            ax.add_patch(Circle(positions[i], radius[i] * 1.5 * float(np.sqrt(health[i])), color=color))
+        canvas.draw()
+        return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+    def close(self) -> None:
+        self._state = None
