@@ -135,12 +135,14 @@ WORKLOADS = [
 ]
 
 
-def run_job(workload: Workload, world_size: int, workdir: Path, timeout: float) -> dict[str, float]:
+def run_job(
+    workload: Workload, world_size: int, workdir: Path, timeout: float, extra: tuple[str, ...] = ()
+) -> dict[str, float]:
     """One ``ddprl train``; its rate and time split (mean over ranks) over the rows after warm-up."""
     run_dir = workdir / f"{workload.name}-{world_size}"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.setdefault("MUJOCO_GL", "disable")
-    keys = [*workload.keys(world_size), f"world_size={world_size}"]
+    keys = [*workload.keys(world_size), *extra, f"world_size={world_size}"]
     if "engine=jax" in keys:  # one CPU device a process, as one GPU a process would be
         env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
         env["JAX_PLATFORMS"] = "cpu"
@@ -213,6 +215,7 @@ def main() -> None:
     parser.add_argument("--once", default="tdmpc2,jax-ppo", help="workloads run once whatever --repeats says")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
     parser.add_argument("--out", help="also write the report (markdown) here")
+    parser.add_argument("--keys", nargs="*", default=[], help="ddprl keys added to every job (cpu_bind=cores)")
     args = parser.parse_args()
     chosen = [w for w in WORKLOADS if not args.only or w.name in args.only.split(",")]
     if not chosen:
@@ -226,7 +229,7 @@ def main() -> None:
             repeats = 1 if w.name in args.once.split(",") else args.repeats
             for r in range(repeats):  # 1, 2, 1, 2, ...: a drift of the machine's speed hits both alike
                 for n in args.ranks:
-                    runs[n].append(run_job(w, n, Path(tmp) / f"r{r}", args.timeout))
+                    runs[n].append(run_job(w, n, Path(tmp) / f"r{r}", args.timeout, tuple(args.keys)))
                     print(f"{w.name} x{n}: {runs[n][-1]['rate']:,.2f} ({runs[n][-1]['wall']:.0f} s)", file=sys.stderr)
             results[w.name] = {n: sorted(rs, key=lambda x: x["rate"])[len(rs) // 2] for n, rs in runs.items()}
 
