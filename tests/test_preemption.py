@@ -7,6 +7,7 @@ Real processes, real signals, real gloo; each job is small (2 ranks on the CPU).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -132,6 +133,62 @@ def test_sigterm_to_the_launcher_saves_at_the_step_and_resumes(tmp_path, algo):
     assert "stopped by SIGTERM" in err and "resume=auto" in err
     assert "Traceback" not in err, err[-3000:]
     check_resumes_without_gaps(run_dir, tmp_path, [*keys, "world_size=2"], step_size, more=3)
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:  # ended meanwhile
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_ranks_of_a_sigkilled_launcher_save_and_leave(tmp_path):
+    """A launcher killed with SIGKILL (the OOM killer, kill -9) from a job started in the
+    background, which ignores SIGINT: its ranks get SIGTERM, save at the step and end, and
+    resume=auto goes on from there."""
+    run_dir = tmp_path / "run"
+    job = [*PPO, "world_size=2", "steps=100000000", f"run_dir={run_dir}"]
+    p = subprocess.Popen(
+        [sys.executable, "-m", "ddprl", "train", *job],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as `job &` in a script
+    )
+    try:
+        wait_for(lambda: len(rows(run_dir)) >= 3, 120, "metrics rows", [p])
+        ranks = [pid for pid in children(p.pid) if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+        assert len(ranks) == 2, ranks
+        os.kill(p.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while any(alive(pid) for pid in ranks) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(alive(pid) for pid in ranks), "the ranks went on without their launcher"
+        _, err = p.communicate(timeout=30)  # the ranks held the launcher's stderr until they ended
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+    assert "stopped by SIGTERM" in err, err[-3000:]
+    check_resumes_without_gaps(run_dir, tmp_path, [*PPO, "world_size=2"], 512, more=2)
 
 
 def slurm_env(rank: int, job_id: int) -> dict[str, str]:

@@ -10,6 +10,7 @@ Launch modes, decided by :func:`~ddprl.runtime.placement.detect_launcher`:
 from __future__ import annotations
 
 import atexit
+import ctypes
 import dataclasses
 import logging
 import multiprocessing.connection
@@ -43,6 +44,8 @@ from ddprl.runtime.placement import (
 )
 
 log = logging.getLogger("ddprl")
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h: the signal a process gets when its parent dies
 
 
 class RankFilter(logging.Filter):
@@ -350,6 +353,7 @@ def _reporting_child(index: int, child: Callable[..., None], reports: str, args:
     """
     report = _report_file(reports, index)
     failures.report_to(report)
+    _end_with_the_launcher()
     try:
         child(index, *args)
     except (SystemExit, KeyboardInterrupt):  # KeyboardInterrupt: torch's way to end a child whose parent died
@@ -359,6 +363,20 @@ def _reporting_child(index: int, child: Callable[..., None], reports: str, args:
             failures.record_failure(None, e)
             traceback.print_exc()
         exit_process(1)
+
+
+def _end_with_the_launcher() -> None:
+    """When the launcher dies (SIGKILL, the OOM killer), this rank gets SIGTERM: it saves at the
+    next step boundary and leaves with its peers (exit 75), as a preempted job does. torch's
+    spawn sends SIGINT instead, which a job started in the background ignores: its ranks would
+    train on as orphans. Linux only (prctl); elsewhere torch's SIGINT stays."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):  # no libc prctl: torch's SIGINT stays
+        pass
 
 
 def _failure(reports: str, index: int, exitcode: int, seen_at: float) -> failures.Failure:
