@@ -4,6 +4,7 @@ every test not marked ``gpu`` runs on the CPU, whatever devices the machine has.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -53,6 +54,28 @@ def run_cli(
     """``python -m ddprl ARGS`` (or ``LAUNCHER -m ddprl ARGS``); killed after ``timeout``."""
     cmd = (launcher or [sys.executable]) + ["-m", "ddprl", *args]
     return subprocess.run(cmd, cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def start_job(
+    args: list[str],
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    launcher: list[str] | None = None,
+    ignore_sigint: bool = False,
+) -> subprocess.Popen:
+    """``python -m ddprl ARGS`` running in its own session (so that cleanup can stop all of its
+    processes), stdout and stderr piped; ``ignore_sigint``: as a job started with ``&`` from a script."""
+    cmd = (launcher or [sys.executable]) + ["-m", "ddprl", *args]
+    return subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env or cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None,
+    )
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import cli_env, run_cli
+from conftest import start_job as start
 
 from ddprl.checkpoint import FORMAT_VERSION, load_checkpoint, save_atomically
 from ddprl.config import load_config, save_yaml
@@ -165,19 +166,6 @@ def test_what_does_not_fit_leaves_each_file_as_it_was(tmp_path):
 
 
 # -- one job per run directory ---------------------------------------------------------------------------
-
-
-def start(args: list[str], cwd: Path) -> subprocess.Popen:
-    """A job in its own session, so that it and its ranks can be stopped together."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "ddprl", *args],
-        cwd=cwd,
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
 
 
 def kill_group(p: subprocess.Popen) -> None:

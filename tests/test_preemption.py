@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TDMPC2_TINY, cli_env, run_cli
+from conftest import start_job as start
 
 from ddprl.checkpoint import load_checkpoint, save_atomically
 from ddprl.metrics import read_metrics
@@ -49,22 +50,6 @@ QMIX = [
     "progress=false",
     "dist_timeout=120",
 ]  # 4 global steps per iteration, a row each
-
-
-def start(
-    args: list[str], cwd: Path, env: dict[str, str] | None = None, launcher: list[str] | None = None
-) -> subprocess.Popen:
-    """A job in its own session (so that cleanup can stop all of its processes)."""
-    cmd = (launcher or [sys.executable]) + ["-m", "ddprl", *args]
-    return subprocess.Popen(
-        cmd,
-        cwd=cwd,
-        env=env or cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
 
 
 def stop_all(procs: list[subprocess.Popen]) -> None:
@@ -163,16 +148,7 @@ def test_ranks_of_a_sigkilled_launcher_save_and_leave(tmp_path):
     resume=auto goes on from there."""
     run_dir = tmp_path / "run"
     job = [*PPO, "world_size=2", "steps=100000000", f"run_dir={run_dir}"]
-    p = subprocess.Popen(
-        [sys.executable, "-m", "ddprl", "train", *job],
-        cwd=tmp_path,
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as `job &` in a script
-    )
+    p = start(["train", *job], tmp_path, ignore_sigint=True)
     try:
         wait_for(lambda: len(rows(run_dir)) >= 3, 120, "metrics rows", [p])
         ranks = [pid for pid in children(p.pid) if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
