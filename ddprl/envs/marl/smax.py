@@ -175,7 +175,7 @@ class SmaxVecEnv:
         env = self._battles.env
         if not (isinstance(env.max_steps, int) and env.max_steps >= 0):
             raise UsageError(f"smax/{scenario}: max_steps must be an int >= 0, got {env.max_steps!r}")
-        self.device, self.num_envs, self.seed = torch.device(device), num_envs, seed
+        self.device, self.num_envs = torch.device(device), num_envs
         self.episode_limit = env.max_steps + 1
         self.n_agents = env.num_agents
         self.n_actions = int(env.action_space(env.agents[0]).n)
