@@ -52,6 +52,7 @@ from ddprl.config import save_yaml, to_dict
 from ddprl.errors import DiskFull, UsageError
 from ddprl.files import copy_atomically
 from ddprl.metrics import MetricsLogger
+from ddprl.runtime.failures import ranks_on_hosts
 from ddprl.runtime.preemption import Preempted, StopCheck
 from ddprl.timesplit import PHASES, TimeSplit, shares
 
@@ -240,6 +241,7 @@ class Run:
         self.checkpoint = load_checkpoint(cfg.resume, expect_algo=cfg.algo) if cfg.resume else None
         forget_checkpoint()  # this Run holds it now; nothing else in the process needs the file again
         self.step = int(self.checkpoint["step"]) if self.checkpoint else 0
+        self._same_checkpoint_everywhere()
         self.seeds = rt.seeds(cfg.seed)
         self.best: dict[str, Any] | None = self.checkpoint.get("best") if self.checkpoint else None
         self.dir: Path | None = None
@@ -254,6 +256,28 @@ class Run:
         # Per-rank randomness (action sampling, minibatch order, init on rank 0 before the
         # broadcast). A resumed run starts from a stream of its resume step, never step 0's.
         seed_generators(self.seeds.torch(self.step))
+
+    def _same_checkpoint_everywhere(self) -> None:
+        """Collective: every rank resumes from the same step, or none does. Each machine of a job
+        reads the checkpoint itself; a run directory that is not on a file system they share
+        would have the ranks of one machine start afresh and the others resume, and their
+        collectives would wait for each other until dist_timeout."""
+        if self.rt.world_size == 1:
+            return
+        views = self.rt.all_gather_object(self.step if self.resumed else None)
+        differ = [rank for rank, view in enumerate(views) if view != views[0]]
+        if not differ:
+            return
+        hosts = self.rt.hosts if len(set(self.rt.hosts)) > 1 else None
+
+        def what(view: int | None) -> str:
+            return "no checkpoint" if view is None else f"the checkpoint of step {view}"
+
+        raise UsageError(
+            f"{ranks_on_hosts(differ, hosts)} found {what(views[differ[0]])}, rank 0 {what(views[0])}: every "
+            "machine of a job reads the checkpoint itself, so keep run_dir (and resume=) on a file system "
+            "they all share"
+        )
 
     @property
     def resumed(self) -> bool:
@@ -444,13 +468,18 @@ class Run:
         """Collective: when a write of any rank did not fit, every rank closes its sinks and raises
         :class:`DiskFull` with that rank's message (rank 0 prints it; exit code 74)."""
         mine = None if self._full is None else str(self._full)
-        failed = [m for m in ([mine] if self.rt.world_size == 1 else self.rt.all_gather_object(mine)) if m]
+        every = [mine] if self.rt.world_size == 1 else self.rt.all_gather_object(mine)
+        failed = [(rank, m) for rank, m in enumerate(every) if m]
         if not failed:
             return
         self.logger.abandon()
+        rank, message = failed[0]
+        hosts = self.rt.hosts
+        if len(set(hosts)) > 1:  # every host says it: name the one whose disk is full
+            message = f"rank {rank} on {hosts[rank]}: {message}"
         where = f"run_dir={self.dir}" if self.dir is not None else "run_dir=<this run's directory>"
         raise DiskFull(
-            f"{failed[0]}; free some space, then the same command with resume=auto {where} continues "
+            f"{message}; free some space, then the same command with resume=auto {where} continues "
             "from the last checkpoint"
         )
 
@@ -487,7 +516,7 @@ class Run:
         self.close()
         # also the barrier: no rank leaves (and lets a launcher kill the others) before rank 0 wrote
         self._settle_disk_full()
-        if self.rt.is_main:
+        if self.rt.first_on_host:  # said on every host of the job
             log.warning(
                 "stopped by %s at step %d, checkpoint saved: run the same command with resume=auto "
                 "run_dir=%s to continue",

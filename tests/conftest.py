@@ -3,11 +3,13 @@ every test not marked ``gpu`` runs on the CPU, whatever devices the machine has.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -129,6 +131,38 @@ def _cpu_session():
 def _cuda_for_gpu_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     if request.node.get_closest_marker("gpu") is not None:
         show_cuda(monkeypatch)
+
+
+# -- a small disk, to fill ----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``path`` for the block; unmounted whatever happens."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs (a small full disk) needs root")
+    path.mkdir(parents=True, exist_ok=True)
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True)  # still busy: detach it
+
+
+def resize(path: Path, size: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(path)], check=True)
+
+
+def fill(disk: Path) -> Path:
+    """Write a file until the disk has no room left; returns it."""
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 4096)
+    return filler
 
 
 # Two hosts on one machine (network namespaces) for the multi-node tests; see hosts.py.

@@ -26,7 +26,6 @@ or where namespaces cannot be made (an unprivileged container), the fixture skip
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import shutil
@@ -36,6 +35,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -96,6 +96,25 @@ class Host:
         }
         env.update(extra or {})
         return env
+
+
+@dataclass
+class Job:
+    """A command started on a host, and its output files."""
+
+    host: Host
+    proc: subprocess.Popen
+    out: IO[str]
+    err: IO[str]
+
+    def result(self, returncode: int | None) -> Result:
+        texts = []
+        for f in (self.out, self.err):
+            f.flush()
+            f.seek(0)
+            texts.append(f.read())
+            f.close()
+        return Result(self.host, returncode, *texts)
 
 
 @dataclass
@@ -245,46 +264,58 @@ class TwoHosts:
         self._procs.append(p)
         return p
 
-    def run(self, jobs: list[tuple[Host, list[str], dict[str, str] | None]], timeout: float) -> list[Result]:
-        """Run ``(host, argv, extra env)`` jobs at once, each in its host's working directory, and
-        wait for all. At ``timeout`` the rest are killed; once one has failed the others get
-        ``grace`` seconds more (a peer of a dead rank would wait out its whole dist_timeout)."""
-        grace = 30.0
+    def start(self, jobs: list[tuple[Host, list[str], dict[str, str] | None]]) -> list[Job]:
+        """Start ``(host, argv, extra env)`` jobs at once, each in its host's working directory,
+        its output to a log beside the hosts' directories (read with :meth:`Job.result`)."""
         logs = self._root / "logs"  # beside the hosts' working directories, not in them
         logs.mkdir(exist_ok=True)
-        with contextlib.ExitStack() as stack:
-            procs, files = [], []
-            for host, argv, extra in jobs:
-                self._jobs += 1
-                out, err = (
-                    stack.enter_context(open(logs / f"{self._jobs:02d}-{host.name}.{kind}", "w+"))
-                    for kind in ("out", "err")
-                )
-                files.append((out, err))
-                procs.append(self._popen(host, argv, host.env(extra), out, err))
-            deadline = time.monotonic() + timeout
-            failed = False
-            try:
-                while time.monotonic() < deadline:
-                    codes = [p.poll() for p in procs]
-                    if None not in codes:
-                        break
-                    if not failed and any(c not in (None, 0) for c in codes):
-                        failed = True
-                        deadline = min(deadline, time.monotonic() + grace)
-                    time.sleep(0.2)
-            finally:
-                killed = [p.poll() is None for p in procs]
-                for p in procs:
-                    _kill_group(p)
-                    p.wait(timeout=30)
-                self._sweep()  # whatever left its process group: the next command starts alone
-            results = []
-            for (host, _, _), p, was_killed, (out, err) in zip(jobs, procs, killed, files, strict=True):
-                out.seek(0)
-                err.seek(0)
-                results.append(Result(host, None if was_killed else p.returncode, out.read(), err.read()))
-        return results
+        started = []
+        for host, argv, extra in jobs:
+            self._jobs += 1
+            out, err = (open(logs / f"{self._jobs:02d}-{host.name}.{kind}", "w+") for kind in ("out", "err"))
+            started.append(Job(host, self._popen(host, argv, host.env(extra), out, err), out, err))
+        return started
+
+    def wait(self, jobs: list[Job], timeout: float, grace: float = 30.0) -> list[Result]:
+        """Wait for every job; at ``timeout`` the rest are killed, and once one has failed the
+        others get ``grace`` seconds more (a peer of a dead rank would wait out its whole
+        dist_timeout). Whatever is left in the namespaces is killed afterwards."""
+        deadline = time.monotonic() + timeout
+        failed = False
+        try:
+            while time.monotonic() < deadline:
+                codes = [job.proc.poll() for job in jobs]
+                if None not in codes:
+                    break
+                if not failed and any(c not in (None, 0) for c in codes):
+                    failed = True
+                    deadline = min(deadline, time.monotonic() + grace)
+                time.sleep(0.2)
+        finally:
+            killed = [job.proc.poll() is None for job in jobs]
+            for job in jobs:
+                _kill_group(job.proc)
+                job.proc.wait(timeout=30)
+            self._sweep()  # whatever left its process group: the next command starts alone
+        return [
+            job.result(None if was_killed else job.proc.returncode)
+            for job, was_killed in zip(jobs, killed, strict=True)
+        ]
+
+    def run(self, jobs: list[tuple[Host, list[str], dict[str, str] | None]], timeout: float) -> list[Result]:
+        """:meth:`start` the jobs and :meth:`wait` for them."""
+        return self.wait(self.start(jobs), timeout)
+
+    def pids(self, host: Host) -> list[int]:
+        """The processes running on ``host`` now."""
+        return _netns_pids(host.netns)
+
+    def cut(self, host: Host) -> None:
+        """Take ``host``'s end of the link down: nothing passes between the hosts until :meth:`mend`."""
+        _ip("-n", host.netns, "link", "set", self._veth[host], "down")
+
+    def mend(self, host: Host) -> None:
+        _ip("-n", host.netns, "link", "set", self._veth[host], "up")
 
     def run_one(self, host: Host, argv: list[str], timeout: float) -> Result:
         return self.run([(host, argv, None)], timeout)[0]

@@ -19,13 +19,12 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import cli_env, run_cli
+from conftest import cli_env, fill, resize, run_cli, tmpfs
 from conftest import start_job as start
 
 from ddprl.checkpoint import FORMAT_VERSION, load_checkpoint, save_atomically
@@ -73,35 +72,6 @@ def leftovers(run_dir: Path) -> list[Path]:
 
 
 # -- a full disk -------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def tmpfs(path: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of ``size`` mounted at ``path`` for the block; unmounted whatever happens."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs (a small full disk) needs root")
-    path.mkdir(parents=True, exist_ok=True)
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.decode().strip()}")
-    try:
-        yield path
-    finally:
-        if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(path)], capture_output=True)  # still busy: detach it
-
-
-def resize(path: Path, size: str) -> None:
-    subprocess.run(["mount", "-o", f"remount,size={size}", str(path)], check=True)
-
-
-def fill(disk: Path) -> Path:
-    """Write a file until the disk has no room left; returns it."""
-    filler = disk / "filler"
-    with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
-        while True:
-            f.write(b"\0" * 4096)
-    return filler
 
 
 def test_a_full_disk_ends_the_job_in_one_line_and_resume_auto_goes_on(tmp_path):

@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import os
 import pickle
+import socket
 import sys
 import time
 import traceback
@@ -116,6 +117,8 @@ class JaxRuntime:
         self.num_devices = len(mesh_devices)
         self.platform = mesh_devices[0].platform
         self.device = torch.device("cpu")  # where host-side torch tensors (checkpoints, eval) live
+        self.hosts = self.all_gather_object(socket.gethostname())  # by rank
+        self.first_on_host = self.hosts.index(self.hosts[self.rank]) == self.rank
 
     def seeds(self, seed: int) -> Seeds:
         return Seeds(seed, self.rank)
@@ -216,7 +219,8 @@ def launch(fn: Callable[[JaxRuntime, Any], Any], cfg: Any) -> Any:
     if cfg.world_size == 1:
         return _run_process(fn, cfg, 0, 1, "")
     cfg = dataclasses.replace(cfg, master_port=str(spawn_port(cfg)))
-    spawn(_child, (fn, cfg), cfg.world_size // cfg.nnodes)
+    nprocs = cfg.world_size // cfg.nnodes
+    spawn(_child, (fn, cfg), nprocs, first_rank=cfg.node_rank * nprocs, several_hosts=cfg.nnodes > 1)
     return None
 
 

@@ -19,8 +19,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddprl.runtime import shm
+from ddprl.runtime import failures, shm
 from ddprl.runtime.compat import compiled_inner, ddp_buffer_kwargs, functional_all_gather, functional_all_reduce
+from ddprl.runtime.liveness import Heartbeat
 from ddprl.runtime.placement import Placement
 from ddprl.runtime.seeding import Seeds
 
@@ -72,9 +73,27 @@ class Runtime:
         global _group_joined
         _group_joined = True
         self.collective_s = 0.0  # seconds this rank spent in collectives, waiting for peers included
+        self.host = socket.gethostname()
+        self.hosts = self.all_gather_object(self.host) if self.world_size > 1 else [self.host]  # by rank
+        self.first_on_host = self.hosts.index(self.host) == self.rank  # says what every host should hear
+        self.heartbeat = (
+            Heartbeat(placement.master_addr, placement.master_port, self.rank, self.world_size)
+            if self.world_size > 1
+            else None
+        )
         self._host: shm.SharedMemoryGroup | None = None
         if host_collectives != "gloo" and self.world_size > 1 and self.backend == "gloo":
             self._host = self._join_host_group(required=host_collectives == "shm")
+
+    @property
+    def hosts_if_several(self) -> list[str] | None:
+        """Every rank's host when the job spans several machines (what messages name), else None."""
+        return self.hosts if len(set(self.hosts)) > 1 else None
+
+    @property
+    def named_host(self) -> str | None:
+        """This rank's host when the job spans several machines (what messages name), else None."""
+        return self.host if len(set(self.hosts)) > 1 else None
 
     @property
     def collectives(self) -> str:
@@ -91,9 +110,9 @@ class Runtime:
                 path = shm.create_file(self.world_size)
             except OSError as e:
                 reason = str(e)
-        path, host = self.broadcast_object((path, socket.gethostname()))
+        path = self.broadcast_object(path)
         group, why_not = None, reason
-        if path is not None and socket.gethostname() != host:
+        if path is not None and len(set(self.hosts)) > 1:
             why_not = "the ranks run on more than one machine"
         elif path is not None:
             try:
@@ -332,6 +351,19 @@ class Runtime:
             raise RuntimeError(f"{what} differ across ranks: checksums {sums}")
         return checksum
 
+    def lost_peers(self, e: BaseException) -> tuple[str, bool] | None:
+        """For a collective that failed because a peer is gone (``failures.is_consequence``): one
+        line naming the ranks that stopped answering, and whether it names any. Takes a roll call
+        of the heartbeats (a few seconds; ``ddprl.runtime.liveness``). None in a world of one."""
+        if self.heartbeat is None:
+            return None
+        frozen = self.heartbeat.frozen_s(within_s=self.timeout.total_seconds() + 60.0)
+        silent = None if frozen else self.heartbeat.silent_ranks()
+        line = failures.lost_peers(
+            self.rank, self.hosts_if_several, failures.peer_error(e), silent, self.heartbeat.store_lost, frozen
+        )
+        return line, bool(silent)
+
     def close(self) -> None:
         """Leave the process group (safe to call twice).
 
@@ -340,6 +372,8 @@ class Runtime:
         with ``os._exit``), and on torch 2.4 ``destroy_process_group`` sometimes never returned
         after a DDP job (seen in ~1 of 8 two-rank runs of the KL test).
         """
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         if self._host is not None:
             self._host.close()
             self._host = None

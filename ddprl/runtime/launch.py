@@ -17,6 +17,7 @@ import multiprocessing.connection
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -193,7 +194,7 @@ def _run_rank(placement: Placement, fn: Callable, cfg: Any, dist_timeout: float)
         rt.barrier()
         return result
     except UsageError as e:
-        failures.record_failure(rt.rank, e)
+        failures.record_failure(rt.rank, e, host=rt.named_host)
         if rt.is_main:
             print(f"ddprl: error: {e}", file=sys.stderr, flush=True)
         else:  # bad input seen by this rank alone would otherwise go unsaid
@@ -201,12 +202,19 @@ def _run_rank(placement: Placement, fn: Callable, cfg: Any, dist_timeout: float)
         sys.exit(2)
     except preemption.Preempted:  # every rank saved and left together (Run.preempted)
         sys.exit(preemption.PREEMPTED_EXIT_CODE)
-    except DiskFull as e:  # every rank learned it together (Run); rank 0 says it
-        say_once(f"ddprl: error: {e}", rt.is_main)
+    except DiskFull as e:  # every rank learned it together (Run); the first rank of each host says it
+        say_once(f"ddprl: error: {e}", rt.first_on_host)
         sys.exit(DISK_FULL_EXIT_CODE)
     except BaseException as e:
-        failures.record_failure(rt.rank, e)  # first, with the time: the launcher orders errors by it
-        log.error("rank %d failed:\n%s", rt.rank, traceback.format_exc())
+        caught = time.monotonic()  # the launcher orders the ranks' errors by it
+        # An echo of a peer's failure: who stopped answering says more than this rank's traceback.
+        lost = rt.lost_peers(e) if failures.is_consequence(e) else None
+        line, named = lost if lost is not None else (None, False)
+        failures.record_failure(rt.rank, e, host=rt.named_host, caught=caught, lost=line, named=named)
+        if line is not None:
+            log.error("%s", line)
+        else:
+            log.error("rank %d failed:\n%s", rt.rank, traceback.format_exc())
         raise
     finally:
         rt.close()
@@ -250,12 +258,21 @@ def launch(fn: Callable[[Runtime, Any], Any], cfg: Any) -> Any:
     if nprocs == 1 and cfg.nnodes == 1:
         # One rank: run it in this process (same code path, a process group of one).
         return _run_rank(placement_from_env(cfg, environ={}, local_rank=0), fn, cfg, cfg.dist_timeout)
-    spawn(_child, (fn, cfg, cfg.dist_timeout), nprocs)
+    spawn(_child, (fn, cfg, cfg.dist_timeout), nprocs, first_rank=cfg.node_rank * nprocs, several_hosts=cfg.nnodes > 1)
     return None
 
 
-def spawn(child: Callable[..., None], args: tuple, nprocs: int, stop_grace_s: float = 30.0) -> None:
-    """Start ``child(local_index, *args)`` in ``nprocs`` fresh processes and wait for all.
+def spawn(
+    child: Callable[..., None],
+    args: tuple,
+    nprocs: int,
+    stop_grace_s: float = 30.0,
+    first_rank: int = 0,
+    several_hosts: bool = False,
+) -> None:
+    """Start ``child(local_index, *args)`` in ``nprocs`` fresh processes and wait for all; process
+    ``i`` is rank ``first_rank + i`` of the job, which runs on this machine alone or on
+    ``several_hosts`` (then a process that ended unasked is named with this host).
 
     When one fails the others are stopped (SIGTERM, then SIGKILL after ``stop_grace_s``) and,
     once all have ended, the root cause is reported: the earliest error that is not an echo of
@@ -288,7 +305,11 @@ def spawn(child: Callable[..., None], args: tuple, nprocs: int, stop_grace_s: fl
         # os._exit) is a root cause candidate at the time it was seen to end.
         unasked = {i: processes[i].exitcode for i in ended_at}
         _stop(processes, stop_grace_s)
-        failed = [_failure(reports, i, code, ended_at[i]) for i, code in unasked.items() if _failed(code)]
+        failed = [
+            _failure(reports, i, code, ended_at[i], first_rank + i, several_hosts)
+            for i, code in unasked.items()
+            if _failed(code)
+        ]
         # Processes stopped here may still have reported an error of their own (or an echo).
         failed += [
             f
@@ -379,8 +400,11 @@ def _end_with_the_launcher() -> None:
         pass
 
 
-def _failure(reports: str, index: int, exitcode: int, seen_at: float) -> failures.Failure:
-    """What process ``index``, which ended with ``exitcode`` unasked, reported; or how it ended."""
+def _failure(
+    reports: str, index: int, exitcode: int, seen_at: float, rank: int, several_hosts: bool
+) -> failures.Failure:
+    """What process ``index`` (rank ``rank``), which ended with ``exitcode`` unasked, reported; or
+    how it ended."""
     reported = failures.read_report(_report_file(reports, index), index)
     if reported is not None:
         return reported
@@ -390,7 +414,14 @@ def _failure(reports: str, index: int, exitcode: int, seen_at: float) -> failure
             how += f" ({signal.Signals(-exitcode).name})"
         except ValueError:
             pass
-    return failures.Failure(index=index, rank=None, time=seen_at, summary=how, reported=False)
+    return failures.Failure(
+        index=index,
+        rank=rank,
+        time=seen_at,
+        summary=how,
+        reported=False,
+        host=socket.gethostname() if several_hosts else None,
+    )
 
 
 def _stop(processes: list[Any], grace_s: float) -> None:

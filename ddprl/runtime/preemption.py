@@ -28,6 +28,8 @@ import signal
 import time
 from typing import Any
 
+from ddprl.runtime import failures
+
 log = logging.getLogger("ddprl")
 
 # sysexits.h's EX_TEMPFAIL ("temporary failure; the user is invited to retry"): a checkpoint was
@@ -115,28 +117,45 @@ class StopCheck:
         return False
 
     def _reduce(self, elapsed: float) -> tuple[str | None, float]:
-        """(which signal on which rank, or None; the elapsed time averaged over ranks: the same
-        number on every rank, hence the same cadence)."""
+        """(which signal on which ranks, or None; the elapsed time averaged over ranks: the same
+        number on every rank, hence the same cadence). Who got a signal is gathered only once
+        one did: a second collective, at the stop alone."""
         name = received()
+        hosts = getattr(self.rt, "hosts", None)
         if hasattr(self.rt, "all_reduce_sum"):
-            mine = signal.Signals[name].value if name else 0
-            total = self.rt.all_reduce_sum(
-                {
-                    "ranks": float(mine > 0),
-                    "signum": float(mine),
-                    "rank": float(self.rt.rank if mine else 0),
-                    "elapsed": elapsed,
-                }
-            )
+            total = self.rt.all_reduce_sum({"ranks": float(name is not None), "elapsed": elapsed})
             mean_elapsed = total["elapsed"] / self.rt.world_size
             if total["ranks"] == 0:
                 return None, mean_elapsed
-            ranks, signum = int(total["ranks"]), int(total["signum"])
-            if ranks == 1:
-                return f"{signal.Signals(signum).name} on rank {int(total['rank'])}", mean_elapsed
-            if signum % ranks == 0 and signum // ranks in (s.value for s in STOP_SIGNALS):  # one signal, to all
-                return f"{signal.Signals(signum // ranks).name} on {ranks} ranks", mean_elapsed
-            return f"SIGTERM and SIGUSR1 on {ranks} ranks", mean_elapsed
+            return signalled_ranks(self.rt.all_gather_object(name), hosts), mean_elapsed
         flags = self.rt.all_gather_object((name, elapsed))
-        signals = [f"{n} on rank {rank}" for rank, (n, _) in enumerate(flags) if n is not None]
-        return (signals[0] if signals else None), sum(e for _, e in flags) / len(flags)
+        names = [n for n, _ in flags]
+        line = signalled_ranks(names, hosts) if any(names) else None
+        return line, sum(e for _, e in flags) / len(flags)
+
+
+def signalled_ranks(names: list[str | None], hosts: list[str] | None = None) -> str:
+    """Which signal reached which ranks, from each rank's first one (None: none): ``SIGTERM on
+    rank 1``, ``SIGTERM on all 8 ranks``, ``SIGTERM on ranks 2, 3 on gpu02`` (hosts named when
+    the job spans several).
+
+    >>> signalled_ranks([None, "SIGTERM"])
+    'SIGTERM on rank 1'
+    >>> signalled_ranks(["SIGUSR1", "SIGTERM", None, None], ["a", "a", "b", "b"])
+    'SIGUSR1 on rank 0 on a, SIGTERM on rank 1 on a'
+    """
+    by_signal: dict[str, list[int]] = {}
+    for rank, name in enumerate(names):
+        if name is not None:
+            by_signal.setdefault(name, []).append(rank)
+    several_hosts = hosts is not None and len(set(hosts)) > 1
+    parts = []
+    for name, ranks in by_signal.items():
+        if len(ranks) == len(names) > 1:
+            where = f"all {len(ranks)} ranks"
+        elif several_hosts:
+            where = failures.ranks_on_hosts(ranks, hosts)
+        else:
+            where = f"{'ranks' if len(ranks) > 1 else 'rank'} {', '.join(map(str, ranks))}"
+        parts.append(f"{name} on {where}")
+    return ", ".join(parts)
