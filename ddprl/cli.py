@@ -24,8 +24,8 @@ import sys
 from typing import Any
 
 from ddprl import registry
-from ddprl.errors import DISK_FULL_EXIT_CODE, DiskFull, UsageError, say_once
-from ddprl.prepare import first_process, key_values, launcher_overrides, prepare_train, saved_config
+from ddprl.errors import DISK_FULL_EXIT_CODE, DiskFull, UsageError, first_process, say_once
+from ddprl.prepare import key_values, launcher_overrides, prepare_train, saved_config
 
 Row = tuple[str, str, str, str]  # (key, type, default, help) of a command's key
 KEY_COLUMNS = ("key", "type", "default", "from", "help")  # of training's keys: `ddprl keys`, `ddprl train --help`

@@ -20,6 +20,12 @@ class DiskFull(Exception):
     with :data:`DISK_FULL_EXIT_CODE`."""
 
 
+def first_process() -> bool:
+    """Whether this process is the first of its job (rank 0 under torchrun or srun, the only
+    one otherwise): what the whole job has to say is said by it alone."""
+    return os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
+
+
 def say_once(line: str, first: bool) -> None:
     """``line`` to the user once per job: printed by the ``first`` process, and written by every
     process to torchrun's error file (TORCHELASTIC_ERROR_FILE), whose failure summary then shows

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ddprl import registry
-from ddprl.errors import UsageError
+from ddprl.errors import UsageError, first_process
 
 # Settings of the interrupted job that must not carry over into a resumed one.
 NOT_RESUMED = ("master_port", "master_addr", "node_rank", "resume", "run_dir")
@@ -117,9 +117,3 @@ def prepare_train(
         except ImportError:
             raise UsageError("enable_wandb=true needs the wandb package: pip install 'ddprl[wandb]'") from None
     return cfg
-
-
-def first_process() -> bool:
-    """Whether this process is the first of its job (rank 0 under torchrun or srun, the only
-    one otherwise): what the whole job has to say is said by it alone."""
-    return os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"

@@ -64,7 +64,7 @@ class Algorithm:
 
     def has_key(self, name: str) -> bool:
         """Whether ``name`` is one of this algorithm's config keys."""
-        from ddprl.config import public_fields
+        from ddprl.config.schema import public_fields
 
         return any(f.name == name for f in public_fields(self.config))
 

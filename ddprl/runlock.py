@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ddprl.errors import UsageError
+from ddprl.errors import UsageError, first_process
 from ddprl.files import disk_full, is_disk_full
 
 LOCK_NAME = ".lock"
@@ -54,7 +54,6 @@ os.register_at_fork(after_in_child=_forget_in_child)
 def holds_the_lock(cfg: Any) -> bool:
     """Whether this process starts the job on its first machine: the spawning launcher of
     ``node_rank=0``, or rank 0's own process under torchrun or srun."""
-    from ddprl.prepare import first_process
     from ddprl.runtime import detect_launcher
 
     if detect_launcher() == "spawn":

@@ -33,9 +33,19 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ddprl.config.schema import JobConfig, RLConfig
+from ddprl.config.schema import JobConfig, RLConfig, public_fields
 
-__all__ = ["load_config", "save_yaml", "to_dict", "describe", "key_rows", "format_value", "JobConfig", "RLConfig"]
+__all__ = [
+    "load_config",
+    "save_yaml",
+    "to_dict",
+    "describe",
+    "key_rows",
+    "format_value",
+    "public_fields",
+    "JobConfig",
+    "RLConfig",
+]
 from ddprl.errors import UsageError
 
 CONFIG_DIR = Path(str(resources.files("ddprl.config")))
@@ -260,11 +270,6 @@ def _field_type_name(schema: type, key: str) -> str:
             t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
             return {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}.get(t, t)
     return "another type"
-
-
-def public_fields(schema: Any) -> list[dataclasses.Field]:
-    """The fields of a config class (or instance) that are keys: not the internal ``sources``."""
-    return [f for f in dataclasses.fields(schema) if not f.metadata.get("internal")]
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -218,3 +218,8 @@ class RLConfig(JobConfig):
     def local_num_envs(self, world_size: int) -> int:
         """Environments on each rank (``num_envs`` is global; null means one per rank)."""
         return 1 if self.num_envs is None else self.num_envs // world_size
+
+
+def public_fields(schema: Any) -> list[dataclasses.Field]:
+    """The fields of a config class (or instance) that are keys: not the internal ``sources``."""
+    return [f for f in dataclasses.fields(schema) if not f.metadata.get("internal")]
