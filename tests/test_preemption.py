@@ -50,6 +50,19 @@ QMIX = [
     "progress=false",
     "dist_timeout=120",
 ]  # 4 global steps per iteration, a row each
+JAX = [
+    "engine=jax",
+    "task=gymnax/CartPole-v1",
+    "devices=1",
+    "num_envs=8",
+    "n_steps=32",
+    "batch_size=64",
+    "epochs=2",
+    "eval_episodes=0",
+    "checkpoint_freq=0",
+    "progress=false",
+    "dist_timeout=120",
+]  # 8 envs x 32 steps: 256 global steps per iteration
 
 
 def stop_all(procs: list[subprocess.Popen]) -> None:
@@ -96,9 +109,9 @@ def check_resumes_without_gaps(run_dir: Path, cwd: Path, extra: list[str], step_
     assert walls == sorted(walls), walls  # the resumed job's clock went on from the stopped one's
 
 
-@pytest.mark.parametrize("algo", ["ppo", "qmix"])
+@pytest.mark.parametrize("algo", ["ppo", "qmix", "jax"])
 def test_sigterm_to_the_launcher_saves_at_the_step_and_resumes(tmp_path, algo):
-    keys, step_size = (PPO, 512) if algo == "ppo" else (QMIX, 4)
+    keys, step_size = {"ppo": (PPO, 512), "qmix": (QMIX, 4), "jax": (JAX, 256)}[algo]
     run_dir = tmp_path / "run"
     job = [*keys, "world_size=2", "steps=100000000", f"run_dir={run_dir}"]
     p = start(["train", *job], tmp_path)

@@ -16,6 +16,7 @@ broadcast_object, all_gather_object, barrier, seeds), between processes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -70,6 +71,10 @@ def start_jax(cfg: Any, process_id: int, num_processes: int, coordinator: str) -
     if platform is not None:
         jax.config.update("jax_platforms", platform)
     if num_processes > 1:
+        # JAX's preemption service (on by default where it exists) installs its own SIGTERM
+        # handler at initialize, replacing ddprl's: the processes would train on past a SIGTERM.
+        with contextlib.suppress(AttributeError, KeyError):
+            jax.config.update("jax_enable_preemption_service", False)
         jax.distributed.initialize(
             coordinator_address=coordinator,
             num_processes=num_processes,
