@@ -16,7 +16,9 @@ message naming both versions.
 from __future__ import annotations
 
 import logging
+import os
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +26,13 @@ import numpy as np
 import torch
 
 from ddprl.errors import UsageError
-from ddprl.files import write_atomically
+from ddprl.files import copy_atomically, write_atomically
 from ddprl.runtime.compat import COMPILED_PREFIX
 
 log = logging.getLogger("ddprl")
 
 FORMAT_VERSION = 2
+STEP_FILE = re.compile(r"step_(\d+)\.pt")
 
 # The last checkpoint read in this process: the launcher's checks, the config and the training
 # loop all ask for the same file, and a checkpoint can be GBs: it is read once per process.
@@ -227,3 +230,114 @@ def restore_buffer(buffer: Any, path: Path, ckpt: dict[str, Any], world_size: in
         log.warning("replay buffer %s not restored: %s", path, str(e).splitlines()[0][:200])
         return False
     return True
+
+
+# -- where checkpoints are: the run directory's checkpoints/ -----------------------------------------
+
+
+def resolve_resume(resume: str, run_dir: str, algo: str) -> Path | None:
+    """The checkpoint to resume from, checked before any process starts (None: fresh start).
+
+    ``resume=auto`` takes the newest checkpoint of ``<run_dir>/checkpoints`` that loads
+    (latest.pt, else the step files newest first; one warning names those skipped) and starts
+    fresh when there is none, so a requeued or restarted job just re-runs the same command.
+    """
+    if not resume:
+        return None
+    if resume == "auto":
+        if not run_dir:
+            raise UsageError("resume=auto needs run_dir=<the run's directory>")
+        return newest_loadable(Path(run_dir) / "checkpoints", algo)
+    path = checkpoint_in(resume, prefer=("latest.pt",))  # a run directory resumes from its newest state
+    load_checkpoint(path, expect_algo=algo)  # raises a UsageError for missing/truncated/foreign files
+    return path.resolve()
+
+
+def newest_loadable(checkpoint_dir: Path, algo: str) -> Path | None:
+    """latest.pt, else the newest ``step_<N>.pt`` that loads; None when nothing does.
+
+    A file that cannot be read (truncated, corrupt: a crash or a full disk) is skipped with one
+    warning; a readable checkpoint of another algorithm is still an error (a wrong run_dir).
+    """
+    candidates = [checkpoint_dir / "latest.pt"] + [
+        p for _, p in reversed(Checkpointer(checkpoint_dir.parent).step_files())
+    ]
+    skipped = []
+    for path in candidates:
+        if not path.exists():
+            continue
+        try:
+            load_checkpoint(path, expect_algo=algo)
+        except UnreadableCheckpoint as e:
+            skipped.append(f"{path.name} ({e.reason})")
+            continue
+        if skipped:
+            log.warning("resume=auto: skipped %s; resuming from %s", ", ".join(skipped), path)
+        return path.resolve()
+    if skipped:
+        log.warning(
+            "resume=auto: no checkpoint in %s loads (skipped %s); starting fresh", checkpoint_dir, ", ".join(skipped)
+        )
+    else:
+        log.info("resume=auto: no checkpoint in %s yet, starting fresh", checkpoint_dir)
+    return None
+
+
+def run_dir_of_checkpoint(path: Path) -> Path:
+    """``runs/X/checkpoints/step_N.pt`` → ``runs/X``."""
+    return path.parent.parent if path.parent.name == "checkpoints" else path.parent
+
+
+def _link(src: Path, dst: Path) -> None:
+    """Atomically make ``dst`` a hard link to ``src`` (a copy where links are impossible)."""
+    tmp = dst.with_name(dst.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)  # same bytes, no second write; survives src being pruned
+    except OSError:
+        copy_atomically(src, dst)
+        return
+    os.replace(tmp, dst)
+
+
+class Checkpointer:
+    """Writes ``checkpoints/step_<N>.pt``, points ``latest.pt`` (and ``best.pt``) at it, prunes old ones."""
+
+    def __init__(self, run_dir: Path, keep_last: int = 0):
+        self.dir = Path(run_dir) / "checkpoints"
+        self.keep_last = keep_last
+
+    def step_files(self) -> list[tuple[int, Path]]:
+        """``(N, step_<N>.pt)`` of the directory, oldest first."""
+        found = [(int(m.group(1)), p) for p in self.dir.glob("step_*.pt") if (m := STEP_FILE.fullmatch(p.name))]
+        return sorted(found)
+
+    def save(
+        self, rt: Any, step: int, payload: dict[str, Any], rank_state: dict[str, Any], is_best: bool = False
+    ) -> Path:
+        """Collective: every rank hands in its own state; rank 0 writes, links and prunes."""
+        path = self.dir / f"step_{step}.pt"
+        save_checkpoint(rt, path, payload, rank_state)
+        if rt.is_main:
+            _link(path, self.dir / "latest.pt")
+            if is_best:
+                _link(path, self.dir / "best.pt")
+            if self.keep_last > 0:
+                for _, old in self.step_files()[: -self.keep_last]:
+                    old.unlink(missing_ok=True)  # latest.pt and best.pt are links of their own
+        return path
+
+    def point_latest_at(self, path: Path) -> None:
+        """Make latest.pt the checkpoint being resumed when it is another file of this directory
+        (resume=auto skipped a damaged newest one, or the user named an older step)."""
+        latest = self.dir / "latest.pt"
+        if path.parent.resolve() == self.dir.resolve() and path.name != "latest.pt" and path.exists():
+            if not (latest.exists() and os.path.samefile(latest, path)):
+                _link(path, latest)
+
+    def drop_after(self, step: int) -> list[Path]:
+        """Remove step checkpoints past ``step`` (a resumed run abandons that future)."""
+        dropped = [p for n, p in self.step_files() if n > step]
+        for p in dropped:
+            p.unlink()
+        return dropped

@@ -74,9 +74,8 @@ def prepare_train(
     ``prepare_hook=False`` skips the algorithm's command-line preparation (the Trainer's task
     comes as Python objects, not as a name to import).
     """
-    from ddprl.checkpoint import load_checkpoint
+    from ddprl.checkpoint import load_checkpoint, resolve_resume, run_dir_of_checkpoint
     from ddprl.config import load_config, preset_note
-    from ddprl.run import resolve_resume, run_dir_of_checkpoint
     from ddprl.runlock import holds_the_lock, refuse_if_in_use
     from ddprl.runtime import resolved_config
 

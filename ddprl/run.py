@@ -26,9 +26,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
-import os
 import random
-import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,26 +37,22 @@ import torch
 
 from ddprl import registry
 from ddprl.checkpoint import (
-    UnreadableCheckpoint,
-    checkpoint_in,
+    Checkpointer,
     forget_checkpoint,
     load_checkpoint,
     rng_state,
     save_atomically,
-    save_checkpoint,
     set_rng_state,
 )
 from ddprl.config import save_yaml, to_dict
 from ddprl.errors import DiskFull, UsageError
-from ddprl.files import copy_atomically
 from ddprl.metrics import MetricsLogger
-from ddprl.runtime.failures import ranks_on_hosts
+from ddprl.runtime.failures import hosts_if_several, ranks_on_hosts
 from ddprl.runtime.preemption import Preempted, StopCheck
 from ddprl.timesplit import PHASES, TimeSplit, shares
 
 log = logging.getLogger("ddprl")
 
-STEP_FILE = re.compile(r"step_(\d+)\.pt")
 DISK_FULL_KEY = "disk_full"  # a flag in the time split's reduction, never logged
 
 
@@ -94,54 +88,6 @@ def prepare_run_dir(path: Path, cfg: Any) -> None:
     save_yaml(cfg, path / "config.yaml")
 
 
-def resolve_resume(resume: str, run_dir: str, algo: str) -> Path | None:
-    """The checkpoint to resume from, checked before any process starts (None: fresh start).
-
-    ``resume=auto`` takes the newest checkpoint of ``<run_dir>/checkpoints`` that loads
-    (latest.pt, else the step files newest first; one warning names those skipped) and starts
-    fresh when there is none, so a requeued or restarted job just re-runs the same command.
-    """
-    if not resume:
-        return None
-    if resume == "auto":
-        if not run_dir:
-            raise UsageError("resume=auto needs run_dir=<the run's directory>")
-        return newest_loadable(Path(run_dir) / "checkpoints", algo)
-    path = checkpoint_in(resume, prefer=("latest.pt",))  # a run directory resumes from its newest state
-    load_checkpoint(path, expect_algo=algo)  # raises a UsageError for missing/truncated/foreign files
-    return path.resolve()
-
-
-def newest_loadable(checkpoint_dir: Path, algo: str) -> Path | None:
-    """latest.pt, else the newest ``step_<N>.pt`` that loads; None when nothing does.
-
-    A file that cannot be read (truncated, corrupt: a crash or a full disk) is skipped with one
-    warning; a readable checkpoint of another algorithm is still an error (a wrong run_dir).
-    """
-    candidates = [checkpoint_dir / "latest.pt"] + [
-        p for _, p in reversed(Checkpointer(checkpoint_dir.parent).step_files())
-    ]
-    skipped = []
-    for path in candidates:
-        if not path.exists():
-            continue
-        try:
-            load_checkpoint(path, expect_algo=algo)
-        except UnreadableCheckpoint as e:
-            skipped.append(f"{path.name} ({e.reason})")
-            continue
-        if skipped:
-            log.warning("resume=auto: skipped %s; resuming from %s", ", ".join(skipped), path)
-        return path.resolve()
-    if skipped:
-        log.warning(
-            "resume=auto: no checkpoint in %s loads (skipped %s); starting fresh", checkpoint_dir, ", ".join(skipped)
-        )
-    else:
-        log.info("resume=auto: no checkpoint in %s yet, starting fresh", checkpoint_dir)
-    return None
-
-
 def _duration(seconds: float) -> str:
     """``42 s``, ``3 min 05 s``, ``2 h 04 min``."""
     seconds = int(round(seconds))
@@ -152,71 +98,11 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
-def run_dir_of_checkpoint(path: Path) -> Path:
-    """``runs/X/checkpoints/step_N.pt`` → ``runs/X``."""
-    return path.parent.parent if path.parent.name == "checkpoints" else path.parent
-
-
 def seed_generators(seed: int) -> None:
     """Seed this process's global generators (torch, numpy, random) with one seed."""
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)
     random.seed(seed)
-
-
-def _link(src: Path, dst: Path) -> None:
-    """Atomically make ``dst`` a hard link to ``src`` (a copy where links are impossible)."""
-    tmp = dst.with_name(dst.name + ".tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(src, tmp)  # same bytes, no second write; survives src being pruned
-    except OSError:
-        copy_atomically(src, dst)
-        return
-    os.replace(tmp, dst)
-
-
-class Checkpointer:
-    """Writes ``checkpoints/step_<N>.pt``, points ``latest.pt`` (and ``best.pt``) at it, prunes old ones."""
-
-    def __init__(self, run_dir: Path, keep_last: int = 0):
-        self.dir = Path(run_dir) / "checkpoints"
-        self.keep_last = keep_last
-
-    def step_files(self) -> list[tuple[int, Path]]:
-        """``(N, step_<N>.pt)`` of the directory, oldest first."""
-        found = [(int(m.group(1)), p) for p in self.dir.glob("step_*.pt") if (m := STEP_FILE.fullmatch(p.name))]
-        return sorted(found)
-
-    def save(
-        self, rt: Any, step: int, payload: dict[str, Any], rank_state: dict[str, Any], is_best: bool = False
-    ) -> Path:
-        """Collective: every rank hands in its own state; rank 0 writes, links and prunes."""
-        path = self.dir / f"step_{step}.pt"
-        save_checkpoint(rt, path, payload, rank_state)
-        if rt.is_main:
-            _link(path, self.dir / "latest.pt")
-            if is_best:
-                _link(path, self.dir / "best.pt")
-            if self.keep_last > 0:
-                for _, old in self.step_files()[: -self.keep_last]:
-                    old.unlink(missing_ok=True)  # latest.pt and best.pt are links of their own
-        return path
-
-    def point_latest_at(self, path: Path) -> None:
-        """Make latest.pt the checkpoint being resumed when it is another file of this directory
-        (resume=auto skipped a damaged newest one, or the user named an older step)."""
-        latest = self.dir / "latest.pt"
-        if path.parent.resolve() == self.dir.resolve() and path.name != "latest.pt" and path.exists():
-            if not (latest.exists() and os.path.samefile(latest, path)):
-                _link(path, latest)
-
-    def drop_after(self, step: int) -> list[Path]:
-        """Remove step checkpoints past ``step`` (a resumed run abandons that future)."""
-        dropped = [p for n, p in self.step_files() if n > step]
-        for p in dropped:
-            p.unlink()
-        return dropped
 
 
 class Run:
@@ -268,7 +154,7 @@ class Run:
         differ = [rank for rank, view in enumerate(views) if view != views[0]]
         if not differ:
             return
-        hosts = self.rt.hosts if len(set(self.rt.hosts)) > 1 else None
+        hosts = hosts_if_several(self.rt.hosts)
 
         def what(view: int | None) -> str:
             return "no checkpoint" if view is None else f"the checkpoint of step {view}"
@@ -474,8 +360,7 @@ class Run:
             return
         self.logger.abandon()
         rank, message = failed[0]
-        hosts = self.rt.hosts
-        if len(set(hosts)) > 1:  # every host says it: name the one whose disk is full
+        if hosts := hosts_if_several(self.rt.hosts):  # every host says it: name the one whose disk is full
             message = f"rank {rank} on {hosts[rank]}: {message}"
         where = f"run_dir={self.dir}" if self.dir is not None else "run_dir=<this run's directory>"
         raise DiskFull(

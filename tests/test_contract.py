@@ -21,14 +21,14 @@ import torch
 from conftest import REPO, cli_env
 
 from ddprl import registry
-from ddprl.checkpoint import FORMAT_VERSION, load_checkpoint
+from ddprl.checkpoint import FORMAT_VERSION, Checkpointer, load_checkpoint
 from ddprl.cli import main
 from ddprl.config import load_config, public_fields
 from ddprl.config.schema import JobConfig, RLConfig, key
 from ddprl.errors import UsageError
 from ddprl.metrics import MetricsLogger, read_metrics
 from ddprl.prepare import prepare_train
-from ddprl.run import Checkpointer, Run
+from ddprl.run import Run
 from ddprl.runtime import launch, resolve_world_size
 from ddprl.runtime.seeding import Seeds
 
@@ -314,6 +314,7 @@ def test_other_world_size_resets_own_state_in_one_line(tmp_path, caplog):
 # -- kill -9 of the whole job, then resume=auto ----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_kill_9_then_resume_auto(tmp_path):
     run_dir = tmp_path / "k9"
     args = [

@@ -75,6 +75,7 @@ class Runtime:
         self.collective_s = 0.0  # seconds this rank spent in collectives, waiting for peers included
         self.host = socket.gethostname()
         self.hosts = self.all_gather_object(self.host) if self.world_size > 1 else [self.host]  # by rank
+        self.hosts_if_several = failures.hosts_if_several(self.hosts)
         self.first_on_host = self.hosts.index(self.host) == self.rank  # says what every host should hear
         self.heartbeat = (
             Heartbeat(placement.master_addr, placement.master_port, self.rank, self.world_size)
@@ -86,14 +87,9 @@ class Runtime:
             self._host = self._join_host_group(required=host_collectives == "shm")
 
     @property
-    def hosts_if_several(self) -> list[str] | None:
-        """Every rank's host when the job spans several machines (what messages name), else None."""
-        return self.hosts if len(set(self.hosts)) > 1 else None
-
-    @property
     def named_host(self) -> str | None:
-        """This rank's host when the job spans several machines (what messages name), else None."""
-        return self.host if len(set(self.hosts)) > 1 else None
+        """This rank's host when the job spans several machines (messages name it then), else None."""
+        return self.host if self.hosts_if_several else None
 
     @property
     def collectives(self) -> str:
@@ -112,7 +108,7 @@ class Runtime:
                 reason = str(e)
         path = self.broadcast_object(path)
         group, why_not = None, reason
-        if path is not None and len(set(self.hosts)) > 1:
+        if path is not None and self.hosts_if_several:
             why_not = "the ranks run on more than one machine"
         elif path is not None:
             try:

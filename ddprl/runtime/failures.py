@@ -141,6 +141,12 @@ def peer_error(e: BaseException) -> str:
     return re.split(r"\.? This is typically caused by", text)[0].rstrip(". ")
 
 
+def hosts_if_several(hosts: list[str]) -> list[str] | None:
+    """Every rank's host (``hosts``) when the job spans several machines, else None: messages
+    name hosts only then."""
+    return hosts if len(set(hosts)) > 1 else None
+
+
 def ranks_on_hosts(ranks: list[int], hosts: list[str] | None) -> str:
     """``rank 1 on gpu01 and ranks 2, 3 on gpu02``: ranks grouped by the host they ran on
     (``hosts``: every rank's; None in a job on one machine: ``ranks 1, 2``)."""

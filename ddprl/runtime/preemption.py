@@ -148,14 +148,9 @@ def signalled_ranks(names: list[str | None], hosts: list[str] | None = None) -> 
     for rank, name in enumerate(names):
         if name is not None:
             by_signal.setdefault(name, []).append(rank)
-    several_hosts = hosts is not None and len(set(hosts)) > 1
-    parts = []
-    for name, ranks in by_signal.items():
-        if len(ranks) == len(names) > 1:
-            where = f"all {len(ranks)} ranks"
-        elif several_hosts:
-            where = failures.ranks_on_hosts(ranks, hosts)
-        else:
-            where = f"{'ranks' if len(ranks) > 1 else 'rank'} {', '.join(map(str, ranks))}"
-        parts.append(f"{name} on {where}")
-    return ", ".join(parts)
+    named = failures.hosts_if_several(hosts) if hosts is not None else None
+
+    def where(ranks: list[int]) -> str:
+        return f"all {len(ranks)} ranks" if len(ranks) == len(names) > 1 else failures.ranks_on_hosts(ranks, named)
+
+    return ", ".join(f"{name} on {where(ranks)}" for name, ranks in by_signal.items())
