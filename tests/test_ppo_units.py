@@ -12,7 +12,7 @@ import torch
 
 from ddprl.algos.ppo.loss import ppo_loss
 from ddprl.algos.ppo.networks import ActorCritic, PolicyOutput
-from ddprl.algos.ppo.rollout import Rollout, compute_gae
+from ddprl.algos.ppo.rollout import Rollout, RolloutBuffer, compute_gae, obs_storage_dtype
 from ddprl.normalize import ReturnScaler, RunningMeanStd
 
 
@@ -340,3 +340,16 @@ def test_gym_vec_env_step_types_and_episode_counters():
             length[done], ends = 0, ends + int(done.sum())
     assert ends >= 4
     env.close()
+
+
+def test_pixels_are_stored_as_bytes_exactly():
+    """A uint8 observation space (Atari's frames) is stored as bytes, a quarter of float32's
+    memory; the float32 pixels the env hands over come back unchanged."""
+    pixels = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    assert obs_storage_dtype(pixels) == torch.uint8
+    assert obs_storage_dtype(gym.spaces.Box(-1.0, 1.0, (3,), np.float32)) == torch.float32
+    buffer = RolloutBuffer(2, 3, pixels.shape, (), torch.long, torch.device("cpu"), obs_storage_dtype(pixels))
+    frames = torch.randint(0, 256, (3, 4, 84, 84)).float()
+    buffer.store(1, obs=frames)
+    assert buffer.data.obs.dtype == torch.uint8 and buffer.data.obs.element_size() == 1
+    assert torch.equal(buffer.data.obs[1].float(), frames)

@@ -21,7 +21,7 @@ from ddprl.algos.common import autocast_context, crossed
 from ddprl.algos.graphs import training_step_unsupported
 from ddprl.algos.ppo.loss import standardize
 from ddprl.algos.ppo.networks import ActorCritic
-from ddprl.algos.ppo.rollout import Rollout, RolloutBuffer, RolloutStep, compute_gae
+from ddprl.algos.ppo.rollout import Rollout, RolloutBuffer, RolloutStep, compute_gae, obs_storage_dtype
 from ddprl.algos.ppo.update import UpdateStep, learn, update_batch
 from ddprl.checkpoint import strip_prefixes
 from ddprl.envs import make_env
@@ -191,6 +191,7 @@ def train(rt: Any, cfg: Any) -> None:
         tuple(env.single_action_space.shape),
         torch.long if policy.discrete else torch.float32,
         rt.device,
+        obs_storage_dtype(env.single_observation_space),
     )
     autocast = autocast_context(rt.device, cfg.precision)
     regions = plan(cfg, env)  # what compile=true runs as compiled graphs here (logged)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from ddprl.algos.graphs import compile_region, mark_static, step_begin
@@ -21,7 +22,7 @@ from ddprl.algos.ppo.networks import ActorCritic
 class Rollout(NamedTuple):
     """T steps of N local envs. Shapes: (T, N, ...)."""
 
-    obs: torch.Tensor  # (T, N, *obs_shape) — raw: normalised at update time with the rollout's statistics
+    obs: torch.Tensor  # (T, N, *obs_shape) — raw (uint8 pixels stay bytes): normalised at update time
     actions: torch.Tensor  # (T, N) or (T, N, A)
     log_probs: torch.Tensor  # (T, N)
     values: torch.Tensor  # (T, N)  V(obs_t)
@@ -29,6 +30,13 @@ class Rollout(NamedTuple):
     terminated: torch.Tensor  # (T, N) bool
     truncated: torch.Tensor  # (T, N) bool
     final_values: torch.Tensor  # (T, N)  V(final_obs_t), used where truncated
+
+
+def obs_storage_dtype(space: Any) -> torch.dtype:
+    """How a rollout stores observations of ``space``: bytes where the space says so (pixels:
+    Atari's 4x84x84 frames, a quarter of float32's memory, and exact: they are integers), else
+    float32. The policy still sees float32 (the env's tensors, and the update's minibatches)."""
+    return torch.uint8 if np.dtype(space.dtype) == np.uint8 else torch.float32
 
 
 class RolloutBuffer:
@@ -42,12 +50,13 @@ class RolloutBuffer:
         action_shape: tuple,
         action_dtype: torch.dtype,
         device: torch.device,
+        obs_dtype: torch.dtype = torch.float32,
     ):
         def z(*shape, dtype=torch.float32):
             return torch.zeros((n_steps, num_envs, *shape), dtype=dtype, device=device)
 
         self.data = Rollout(
-            obs=z(*obs_shape),
+            obs=z(*obs_shape, dtype=obs_dtype),
             actions=z(*action_shape, dtype=action_dtype),
             log_probs=z(),
             values=z(),

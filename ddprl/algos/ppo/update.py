@@ -111,7 +111,7 @@ class UpdateStep:
         # the advantages come as an argument (normalised per step or not): not gathered again
         b = {k: v[idx] for k, v in self.batch.items() if k != "advantages"}
         cfg = self.cfg
-        obs = self.normalize(b["obs"])
+        obs = self.normalize(b["obs"].float())  # stored as bytes where they are pixels
         with self.autocast:
             # eagerly ``params`` are the module's own: the plain call is the same, and cheaper
             out = (
