@@ -27,6 +27,11 @@ sys.path.insert(0, str(RESULTS.parent))  # the results package, and the benchmar
 from results import page, peers, rows, stats, store, training  # noqa: E402 (the path above first)
 
 
+def unwrapped_page() -> str:
+    """The page with each bullet on one line again (the page wraps prose at 100 columns)."""
+    return page.page().replace("\n  ", " ")
+
+
 def load_module(name: str, folder: Path = RESULTS.parent):
     """A module of benchmarks/ (beside the results package), or of ``folder``, loaded afresh."""
     spec = importlib.util.spec_from_file_location(f"results_{name}", folder / f"{name}.py")
@@ -213,7 +218,7 @@ def test_a_row_without_a_transcribed_reference_shows_ours_at_the_end_and_best(tm
 
     monkeypatch.setattr(training, "train_and_keep", fake_train)
     training.run_row("qmix-lbf-8x8-2p-2f-coop", 2)
-    text = page.page()
+    text = unwrapped_page()
     assert (
         "| QMIX, Foraging-8x8-2p-2f-coop-v3 | not transcribed | 100,000 | 0.15 ± 0.07 "
         "| 0.30 ± 1.27 (95 % CI) at 50,000 | 2 | 1.0 min |" in text  # the mean over seeds peaks at 50k
@@ -334,7 +339,7 @@ def test_epymarl_run_here_is_the_reference_of_both_qmix_rows_of_its_task(tmp_pat
     assert summary["command"].startswith("python src/main.py --config=qmix --env-config=gymma with ")
     training.run_row("qmix-lbf-8x8-2p-2f-coop", 2)
     training.run_row("qmix-lbf-8x8-2p-2f-coop-epymarl", 2)
-    text = page.page()
+    text = unwrapped_page()
     for title in ("QMIX, Foraging-8x8-2p-2f-coop-v3", "QMIX, Foraging-8x8-2p-2f-coop-v3, EPyMARL's settings"):
         assert f"| {title} | EPyMARL run here: 0.30 ± 0.14 at 100,000 | 100,000 | 0.60 ± 0.28 |" in text
     assert text.count("EPyMARL's maximum returns here 0.30 ± 1.27 (95 % CI, at step 100,000)") == 2
@@ -475,6 +480,7 @@ def test_epymarl_on_mpe_steps_its_pettingzoo_key_and_the_page_divides_by_the_age
     assert "EPyMARL's maximum returns here -21.50 ± 6.35 (95 % CI, at step 50,000)" in details[-1]  # per agent too
 
 
+@pytest.mark.slow
 def test_a_long_row_stopped_by_sigterm_goes_on_from_its_checkpoint(tmp_path):
     """A real run in a long row's work directory: SIGTERM to it (as to run.py, passed on) saves a
     checkpoint, keeps how far it got in ``in_progress/`` and raises Stopped; the next sitting resumes
@@ -552,7 +558,7 @@ def test_a_long_row_part_way_shows_how_far_each_seed_got(tmp_path, monkeypatch, 
         lines = [{"step": step, "wall_time": wall, **({rows.EVAL: ev} if ev else {})} for step, wall, ev in points]
         (keep / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
         (keep / store.SITTINGS).write_text(json.dumps(walls))
-    text = page.page()
+    text = unwrapped_page()
     assert (
         "| 50,000 | not reached: 3 in progress, at 12,000 and 5,000 and 4,000 | 277.9 so far (seed 1) | 0 | | "
         "[png](images/tdmpc2-cartpole-swingup.png) |" in text
@@ -575,7 +581,7 @@ def test_a_long_row_before_its_first_evaluation_has_no_curve(tmp_path, monkeypat
     keep.mkdir(parents=True)
     (keep / "metrics.jsonl").write_text(json.dumps({"step": 7000, "wall_time": 2400.0}) + "\n")
     (keep / store.SITTINGS).write_text(json.dumps([2460.0]))
-    text = page.page()
+    text = unwrapped_page()
     assert "| 50,000 | not reached: 1 in progress, at 7,000 |  | 0 | | no evaluation yet |" in text
     assert "seed 1 at 7,000 of 50,000 steps after 0.7 h of training, evaluations: none yet" in text
     assert not (tmp_path / "images" / f"{row}.png").exists()
@@ -615,7 +621,7 @@ def test_a_long_row_whose_checkpoint_is_gone_keeps_the_lost_attempt_and_shows_bo
         return draw_figure(runs, keys, x, styles)
 
     monkeypatch.setattr(plot, "figure", figure)
-    text = page.page()
+    text = unwrapped_page()
     # both lost attempts dashed in the colour of the seed's run in progress
     dashed = {"linestyle": "--", "color": "C0"}
     labels = ["seed1, in progress", "seed1, lost", "seed1-2, lost"]
@@ -785,7 +791,7 @@ def test_cleanrl_run_here_stands_beside_the_published_number_on_the_page(tmp_pat
 
     monkeypatch.setattr(training, "train_and_keep", fake_train)
     training.run_row("ppo-humanoid-v4", 2)
-    before = page.page()
+    before = unwrapped_page()
     assert "CleanRL run here:" not in before and "CleanRL run here (" not in before
 
     out = tmp_path / "runs" / "cleanrl-humanoid-v4"
@@ -814,7 +820,7 @@ def test_cleanrl_run_here_stands_beside_the_published_number_on_the_page(tmp_pat
 
     draw_band = page.mean_band
     monkeypatch.setattr(page, "mean_band", mean_band)
-    text = page.page()
+    text = unwrapped_page()
     assert (
         "| PPO, Humanoid-v4 (CleanRL's task version) | CleanRL run here: 675.0 ± 35.4 (training episodes) "
         "| 1,000,000 | 630.0 ± 28.3 | 740.0 ± 28.3 | 2 | 20.0 min | [png](images/ppo-humanoid-v4.png) |" in text

@@ -249,17 +249,14 @@ def not_yet() -> list[str]:
         "idle (Ant's 18 min beside one TD-MPC2 seed, run at a lower priority), 36 to 50 min beside heavier jobs."
     )
 
-    def bullet(text: str) -> list[str]:
-        return textwrap.wrap(text, 100, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False)
-
     return [
         "",
         "## Not reproduced yet",
         "",
-        *(bullet(ppo_missing) if ppo_short else []),
-        *bullet(qmix_missing),
+        *([f"- {ppo_missing}"] if ppo_short else []),
+        f"- {qmix_missing}",
         *qmix_seeds(),
-        *(bullet(tdmpc2_missing) if cpu_short or gpu_short else []),
+        *([f"- {tdmpc2_missing}"] if cpu_short or gpu_short else []),
     ]
 
 
@@ -647,9 +644,17 @@ def page() -> str:
             details.append(f"- {row.note}")
         details += ["", f"![{row.title}]({image})", ""]
     peer_lines, peer_details = peer_section()
-    return (
-        "\n".join(lines + supervised_table() + peer_lines + not_yet() + ["", "## Rows", ""] + details + peer_details)
-        + "\n"
+    page_lines = lines + supervised_table() + peer_lines + not_yet() + ["", "## Rows", ""] + details + peer_details
+    return "\n".join(wrapped for line in page_lines for wrapped in wrap_bullet(line)) + "\n"
+
+
+def wrap_bullet(line: str) -> list[str]:
+    """A bullet of prose as lines of at most 100 characters (Markdown joins them again); any
+    other line (a table row, a heading, an image) as it is."""
+    if not line.startswith("- ") or len(line) <= 100:
+        return [line]
+    return textwrap.wrap(
+        line[2:], 100, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False, break_long_words=False
     )
 
 
