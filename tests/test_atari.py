@@ -267,6 +267,7 @@ def frames_batch(tmp_path_factory):
     return str(path)
 
 
+@pytest.mark.slow
 def test_two_ranks_equal_one_process_on_atari_frames(tmp_path, frames_batch):
     """The preset's update (per-minibatch advantages, value clip, grad clip, entropy) with the
     Nature CNN: 2 gloo ranks, each on half the frames, end with one process's weights."""
@@ -295,6 +296,7 @@ def metrics(run_dir) -> list[dict]:
 
 
 @pytest.mark.parametrize("world_size, backend", [(1, "auto"), (2, "gymnasium")])
+@pytest.mark.slow
 def test_train_on_one_and_two_ranks_then_eval_and_video(tmp_path, world_size, backend):
     run_dir = tmp_path / "run"
     # Games cut at 20 agent steps: episodes end in a tiny budget, evaluation takes seconds.

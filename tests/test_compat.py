@@ -176,6 +176,7 @@ def test_a_graph_break_is_reported_once_and_the_region_runs_eagerly(ddprl_log):
     ), line
 
 
+@pytest.mark.slow
 def test_recompiles_are_reported_and_past_the_limit_the_region_runs_eagerly(ddprl_log):
     """Dynamo's recompile limit lowered to 2: a new shape compiles a second graph (INFO with
     the guard that failed, once however often it is used), a third shape is past the limit

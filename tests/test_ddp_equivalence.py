@@ -81,6 +81,7 @@ def assert_same_params(a, b, atol):
         assert torch.allclose(a[k], b[k], atol=atol), (k, (a[k] - b[k]).abs().max())
 
 
+@pytest.mark.slow
 def test_two_half_batches_equal_one_full_batch(tmp_path, batch_path):
     single = run_learn(tmp_path, batch_path, world_size=1, batch_size=N)
     ddp = run_learn(tmp_path, batch_path, world_size=2, batch_size=N // 2)
@@ -92,6 +93,7 @@ def test_two_half_batches_equal_one_full_batch(tmp_path, batch_path):
     assert diff > 1e-3
 
 
+@pytest.mark.slow
 def test_sync_freq_accumulates_like_one_big_batch(tmp_path, batch_path):
     single = run_learn(tmp_path, batch_path, world_size=1, batch_size=N)
     accumulated = run_learn(tmp_path, batch_path, world_size=1, batch_size=N // 2, sync_freq=2)
@@ -100,6 +102,7 @@ def test_sync_freq_accumulates_like_one_big_batch(tmp_path, batch_path):
     assert_same_params(single[0]["params"], ddp_accumulated[0]["params"], atol=1e-6)
 
 
+@pytest.mark.slow
 def test_ranks_identical_after_many_updates(tmp_path, batch_path):
     ranks = run_learn(tmp_path, batch_path, world_size=2, batch_size=8, epochs=3, steps=3)
     assert ranks[0]["checksums"][0] == ranks[0]["checksums"][1]
@@ -120,6 +123,7 @@ def standardized_batch_path(batch_path):
     return str(path)
 
 
+@pytest.mark.slow
 def test_minibatch_advantage_norm_uses_the_global_batch(tmp_path, batch_path, standardized_batch_path):
     """One optimizer step over the whole batch, its advantages standardised in ``learn``, equals
     the plain update on advantages standardised beforehand: on one rank, on 2 ranks of half

@@ -159,6 +159,7 @@ def test_render_rgb_error_names_mujoco_gl():
     assert "MUJOCO_GL=egl" in out.stdout
 
 
+@pytest.mark.slow
 def test_render_rgb_frame_with_egl():
     out = _run_with_gl(
         "f = env.render_rgb(height=48, width=64)\nprint('FRAME', f.shape, f.dtype, int(f.std() > 5))\n", "egl"

@@ -74,6 +74,7 @@ def leftovers(run_dir: Path) -> list[Path]:
 # -- a full disk -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_full_disk_ends_the_job_in_one_line_and_resume_auto_goes_on(tmp_path):
     with tmpfs(tmp_path / "disk", "260k") as disk:
         run_dir = disk / "run"
@@ -155,6 +156,7 @@ def lock_is_free(run_dir: Path) -> bool:
         os.close(fd)
 
 
+@pytest.mark.slow
 def test_a_second_job_is_refused_until_the_first_is_killed(tmp_path):
     run_dir = tmp_path / "run"
     job = ["train", *PPO, f"run_dir={run_dir}", "checkpoint_freq=1024"]
@@ -276,6 +278,7 @@ def test_eval_of_a_file_that_is_no_checkpoint(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_frozen_encoder_without_an_encoder(tmp_path):
     pytest.importorskip("lbforaging")
     no_encoder = tmp_path / "qmix.pt"

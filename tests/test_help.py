@@ -86,6 +86,7 @@ def test_bad_input_refused_before_any_rank_starts(inputs, tmp_path, case):
     assert not (tmp_path / "run").exists() and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_torchrun_world_size_mismatch_one_ddprl_line(tmp_path):
     """Each worker finds the contradiction; one prints it, every one hands it to torchrun's summary.
 

@@ -57,6 +57,7 @@ def params_of(path):
     return load_checkpoint(path)["state"]["params"]
 
 
+@pytest.mark.slow
 def test_run_directory_checkpoints_eval_and_play(tmp_path):
     run = tmp_path / "r"
     _ok(
@@ -96,6 +97,7 @@ def test_run_directory_checkpoints_eval_and_play(tmp_path):
     assert len(frames) > 5 and frames[0].ndim == 3 and frames[0].std() > 0
 
 
+@pytest.mark.slow
 def test_resume_equals_an_uninterrupted_run(tmp_path):
     common = [
         *SMALL,
@@ -128,6 +130,7 @@ def test_resume_equals_an_uninterrupted_run(tmp_path):
     assert tail("full") == tail("resumed") and len(tail("full")) == 3
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_process(tmp_path):
     # 2 JAX processes x 2 devices (jax.distributed over localhost) == 1 process x 4 devices.
     common = [*SMALL, "steps=512", "checkpoint_freq=0", "eval_episodes=0"]
@@ -193,6 +196,7 @@ def test_keys_lists_both_engines(tmp_path):
     assert re.search(r"^devices\s", res.stdout, re.M) and re.search(r"^engine\s", res.stdout, re.M)
 
 
+@pytest.mark.slow
 def test_cartpole_learns_on_two_simulated_devices(tmp_path):
     """The default PPO job on engine=jax, 2 devices, reaches eval return >= 475 (10 episodes).
 
@@ -224,6 +228,7 @@ def test_cartpole_learns_on_two_simulated_devices(tmp_path):
     assert load_checkpoint(run / "checkpoints" / "best.pt")["best"]["score"] == best
 
 
+@pytest.mark.slow
 def test_brax_task_trains_on_mjx(tmp_path):
     """A MuJoCo task (brax's inverted pendulum, MJX physics) through the same compiled loop (smoke:
     compiling MJX on a CPU takes ~20 s; the learning runs belong to benchmarks)."""
@@ -280,6 +285,7 @@ def test_process_identity_follows_the_launchers():
     assert process_identity(cfg, {}, local_index=1) == (3, 4, "10.0.0.1:29600")
 
 
+@pytest.mark.slow
 def test_torchrun_launches_jax_processes(tmp_path):
     # Under torchrun this very process is one JAX process of the job: checking the task must not
     # start JAX's backend before jax.distributed.initialize (it did: gymnax's import starts it).

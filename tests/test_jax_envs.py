@@ -75,6 +75,7 @@ def test_gymnax_state_index_observations_are_one_hot():
         assert np.array_equal(s["obs"].sum(-1), np.ones(s["obs"].shape[:-1]))
 
 
+@pytest.mark.slow
 def test_brax_time_limit_and_continuous_actions():
     # The adapter does not depend on brax's physics pipeline: the quick-to-compile "spring" one
     # here (MJX, the default, is compiled by tests/test_jax_engine.py's brax run).

@@ -69,6 +69,7 @@ def assert_trees_close(a, b, rtol=2e-5, atol=2e-6):
 @pytest.mark.parametrize(
     "task,n_devices", [("gymnax/CartPole-v1", 2), ("gymnax/CartPole-v1", 4), ("gymnax/Pendulum-v1", 4)]
 )
+@pytest.mark.slow
 def test_n_shards_equal_one_device(task, n_devices):
     # Each device's share as one minibatch: N devices x (n_steps x 8/N envs) == 1 device x all.
     local = 16 * NUM_ENVS // n_devices
@@ -103,6 +104,7 @@ def test_sync_freq_accumulates_like_one_big_batch():
         assert_trees_close(jax.device_get(local_copy(every["params"])), jax.device_get(local_copy(one["params"])))
 
 
+@pytest.mark.slow
 def test_minibatch_advantage_norm_uses_each_steps_global_batch():
     # One optimizer step per epoch over every device's whole rollout (as one minibatch, or as 4
     # accumulated with sync_freq=4): the step's statistics are the rollout's, so

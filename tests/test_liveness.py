@@ -118,6 +118,7 @@ def test_the_roll_call_names_the_ranks_whose_heartbeat_stopped(store):
             hb.stop()
 
 
+@pytest.mark.slow
 def test_without_its_store_the_roll_call_cannot_tell():
     hb = liveness.Heartbeat("127.0.0.1", free_port(), 0, 2)  # nobody serves this port
     try:
@@ -126,6 +127,7 @@ def test_without_its_store_the_roll_call_cannot_tell():
         hb.stop()
 
 
+@pytest.mark.slow
 def test_a_stopped_process_knows_it_was_not_running(tmp_path):
     """SIGSTOP for 1.5 s, then SIGCONT: the process says it was not running (here the thresholds
     are scaled down ten times, as in the store fixture)."""

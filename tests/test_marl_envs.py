@@ -386,6 +386,7 @@ def test_smac_adapter_wins_truncates_and_seeds(smac_standin):
     assert frame.dtype == np.uint8 and frame.shape[2] == 3
 
 
+@pytest.mark.slow
 def test_smac_qmix_trains_through_the_cli(smac_standin, tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(STANDIN), os.environ.get("PYTHONPATH", "")]))
     run_dir = tmp_path / "run"

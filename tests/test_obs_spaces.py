@@ -154,6 +154,7 @@ def test_norm_obs_rescales_box_columns_only_and_saves_what_it_always_saved():
     assert torch.equal(plain.normalize(x), rms.normalize(x))  # eval and play need no mask
 
 
+@pytest.mark.slow
 def test_frozenlake_trains_evaluates_and_plays(tmp_path):
     run_dir = tmp_path / "fl"
     res = run_cli(["train", "task=FrozenLake-v1", f"run_dir={run_dir}", *FAST], cwd=tmp_path, timeout=240)

@@ -259,6 +259,7 @@ def test_parse_plot_args_errors():
         parse_plot_args(["runs/a", "keys=[]"])
 
 
+@pytest.mark.slow
 def test_plot_cli(two_runs, tmp_path):
     png = tmp_path / "cli" / "curves.png"
     res = run_cli(["plot", str(two_runs[0]), str(two_runs[1]), f"out={png}"], timeout=120)

@@ -435,6 +435,7 @@ def test_compiled_rollout_equals_eager():
 # -- data parallel: 2 gloo ranks on halves == one process on the whole batch ----------------------------
 
 
+@pytest.mark.slow
 def test_update_region_two_ranks_equal_one_process(tmp_path):
     """Update regions on 2 ranks (gradients averaged inside the graph by a functional all-reduce,
     rank 1's different initial weights replaced by ``rt.broadcast_module``), each on half the

@@ -20,9 +20,8 @@ import torch
 from conftest import TDMPC2_TINY, cli_env, run_cli
 from conftest import start_job as start
 
-from ddprl.checkpoint import load_checkpoint, save_atomically
+from ddprl.checkpoint import Checkpointer, load_checkpoint, resolve_resume, save_atomically
 from ddprl.metrics import read_metrics
-from ddprl.run import Checkpointer, resolve_resume
 from ddprl.runtime import free_port
 from ddprl.runtime.preemption import PREEMPTED_EXIT_CODE, StopCheck
 
@@ -110,6 +109,7 @@ def check_resumes_without_gaps(run_dir: Path, cwd: Path, extra: list[str], step_
 
 
 @pytest.mark.parametrize("algo", ["ppo", "qmix", "jax"])
+@pytest.mark.slow
 def test_sigterm_to_the_launcher_saves_at_the_step_and_resumes(tmp_path, algo):
     keys, step_size = {"ppo": (PPO, 512), "qmix": (QMIX, 4), "jax": (JAX, 256)}[algo]
     run_dir = tmp_path / "run"
@@ -155,6 +155,7 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.slow
 def test_ranks_of_a_sigkilled_launcher_save_and_leave(tmp_path):
     """A launcher killed with SIGKILL (the OOM killer, kill -9) from a job started in the
     background, which ignores SIGINT: its ranks get SIGTERM, save at the step and end, and
@@ -206,6 +207,7 @@ def slurm_env(rank: int, job_id: int) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_rank_stops_every_rank(tmp_path):
     """SLURM-style: each rank is its own process; only rank 1 is signalled (as one task's
     preemption notice would be): both ranks learn it, save together and exit 75."""
@@ -239,6 +241,7 @@ TDMPC2 = [
 ]  # 2 ranks x 1 env: 2 global steps per agent step; random ones of <1 ms, then ~30 ms each
 
 
+@pytest.mark.slow
 def test_sigterm_right_after_tdmpc2_seeding_stops_within_a_few_steps(tmp_path):
     """Seeding's random steps cost <1 ms, so the stop check had stretched its window to ~1000
     steps; learning makes each step ~40x costlier. A signal sent as the first update row is
@@ -259,6 +262,7 @@ def test_sigterm_right_after_tdmpc2_seeding_stops_within_a_few_steps(tmp_path):
     assert learning_from == 1000 and stopped_at - learning_from <= 400, (learning_from, stopped_at)
 
 
+@pytest.mark.slow
 def test_torchrun_restarts_workers_after_a_sigkill_and_completes(tmp_path):
     run_dir = tmp_path / "run"
     total = 512 * 60
@@ -379,6 +383,7 @@ exit $code
 """
 
 
+@pytest.mark.slow
 def test_sbatch_script_requeues_after_the_signal_and_resumes(tmp_path):
     """scripts/slurm.sbatch with `srun`/`scontrol` stand-ins (no SLURM here: the only fakes): SIGUSR1
     to the tasks, as `--signal=USR1@180` sends it, ends in a requeue; the requeued job resumes."""

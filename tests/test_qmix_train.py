@@ -44,6 +44,7 @@ def qmix_run(tmp_path_factory):
     return run_dir, res
 
 
+@pytest.mark.slow
 def test_two_rank_run_logs_global_metrics_and_plain_checkpoints(qmix_run):
     run_dir, res = qmix_run
     rows = read_metrics(run_dir)
@@ -64,6 +65,7 @@ def test_two_rank_run_logs_global_metrics_and_plain_checkpoints(qmix_run):
     assert "[RANK 1]" not in res.stderr and "trains agent, mixer" in res.stderr
 
 
+@pytest.mark.slow
 def test_eval_and_play_from_the_checkpoint(qmix_run, tmp_path):
     run_dir, _ = qmix_run
     ckpt = run_dir / "checkpoints" / "latest.pt"
@@ -103,6 +105,7 @@ def test_resume_continues_the_counters(qmix_run, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_resume_with_the_saved_replays_needs_no_warm_up(tmp_path):
     args = ["train", *FAST, "eval_freq=0", "checkpoint_buffer=true", f"run_dir={tmp_path}"]
     res = run_cli([*args, "steps=800"])
@@ -169,6 +172,7 @@ def test_staged_pretrain_then_frozen_then_fine_tuned(tmp_path):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("jaxmarl") is None, reason="jaxmarl (Python 3.11+) is not installed")
+@pytest.mark.slow
 def test_staged_pretrain_then_frozen_on_smax(tmp_path):
     """The stages on a StarCraft-like battle (SMAX's 3m): the encoder pretrained on random
     battles, then QMIX (its preset's recurrent agent) on the frozen encoder, 2 ranks."""
@@ -204,6 +208,7 @@ def test_staged_pretrain_then_frozen_on_smax(tmp_path):
         ("qmix", False, ["agent", "encoder", "mixer"]),
     ],
 )
+@pytest.mark.slow
 def test_ddp_wraps_only_the_modules_a_stage_trains(tmp_path, stage, freeze, synced):
     init = []
     if stage == "qmix" and freeze:  # a frozen encoder comes from a pretraining checkpoint
@@ -259,6 +264,7 @@ def random_return(task: str, episodes: int = 400) -> float:
     return sum(returns) / len(returns)
 
 
+@pytest.mark.slow
 def test_two_ranks_learn_lbf_clearly_above_random(tmp_path):
     # PyMARL2-style settings (TD(lambda) 0.6, lr 1e-3) on the smallest LBF layout, 2 ranks x 4 envs.
     res = run_cli(

@@ -247,6 +247,7 @@ def test_failing_rank_takes_job_down_within_timeout(tmp_path):
     assert time.monotonic() - start < 30 + 30  # dist_timeout + margin (spawn start-up included)
 
 
+@pytest.mark.slow
 def test_root_cause_is_the_first_error_not_the_first_process_to_exit(tmp_path, monkeypatch):
     # Rank 0 exits first, with a broken collective's message; rank 1 raised before it but is
     # still ending its process: the launcher names rank 1's error, and leaves no report behind.

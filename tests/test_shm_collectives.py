@@ -20,6 +20,7 @@ pytestmark = pytest.mark.skipif(shm.supported() is not None, reason=str(shm.supp
 
 
 @pytest.mark.parametrize("mode", ["shm", "gloo"])
+@pytest.mark.slow
 def test_host_collectives_sum_what_gloo_sums(tmp_path, mode):
     cfg = load_config(["world_size=2", "dist_timeout=60", "progress=false", f"host_collectives={mode}"])
     files_before = set(glob.glob("/dev/shm/ddprl-*"))
@@ -70,6 +71,7 @@ def test_a_missing_peer_ends_the_wait(peer_lives_s):
         peer.join(30)
 
 
+@pytest.mark.slow
 def test_doctor_names_the_collectives_and_their_latency(cli):
     result = cli(["doctor", "world_size=2", "size_mb=1"], timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 from conftest import run_cli
 
@@ -31,6 +32,7 @@ TINY = [
 ]
 
 
+@pytest.mark.slow
 def test_snake_ppo_two_ranks_then_play_and_eval(tmp_path):
     run_dir = tmp_path / "s"
     res = run_cli(["train", f"run_dir={run_dir}", *TINY], cwd=tmp_path)
@@ -81,6 +83,7 @@ def test_nccl_preset_never_overrides_the_user():
     assert set(NCCL_PRESETS) == {"none", "nvlink", "ib"}
 
 
+@pytest.mark.slow
 def test_autoscale_keeps_user_values(tmp_path):
     cfg = load_config(["task=snake", "world_size=2"])
     cpu = autoscale_ppo(cfg, (7, 10, 10), world_size=2, local_world_size=2, device="cpu")

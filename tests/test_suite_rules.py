@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO, cli_env
 
 # A machine with one visible GPU, as torch and the environment present it: the only mock.
@@ -61,6 +62,7 @@ def test_cpu_after_a_gpu_test(world_size_in_a_module_fixture):
 """
 
 
+@pytest.mark.slow
 def test_tests_not_marked_gpu_run_on_the_cpu_where_a_gpu_is_visible(tmp_path):
     """This suite's conftest on a machine that shows one GPU (CUDA_VISIBLE_DEVICES=0, torch
     counting one device): the tests not marked gpu, a module fixture's included, resolve

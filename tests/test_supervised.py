@@ -117,6 +117,7 @@ def test_val_metrics_count_every_sample_once_and_equal_one_process(tmp_path):
     assert one["val/accuracy"] == int((out.argmax(1) == y).sum()) / 37
 
 
+@pytest.mark.slow
 def test_torchmetrics_objects_reduce_over_uneven_shards(tmp_path):
     torchmetrics = pytest.importorskip("torchmetrics")
     task = fns.blob_task(n_val=37)
@@ -135,6 +136,7 @@ def _weights(run_dir):
 
 
 @pytest.mark.parametrize("sync_freq", [1, 2])
+@pytest.mark.slow
 def test_two_ranks_equal_one_process_on_the_full_batch(tmp_path, sync_freq):
     """2 ranks x batch 8 (x sync_freq) == 1 process x batch 16 (x sync_freq), over 2 shuffled epochs."""
     task = fns.blob_task(n_train=96)
@@ -288,6 +290,7 @@ def test_monitor_must_be_measured(tmp_path):
 # -- the command line: digits, kill -9 and resume, eval, user tasks ----------------------------
 
 
+@pytest.mark.slow
 def test_digits_reaches_test_accuracy_095_on_two_ranks(tmp_path):
     run_dir = tmp_path / "digits"
     proc = run_cli(
@@ -310,6 +313,7 @@ def test_digits_reaches_test_accuracy_095_on_two_ranks(tmp_path):
     assert f"test/accuracy={last['test/accuracy']:.6g}" in proc.stdout and "test/num_samples=271" in proc.stdout
 
 
+@pytest.mark.slow
 def test_signal_mid_epoch_saves_there_and_resume_equals_an_uninterrupted_run(tmp_path):
     """SIGTERM to rank 1 part-way through epoch 1: both ranks stop after the same optimizer step,
     save (epoch, batch, the epoch's partial sums), exit 75; the resumed run ends with the weights
@@ -342,6 +346,7 @@ def test_signal_mid_epoch_saves_there_and_resume_equals_an_uninterrupted_run(tmp
         assert x["train/loss"] == pytest.approx(y["train/loss"], rel=1e-12) and x["val/loss"] == y["val/loss"]
 
 
+@pytest.mark.slow
 def test_kill_9_and_resume_continues_like_an_uninterrupted_run(tmp_path):
     args = [
         "train",
@@ -392,6 +397,7 @@ def test_kill_9_and_resume_continues_like_an_uninterrupted_run(tmp_path):
     assert set(ckpt["state"]) == {"model", "optimizer", "scheduler", "scaler", "early_stopping"}
 
 
+@pytest.mark.slow
 def test_user_task_from_the_command_line_and_no_import_from_a_checkpoint(tmp_path):
     tests = REPO / "tests"
     run_dir = tmp_path / "user"

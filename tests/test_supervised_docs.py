@@ -10,6 +10,7 @@ import pytest
 from conftest import REPO, cli_env
 
 
+@pytest.mark.slow
 def test_the_trainer_example_in_the_docs_runs(tmp_path):
     pytest.importorskip("sklearn")
     page = (REPO / "docs" / "supervised.md").read_text()

@@ -114,6 +114,7 @@ def test_task_file_sets_only_the_supervised_keys():
         assert named == plain
 
 
+@pytest.mark.slow
 def test_two_ranks_learn_the_energy_and_eval_reproduces_test(tmp_path):
     run_dir = tmp_path / "graph"
     # 400 graphs (280 to train), batch 8 per rank for enough steps: ~15 s on 2 CPU cores.

@@ -272,6 +272,7 @@ def _assert_close_states(a: dict, b: dict, atol: float) -> None:
         assert torch.allclose(a[key], b[key], atol=atol, rtol=rtol), (key, (a[key] - b[key]).abs().max())
 
 
+@pytest.mark.slow
 def test_two_ranks_on_half_batches_equal_one_process_on_the_full_batch(tmp_path):
     single = _run_shares(tmp_path, world_size=1, sync_freq=1)
     ddp = _run_shares(tmp_path, world_size=2, sync_freq=1)
@@ -360,6 +361,7 @@ def trained_run(tmp_path_factory):
     return run_dir, proc
 
 
+@pytest.mark.slow
 def test_end_to_end_two_ranks_writes_the_run_directory(trained_run):
     run_dir, proc = trained_run
     assert f"run directory: {run_dir}" in proc.stdout
@@ -391,6 +393,7 @@ def test_end_to_end_two_ranks_writes_the_run_directory(trained_run):
     assert any(k.startswith("target_qs.") for k in ckpt["state"]["model"])
 
 
+@pytest.mark.slow
 def test_two_rank_checkpoint_evaluates_in_one_process(trained_run):
     run_dir, _ = trained_run
     proc = run_cli(
@@ -423,6 +426,7 @@ def test_two_rank_checkpoint_evaluates_in_one_process(trained_run):
     assert not torch.equal(planned, explored)
 
 
+@pytest.mark.slow
 def test_resume_continues_the_run(trained_run, tmp_path):
     run_dir, _ = trained_run
     import shutil
@@ -446,6 +450,7 @@ def test_resume_continues_the_run(trained_run, tmp_path):
     assert bad.returncode == 2 and "mlp_dim" in bad.stderr
 
 
+@pytest.mark.slow
 def test_resume_with_checkpointed_buffers_goes_on_updating(trained_run, tmp_path):
     run_dir, _ = trained_run
     import shutil
@@ -470,6 +475,7 @@ def test_resume_with_checkpointed_buffers_goes_on_updating(trained_run, tmp_path
     assert "refilling the replay buffers" in proc.stderr
 
 
+@pytest.mark.slow
 def test_two_rank_run_resumes_on_one_rank(trained_run, tmp_path):
     run_dir, _ = trained_run
     import shutil
@@ -526,6 +532,7 @@ def test_discrete_task_is_refused_before_a_run_directory_exists(tmp_path):
     assert not (tmp_path / "never").exists()
 
 
+@pytest.mark.slow
 def test_run_ddp_script_launches_torchrun(tmp_path):
     import subprocess
     import sys

@@ -192,6 +192,7 @@ def updates_and_graph(rt, cfg, out: str, steps: int, fallen_back: bool = False) 
     torch.save(result, Path(out) / ("fallen_back.pt" if fallen_back else f"compile{int(cfg.compile)}.pt"))
 
 
+@pytest.mark.slow
 def test_compiled_update_is_one_graph_and_equals_eager_after_steps(tmp_path):
     """compile=false, compile=true, and compile=true with the region fallen back to its eager
     function (torch.func gradients outside a graph): the same state after 3 updates."""

@@ -59,6 +59,7 @@ def test_shares_rank_the_phases():
     assert shares(dict.fromkeys(PHASES, 0.0)) == ""
 
 
+@pytest.mark.slow
 def test_every_row_has_the_split_and_the_summary_names_the_largest(cli, tmp_path):
     run_dir = tmp_path / "run"
     result = cli(

@@ -40,6 +40,7 @@ def two_rank_run(tmp_path_factory):
     return cwd, res
 
 
+@pytest.mark.slow
 def test_one_run_directory_one_log_each(two_rank_run):
     cwd, res = two_rank_run
     run_dir = only_dir(cwd / "runs")
@@ -109,6 +110,7 @@ def test_strip_prefixes_never_substrings():
     assert strip_prefixes(sd) == {"submodule.weight": 1, "head.bias": 2, "submodule.module.x": 3}
 
 
+@pytest.mark.slow
 def test_resume_continues_to_the_same_parameters(tmp_path):
     """Interrupted at step 1024 and resumed == never interrupted (same world_size), reward
     scaling included (its statistics and each env's running return come back)."""
@@ -129,6 +131,7 @@ def test_resume_continues_to_the_same_parameters(tmp_path):
     assert read_metrics(tmp_path / "c")[0]["step"] == 1536
 
 
+@pytest.mark.slow
 def test_resume_auto_starts_fresh_then_continues(tmp_path):
     args = [
         "train",
@@ -161,6 +164,7 @@ def yaml_world_size(run_dir):
     return yaml.safe_load((run_dir / "config.yaml").read_text())["world_size"]
 
 
+@pytest.mark.slow
 def test_two_nodes_on_localhost(tmp_path):
     """Two torchrun agents (one per "node") rendezvous over TCP: ranks 0 and 1 of one job."""
     port = free_port()
@@ -197,6 +201,7 @@ def test_two_nodes_on_localhost(tmp_path):
     assert yaml_world_size(tmp_path / "mn") == 2
 
 
+@pytest.mark.slow
 def test_doctor_and_keys():
     res = run_cli(["doctor", "world_size=2", "size_mb=1"])
     assert res.returncode == 0, res.stderr[-2000:]
@@ -249,6 +254,7 @@ def test_port_in_use(tmp_path):
         _bad(tmp_path, ["train", f"master_port={port}"], rf"master_port={port} is already in use")
 
 
+@pytest.mark.slow
 def test_bad_checkpoints(tmp_path, two_rank_run):
     good = only_dir(two_rank_run[0] / "runs") / "checkpoints" / "latest.pt"
     truncated = tmp_path / "truncated.pt"
@@ -270,6 +276,7 @@ def test_default_job_learns_cartpole(tmp_path):
     assert final["eval/return_mean"] >= 475, final
 
 
+@pytest.mark.slow
 def test_wandb_offline_one_run(tmp_path):
     pytest.importorskip("wandb")
     res = run_cli(
@@ -290,6 +297,7 @@ def test_wandb_offline_one_run(tmp_path):
     assert list(runs[0].glob("*.wandb"))
 
 
+@pytest.mark.slow
 def test_continuous_actions_and_mixed_precision(tmp_path):
     """Box actions (Pendulum) with observation normalisation, under bf16 autocast."""
     res = run_cli(
@@ -316,6 +324,7 @@ def test_continuous_actions_and_mixed_precision(tmp_path):
     assert rms["count"].item() == 1024  # both ranks' observations, counted once each
 
 
+@pytest.mark.slow
 def test_tf32_trains_on_a_cpu_exactly_as_fp32(tmp_path):
     """precision=tf32 changes nothing on a CPU (its TF32 matrix products are a CUDA setting): the
     same seed gives the same weights as fp32, bit for bit."""

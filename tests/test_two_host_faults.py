@@ -192,6 +192,7 @@ def last_line(text: str) -> str:
 
 
 @pytest.mark.parametrize("name", list(FAULTS))
+@pytest.mark.slow
 def test_a_fault_on_one_host(two_hosts, name):
     fault, hosts = FAULTS[name], two_hosts
     with tmpfs(hosts.a.cwd / "disk", "8m"):
@@ -229,6 +230,7 @@ def test_a_fault_on_one_host(two_hosts, name):
         assert checkpoints_load(run) == total
 
 
+@pytest.mark.slow
 def test_a_run_directory_that_only_one_host_sees_is_refused(two_hosts):
     """Host B has no copy of host A's run directory (no shared file system): instead of ranks
     that start afresh beside ranks that resume, waiting for each other until dist_timeout, the

@@ -85,6 +85,7 @@ def check_job(hosts, results, args: list[str], world_size: int) -> Path:
 
 
 @pytest.mark.parametrize("args", [PPO, QMIX], ids=["ppo", "qmix"])
+@pytest.mark.slow
 def test_torchrun_two_hosts(two_hosts, args):
     """One torchrun agent per host; the workers meet at host A's name (PPO, and QMIX)."""
     jobs = [
@@ -113,6 +114,7 @@ def test_torchrun_two_hosts(two_hosts, args):
         assert read_metrics(run)[-1]["train/updates"] > 0
 
 
+@pytest.mark.slow
 def test_spawn_two_hosts(two_hosts):
     """``ddprl train`` on each host spawns its two ranks; rank 0 is on host A."""
     jobs = [
@@ -189,6 +191,7 @@ def srun_env(hosts, node: int, local: int, tasks_per_node: int, job_id: int) -> 
     }
 
 
+@pytest.mark.slow
 def test_slurm_two_hosts(two_hosts):
     """srun tasks, one per host: rank 0's host is the node list's first, the port comes from
     the job id, and nobody exports MASTER_ADDR."""
@@ -202,6 +205,7 @@ def test_slurm_two_hosts(two_hosts):
     check_job(two_hosts, two_hosts.run(jobs, TIMEOUT), PPO, world_size=2)
 
 
+@pytest.mark.slow
 def test_jax_two_hosts(two_hosts):
     """The JAX engine, one process per host (``world_size=auto`` is one per node)."""
     jobs = [
@@ -217,6 +221,7 @@ def test_jax_two_hosts(two_hosts):
     check_job(two_hosts, two_hosts.run(jobs, TIMEOUT), JAX, world_size=2)
 
 
+@pytest.mark.slow
 def test_a_two_machine_checkpoint_evaluates_in_one_process(tmp_path):
     """A spawn-mode job over two machines saves nnodes=2 in its config; ``ddprl eval`` (and the
     supervised evaluation) of its checkpoint is one process on one machine all the same. Runs

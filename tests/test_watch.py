@@ -62,6 +62,7 @@ def runs(tmp_path_factory):
 @pytest.mark.parametrize(
     "task,size,picked", [("cartpole", (400, 600, 3), "best.pt"), ("pendulum", (500, 500, 3), "latest.pt")]
 )
+@pytest.mark.slow
 def test_play_writes_a_gif_of_a_gymnasium_task_from_its_run_directory(runs, tmp_path, task, size, picked):
     gif = tmp_path / f"{task}.gif"
     res = run_cli(["play", f"checkpoint={runs / task}", f"video={gif}"], cwd=tmp_path)
@@ -81,6 +82,7 @@ def test_play_writes_a_gif_of_a_gymnasium_task_from_its_run_directory(runs, tmp_
 @pytest.mark.skipif(
     importlib.util.find_spec("imageio_ffmpeg") is None, reason="writing .mp4 needs imageio-ffmpeg (the video extra)"
 )
+@pytest.mark.slow
 def test_play_writes_an_mp4(runs, tmp_path):
     import imageio.v2 as imageio
 
@@ -94,6 +96,7 @@ def test_play_writes_an_mp4(runs, tmp_path):
     assert frames[0].shape == (500, 500, 3) and frames[0].std() > 5
 
 
+@pytest.mark.slow
 def test_eval_takes_a_run_directory(runs, tmp_path):
     for given, picked in [
         (runs / "cartpole", "best.pt"),
@@ -122,6 +125,7 @@ def test_play_without_video_on_a_task_without_text_names_video(runs, tmp_path):
     assert line.startswith("ddprl: error: play: CartPole-v1 has no text picture") and "video=out.gif" in line
 
 
+@pytest.mark.slow
 def test_a_video_name_that_is_no_gif_or_mp4_is_refused_first(runs, tmp_path):
     res = run_cli(
         ["play", f"checkpoint={runs / 'cartpole' / 'checkpoints' / 'latest.pt'}", f"video={tmp_path / 'x.avi'}"],
@@ -165,6 +169,7 @@ def mujoco_run(tmp_path_factory):
     return root / "ip"
 
 
+@pytest.mark.slow
 def test_mujoco_task_renders_headless(mujoco_run, tmp_path):
     gif = tmp_path / "ip.gif"
     env = {
