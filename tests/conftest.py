@@ -27,6 +27,17 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
 
 
 # A TD-MPC2 small enough for a CPU test (model_size 1's structure, tiny widths and plans).
+# Tiny PPO on gymnax CartPole on the JAX engine: 8 envs x 32 steps, 256 global steps per iteration.
+JAX_TINY = [
+    "engine=jax",
+    "task=gymnax/CartPole-v1",
+    "devices=1",
+    "num_envs=8",
+    "n_steps=32",
+    "batch_size=64",
+    "epochs=2",
+    "progress=false",
+]
 TDMPC2_TINY = [
     "model_size=1",
     "enc_dim=32",

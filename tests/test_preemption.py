@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TDMPC2_TINY, cli_env, run_cli
+from conftest import JAX_TINY, TDMPC2_TINY, cli_env, run_cli
 from conftest import start_job as start
 
 from ddprl.checkpoint import Checkpointer, load_checkpoint, resolve_resume, save_atomically
@@ -49,19 +49,7 @@ QMIX = [
     "progress=false",
     "dist_timeout=120",
 ]  # 4 global steps per iteration, a row each
-JAX = [
-    "engine=jax",
-    "task=gymnax/CartPole-v1",
-    "devices=1",
-    "num_envs=8",
-    "n_steps=32",
-    "batch_size=64",
-    "epochs=2",
-    "eval_episodes=0",
-    "checkpoint_freq=0",
-    "progress=false",
-    "dist_timeout=120",
-]  # 8 envs x 32 steps: 256 global steps per iteration
+JAX = [*JAX_TINY, "eval_episodes=0", "checkpoint_freq=0", "dist_timeout=120"]
 
 
 def stop_all(procs: list[subprocess.Popen]) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import REPO, run_cli
+from conftest import JAX_TINY, REPO, run_cli
 
 from ddprl.metrics import read_metrics
 
@@ -34,19 +34,7 @@ QMIX = [
     "steps=800",
 ]
 # Tiny PPO on gymnax CartPole, one JAX process (with one device) per host.
-JAX = [
-    "engine=jax",
-    "task=gymnax/CartPole-v1",
-    "devices=1",
-    "num_envs=8",
-    "n_steps=32",
-    "batch_size=64",
-    "epochs=2",
-    "eval_episodes=2",
-    "progress=false",
-    "dist_timeout=90",
-    "steps=512",
-]
+JAX = [*JAX_TINY, "eval_episodes=2", "dist_timeout=90", "steps=512"]
 PORT = 29500  # every port is free on a fresh host
 TIMEOUT = 240  # per job: a few times what it takes on two busy cores
 
