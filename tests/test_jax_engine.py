@@ -201,7 +201,7 @@ def test_cartpole_learns_on_two_simulated_devices(tmp_path):
     """The default PPO job on engine=jax, 2 devices, reaches eval return >= 475 (10 episodes).
 
     "Reaches", as the benchmark's time-to-475: PPO's greedy CartPole return oscillates after it
-    first hits 500 on both engines (docs/jax.md gives numbers), so the last evaluation alone
+    first hits 500 on both engines (docs/jax.md, "Limits"), so the last evaluation alone
     would make a flaky test. best.pt must hold the policy of the best evaluation.
     """
     run = tmp_path / "learn"
