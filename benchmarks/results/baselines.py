@@ -1,5 +1,4 @@
-"""The supervised rows' baselines, fitted on ddprl's own split: scikit-learn models on the tabular
-tasks, a ridge regression on pair-distance counts for graph_energy."""
+"""The supervised rows' baselines, fitted on ddprl's own split (train + val) and scored on its test split."""
 
 from __future__ import annotations
 
@@ -7,8 +6,7 @@ import functools
 
 
 def sklearn_baselines(dataset: str, seed: int) -> dict[str, float]:
-    """Test accuracy of scikit-learn models on ddprl's split (split_seed=0, standardised with the
-    training statistics), fitted on train + val."""
+    """Test accuracy of scikit-learn models fitted on ddprl's train + val (split_seed=0, standardised)."""
     import torch
     from sklearn.linear_model import LogisticRegression
     from sklearn.neural_network import MLPClassifier
@@ -16,15 +14,11 @@ def sklearn_baselines(dataset: str, seed: int) -> dict[str, float]:
     from ddprl.supervised.tasks import _tabular_splits
 
     splits = _tabular_splits(dataset, 0)
-    x_fit = torch.cat([splits["train"][0], splits["val"][0]]).numpy()
-    y_fit = torch.cat([splits["train"][1], splits["val"][1]]).numpy()
+    x_fit, y_fit = (torch.cat([splits["train"][i], splits["val"][i]]).numpy() for i in (0, 1))
     x_test, y_test = (t.numpy() for t in splits["test"])
-    models = {
-        "scikit-learn LogisticRegression": LogisticRegression(max_iter=5000),
-        "scikit-learn MLPClassifier (128, 128), early stopping": MLPClassifier(
-            (128, 128), early_stopping=True, max_iter=500, random_state=seed
-        ),
-    }
+    mlp = MLPClassifier((128, 128), early_stopping=True, max_iter=500, random_state=seed)
+    models = {"scikit-learn LogisticRegression": LogisticRegression(max_iter=5000)}
+    models["scikit-learn MLPClassifier (128, 128), early stopping"] = mlp
     return {name: float(model.fit(x_fit, y_fit).score(x_test, y_test)) for name, model in models.items()}
 
 
@@ -33,11 +27,9 @@ GRAPH_BINS = 100
 
 @functools.cache  # the same for every seed: generated from the split seed, fitted deterministically
 def graph_baselines() -> dict[str, float]:
-    """Test MSE (of the standardised energy) on ddprl's graph_energy split (its default options):
-    the training mean, and a linear model on what the energy is a function of, the number of
-    particle pairs at each distance (edges counted in GRAPH_BINS distance bins up to the cutoff).
-    The linear model is told the answer's form (a sum of pair terms), the GNN is not: a bound
-    rather than a peer."""
+    """Test MSE of the standardised energy on ddprl's graph_energy split: the training mean, and a ridge
+    regression on what the energy is a function of, the count of particle pairs in each of GRAPH_BINS
+    distance bins (told the answer's form, a sum of pair terms, as the GNN is not: a bound, not a peer)."""
     import numpy as np
     import torch
     from sklearn.linear_model import RidgeCV
@@ -58,7 +50,6 @@ def graph_baselines() -> dict[str, float]:
     x_fit, y_fit = features(splits["train"] + splits["val"])
     x_test, y_test = features(splits["test"])
     predicted = RidgeCV(alphas=np.logspace(-6, 2, 9)).fit(x_fit, y_fit).predict(x_test)
-    return {
-        "the training mean": float(np.mean((y_fit.mean() - y_test) ** 2)),
-        f"scikit-learn RidgeCV on pair counts in {GRAPH_BINS} distance bins": float(np.mean((predicted - y_test) ** 2)),
-    }
+    ridge = f"scikit-learn RidgeCV on pair counts in {GRAPH_BINS} distance bins"
+    mean, ridged = float(np.mean((y_fit.mean() - y_test) ** 2)), float(np.mean((predicted - y_test) ** 2))
+    return {"the training mean": mean, ridge: ridged}

@@ -1,7 +1,6 @@
-"""What runs beside ddprl on the same machine: EPyMARL's QMIX (the QMIX rows' reference), CleanRL's
-PPO (beside its published number on the PPO rows that name it), PureJaxRL's PPO with ddprl's two
-engines (the peer rows), and random actions (a QMIX task's floor). None of these libraries is part
-of ddprl: each runs from a checkout and an environment of its own."""
+"""What runs beside ddprl on the same machine, each from a checkout and an environment of its own: EPyMARL's
+QMIX (the QMIX rows' reference), CleanRL's PPO (beside its published number), PureJaxRL's PPO with ddprl's two
+engines (the peer rows), and random actions (a QMIX task's floor)."""
 
 from __future__ import annotations
 
@@ -16,77 +15,55 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from . import rows as R
 from . import store, training
-from .rows import (
-    CLEANRL_CLONE,
-    CLEANRL_COMMIT,
-    CLEANRL_ROWS,
-    CLEANRL_SCRIPT,
-    CLEANRL_VENV,
-    DEVICES,
-    EPYMARL_ROWS,
-    EVAL,
-    PEER_ROWS,
-    PUREJAXRL_CLONE,
-    PUREJAXRL_COMMIT,
-    PUREJAXRL_VENV,
-    QMIX_EVAL_EPISODES,
-    QMIX_EVAL_FREQ,
-    QMIX_STEPS,
-    QMIX_TASKS,
-    TRAIN,
-)
 from .stats import curve, window_mean
-from .store import HERE, ROOT, pack, read_rows, seed_summary, write_summary
-from .training import seeds_to_train
-
-RANDOM_EPISODES = 400
 
 
-def random_baseline(name: str, episodes: int = RANDOM_EPISODES, seed: int = 0) -> dict:
-    """The team return of uniformly random available actions on a QMIX row's task, through the
-    environment ddprl trains on (8 copies, seeded ``seed``; the actions drawn from a generator
-    seeded the same): the floor a learned policy has to clear. Kept as ``random.json`` in the row's
-    folder (``run.py ROW --random``)."""
+def random_baseline(name: str, episodes: int = 400, seed: int = 0) -> dict:
+    """The team return of uniformly random available actions on a QMIX row's task (ddprl's environment, 8
+    copies seeded ``seed``, the draws too), kept as ``random.json`` in the row's folder."""
     import torch
 
     from ddprl.envs.marl import make_marl_env
 
-    task, _ = QMIX_TASKS[name]
-    env = make_marl_env(task, num_envs=8, seed=seed)
-    draws = torch.Generator().manual_seed(seed)
-    obs, returns = env.reset(), []
+    env = make_marl_env(R.QMIX_TASKS[name][0], num_envs=8, seed=seed)
+    draws, obs, returns = torch.Generator().manual_seed(seed), env.reset(), []
     while len(returns) < episodes:
-        avail = obs.avail.flatten(0, 1).float()
-        actions = torch.multinomial(avail, 1, generator=draws).view(env.num_envs, env.n_agents)
-        obs, _, terminated, truncated, info = env.step(actions)
+        actions = torch.multinomial(obs.avail.flatten(0, 1).float(), 1, generator=draws)
+        obs, _, terminated, truncated, info = env.step(actions.view(env.num_envs, env.n_agents))
         returns += info["episode_return"][terminated | truncated].tolist()
     env.close()
     returns = returns[:episodes]
-    result = {
-        "task": task,
-        "episodes": episodes,
-        "seed": seed,
-        "mean": statistics.mean(returns),
-        "std": statistics.stdev(returns),
-        "positive": sum(r > 0 for r in returns),
-    }
+    result = dict(task=R.QMIX_TASKS[name][0], episodes=episodes, seed=seed, mean=statistics.mean(returns))
+    result |= dict(std=statistics.stdev(returns), positive=sum(r > 0 for r in returns))
     (store.RUNS / name).mkdir(parents=True, exist_ok=True)
     (store.RUNS / name / "random.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
 
 
+def run_library_row(name, seeds, resume, jobs, command, metric, one: Callable, **extra) -> None:
+    """Another library's row, seeds 1..``seeds``, ``jobs`` at once (one core each): ``one(seed)`` returns the
+    seed's records (ddprl's metrics format), wall seconds and more for its summary entry; each is kept as
+    ``seed<K>/metrics.jsonl.gz`` and the summary rewritten, as ``training.run_row`` does."""
+    out = store.RUNS / name
+    results, missing = training.seeds_to_train(out, name, command, seeds, resume)
+
+    def keep(seed: int, run: tuple[list[dict], float, dict]) -> None:
+        (out / f"seed{seed}").mkdir(parents=True, exist_ok=True)
+        (out / f"seed{seed}" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in run[0]))
+        store.pack(out / f"seed{seed}")
+        entry = store.seed_summary(seed, run[1], curve(run[0], metric))
+        results.append({**entry, **run[2], "jobs": min(jobs, len(missing))})
+        store.write_summary(out, name, command, sorted(results, key=lambda s: s["seed"]), **extra)
+
+    training.run_seeds(name, missing, min(jobs, len(missing)), one, keep)
+
+
 def epymarl_settings(task: str, seed: int, checkout: Path, python: str) -> argparse.Namespace:
     """qmix_learning's settings of an EPyMARL run on ``task``: EPyMARL's protocol."""
-    return argparse.Namespace(
-        task=task,
-        steps=QMIX_STEPS,
-        eval_freq=QMIX_EVAL_FREQ,
-        eval_episodes=QMIX_EVAL_EPISODES,
-        seed=seed,
-        epymarl=str(checkout),
-        epymarl_python=python,
-    )
+    protocol = dict(task=task, steps=R.QMIX_STEPS, eval_freq=R.QMIX_EVAL_FREQ, eval_episodes=R.QMIX_EVAL_EPISODES)
+    return argparse.Namespace(**protocol, seed=seed, epymarl=str(checkout), epymarl_python=python)
 
 
 def epymarl_row_command(task: str) -> str:
@@ -97,15 +74,9 @@ def epymarl_row_command(task: str) -> str:
     return "python src/main.py " + " ".join(a for a in args if not a.startswith("seed="))
 
 
-def run_epymarl_row(
-    name: str, seeds: int, checkout: Path, python: str | None, resume: bool = False, jobs: int = 1
-) -> None:
-    """Run EPyMARL's QMIX on the row's task, seeds 1..``seeds`` (``benchmarks/epymarl_probe.py``
-    starts its unchanged ``src/main.py`` from ``checkout`` under ``python``); keep each seed's
-    tests as ``seed<K>/metrics.jsonl.gz`` (``step``: the test's step on the 50k grid, ``t_env``:
-    the step it ran at) and the summary, as ``training.run_row`` does. EPyMARL runs on one core
-    (``OMP_NUM_THREADS=1``, its episode runner): ``jobs`` seeds run at once, each one's wall time
-    measured beside the others (the summary says how many)."""
+def run_epymarl_row(name: str, seeds: int, checkout: Path, python: str | None, resume=False, jobs=1) -> None:
+    """EPyMARL's QMIX on the row's task (``benchmarks/epymarl_probe.py`` runs its unchanged ``src/main.py``);
+    each seed's tests kept with ``step`` on the 50k grid and ``t_env`` the step each ran at."""
     from qmix_learning import grid_step, run_epymarl
     from qmix_speed import EPYMARL_VENV, epymarl_commit, versions
 
@@ -113,341 +84,138 @@ def run_epymarl_row(
         raise SystemExit(f"{name} runs EPyMARL: --epymarl-python, the python of its environment ({EPYMARL_VENV})")
     if not (checkout / "src" / "main.py").is_file():
         raise SystemExit(f"{name}: {checkout} is not an EPyMARL tree (no src/main.py)")
-    task = EPYMARL_ROWS[name]
-    out = store.RUNS / name
-    command = epymarl_row_command(task)
-    results, missing = seeds_to_train(out, name, command, seeds, resume)
-    at_once = min(jobs, len(missing))
-    peer = {"epymarl_commit": epymarl_commit(str(checkout)), "epymarl_versions": versions(python)}
+    task, command = R.EPYMARL_ROWS[name], epymarl_row_command(R.EPYMARL_ROWS[name])
 
-    def one(seed: int) -> tuple[dict[int, float], float]:
+    def one(seed: int) -> tuple[list[dict], float, dict]:
         print(f"$ {command} seed={seed}  (in {checkout})", flush=True)
         with tempfile.TemporaryDirectory() as scratch:
-            return run_epymarl(epymarl_settings(task, seed, checkout, python), Path(scratch))
+            tests, wall = run_epymarl(epymarl_settings(task, seed, checkout, python), Path(scratch))
+        tests = [{"step": grid_step(t, R.QMIX_EVAL_FREQ), "t_env": t, R.EVAL: r} for t, r in sorted(tests.items())]
+        return tests, round(wall, 1), {}
 
-    def keep(seed: int, run: tuple[dict[int, float], float]) -> None:
-        tests, wall = run
-        folder = out / f"seed{seed}"
-        folder.mkdir(parents=True, exist_ok=True)
-        records = [{"step": grid_step(t, QMIX_EVAL_FREQ), "t_env": t, EVAL: r} for t, r in sorted(tests.items())]
-        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-        pack(folder)
-        results.append({**seed_summary(seed, round(wall, 1), curve(records)), "jobs": at_once})
-        print(f"{name} seed {seed}: {results[-1]}", flush=True)
-        results.sort(key=lambda s: s["seed"])
-        write_summary(out, name, command, results, **peer)
-
-    run_seeds(name, "EPyMARL", missing, at_once, one, keep)
-
-
-def run_seeds(name: str, library: str, missing: list[int], at_once: int, one: Callable, keep: Callable) -> None:
-    """A peer row's seeds: ``one(seed)`` for each of ``missing``, ``at_once`` of them at a time, and
-    ``keep(seed, what one returned)`` as each finishes (a row stopped part-way keeps those). A seed
-    whose run raised RuntimeError is said and the others go on; the row then exits nonzero."""
-    from concurrent.futures import ThreadPoolExecutor, as_completed
-
-    failed = []
-    with ThreadPoolExecutor(max_workers=max(at_once, 1)) as pool:
-        runs = {pool.submit(one, seed): seed for seed in missing}
-        for done in as_completed(runs):
-            seed = runs[done]
-            try:
-                result = done.result()
-            except RuntimeError as e:
-                print(f"{name} seed {seed}: {library} failed: {e}", flush=True)
-                failed.append(seed)
-                continue
-            keep(seed, result)
-    if failed:
-        raise SystemExit(f"{name}: {library} failed on seed(s) {sorted(failed)}; `--resume` runs them again")
-
-
-# What CleanRL's ppo_continuous_action.py prints: each training episode as it ends (its return as
-# RecordEpisodeStatistics counts it, before the reward normalisation, a one-element array), and its
-# steps per second after each iteration.
-CLEANRL_EPISODE = re.compile(r"global_step=(\d+), episodic_return=\[?\s*([-+0-9.eE]+)\s*\]?")
-CLEANRL_SPS = re.compile(r"SPS: (\d+)")
-# One thread, one core per seed (``--jobs N`` runs N seeds at once); no display for MuJoCo; the
-# output unbuffered, so that its progress reaches us as it runs.
-CLEANRL_ENV = {"OMP_NUM_THREADS": "1", "MUJOCO_GL": "disable", "PYTHONUNBUFFERED": "1"}
-CLEANRL_PACKAGES = ("torch", "gymnasium", "mujoco", "numpy")  # what its summary records of its environment
-CLEANRL_PROGRESS = 100_000  # a line of ours every this many of a seed's steps
+    peer = {"epymarl_commit": epymarl_commit(str(checkout)), "epymarl_versions": versions(python)}
+    run_library_row(name, seeds, resume, jobs, command, R.EVAL, one, **peer)
 
 
 def cleanrl_episode(line: str) -> dict | None:
-    """A training episode CleanRL printed (``global_step=8124, episodic_return=[82.50758]``) as a
-    ddprl metrics record, ``{"step": 8124, TRAIN: 82.50758}``; None for its other lines."""
-    match = CLEANRL_EPISODE.fullmatch(line.strip())
-    return {"step": int(match[1]), TRAIN: float(match[2])} if match else None
+    """A training episode CleanRL printed, ``global_step=8124, episodic_return=[82.50758]`` (its return before
+    the reward normalisation), as ``{"step": 8124, TRAIN: 82.50758}``; None for its other lines."""
+    match = re.fullmatch(r"global_step=(\d+), episodic_return=\[?\s*([-+0-9.eE]+)\s*\]?", line.strip())
+    return {"step": int(match[1]), R.TRAIN: float(match[2])} if match else None
 
 
-def cleanrl_args(name: str, steps: int | None = None) -> list[str]:
-    """The arguments of CleanRL's script for a CLEANRL_ROWS row (``steps``: a shorter budget), seed apart."""
-    env_id, budget = CLEANRL_ROWS[name]
-    return ["--env-id", env_id, "--total-timesteps", str(steps or budget), "--no-cuda"]
+def cleanrl_argv(name: str, seed: int | None = None, steps: int | None = None) -> list[str]:
+    """CleanRL's script on the row's task and budget (``steps``: shorter), on the CPU, in CleanRL's tree."""
+    env_id, budget = R.CLEANRL_ROWS[name]
+    argv = [R.CLEANRL_SCRIPT, "--env-id", env_id, "--total-timesteps", str(steps or budget), "--no-cuda"]
+    return argv + (["--seed", str(seed)] if seed else [])
 
 
 def cleanrl_row_command(name: str, steps: int | None = None) -> str:
-    """The CleanRL command line of a row, as one types it in CleanRL's tree (``--seed K`` apart)."""
-    return f"OMP_NUM_THREADS=1 python {CLEANRL_SCRIPT} " + " ".join(cleanrl_args(name, steps))
+    return "OMP_NUM_THREADS=1 python " + " ".join(cleanrl_argv(name, steps=steps))
 
 
-def cleanrl_argv(name: str, seed: int, checkout: Path, python: str, steps: int | None = None) -> list[str]:
-    """The command that runs one seed of a row: CleanRL's script from ``checkout`` under its own ``python``."""
-    return [python, str(checkout / CLEANRL_SCRIPT), *cleanrl_args(name, steps), "--seed", str(seed)]
-
-
-def check_checkout(
-    library: str, rows: str, checkout: Path, commit: str, clone: str, python: str | None, venv: str
-) -> None:
-    """Refuse no python to run a peer ``library`` with (``venv``: how to make one), or a checkout at
-    another commit than ``commit`` (``clone``: how to make one at it). Its options are named after it:
-    ``--cleanrl`` and ``--cleanrl-python`` (or ``$CLEANRL_PYTHON``) for CleanRL."""
-    flag = library.lower()
+def check_checkout(library: str, checkout: Path, commit: str, clone: str, python: str | None, venv: str) -> None:
+    """Refuse no python to run ``library`` with (``venv``: how to make one), or a checkout at another commit."""
     if not python or not Path(python).exists():
-        raise SystemExit(
-            f"{rows} run {library} with the python of its own environment: --{flag}-python PATH "
-            f"(or {flag.upper()}_PYTHON); make one with: {venv}"
-        )
+        raise SystemExit(f"{library} runs with its own environment's python: --{library.lower()}-python PATH; {venv}")
     head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
     if head.returncode != 0 or head.stdout.strip() != commit:
         found = head.stdout.strip() or "no git checkout"
-        raise SystemExit(f"--{flag} {checkout}: {found}, not {library} at {commit}; {clone}")
+        raise SystemExit(f"--{library.lower()} {checkout}: {found}, not {library} at {commit}; {clone}")
 
 
-def check_cleanrl(checkout: Path, python: str | None) -> None:
-    """:func:`check_checkout` for CleanRL, which also refuses a checkout whose script was changed
-    (these rows run it as CleanRL wrote it)."""
-    check_checkout("CleanRL", "cleanrl-* rows", checkout, CLEANRL_COMMIT, CLEANRL_CLONE, python, CLEANRL_VENV)
-    changed = subprocess.run(["git", "-C", str(checkout), "diff", "--quiet", "HEAD", "--", CLEANRL_SCRIPT])
-    if changed.returncode != 0:
-        raise SystemExit(
-            f"--cleanrl {checkout}: {CLEANRL_SCRIPT} differs from CleanRL's at {CLEANRL_COMMIT[:7]}; these rows "
-            f"run it unchanged (`git -C {checkout} checkout -- {CLEANRL_SCRIPT}`)"
-        )
+def run_cleanrl_row(name, seeds, checkout: Path, python, resume=False, jobs=1, steps: int | None = None) -> None:
+    """CleanRL's PPO on the row's task (its unchanged script, in a scratch directory: it writes ``runs/`` where
+    it runs); each seed's training episodes kept as ddprl's ``train/episode_return`` at the step each ended,
+    the summary with their return over the last 5 % of the steps, the measure set beside ddprl's."""
+    check_checkout("CleanRL", checkout, R.CLEANRL_COMMIT, R.CLEANRL_CLONE, python, R.CLEANRL_VENV)
+    if subprocess.run(["git", "-C", str(checkout), "diff", "--quiet", "HEAD", "--", R.CLEANRL_SCRIPT]).returncode:
+        raise SystemExit(f"--cleanrl {checkout}: {R.CLEANRL_SCRIPT} differs from CleanRL's at {R.CLEANRL_COMMIT[:7]}")
+    budget, command = steps or R.CLEANRL_ROWS[name][1], cleanrl_row_command(name, steps)
+    code = "import importlib.metadata as m\nfor p in ('torch', 'gymnasium', 'mujoco', 'numpy'):\n"
+    code += " try: print(p, m.version(p))\n except Exception: pass"
+    versions = ", ".join(subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.splitlines())
 
-
-def package_versions(python: str, packages: tuple[str, ...]) -> str:
-    """'torch 2.13.0, numpy 1.26.4': the versions of ``packages`` that ``python`` has."""
-    code = (
-        "import importlib.metadata as m\n"
-        f"for p in {packages!r}:\n"
-        "    try: print(p, m.version(p))\n"
-        "    except m.PackageNotFoundError: pass\n"
-    )
-    try:
-        found = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return ", ".join(found.splitlines())
-
-
-def run_cleanrl(argv: list[str], what: str) -> tuple[list[dict], float, int | None]:
-    """Run one seed of CleanRL (``argv``: :func:`cleanrl_argv`) in a scratch directory (the script
-    writes ``runs/`` into its working directory); its training episodes (:func:`cleanrl_episode`),
-    wall seconds and last steps per second. Its output is read as it comes, a line of ours every
-    CLEANRL_PROGRESS steps; a failure raises RuntimeError with the last lines of its stderr."""
-    with tempfile.TemporaryDirectory() as scratch:
-        errors = Path(scratch) / "stderr.log"
-        episodes: list[dict] = []
-        sps, shown = None, 0
-        start = time.time()
-        with errors.open("w") as stderr:
-            proc = subprocess.Popen(
-                argv, cwd=scratch, env={**os.environ, **CLEANRL_ENV}, stdout=subprocess.PIPE, stderr=stderr, text=True
-            )
-            for line in proc.stdout:
-                if episode := cleanrl_episode(line):
-                    episodes.append(episode)
-                elif match := CLEANRL_SPS.fullmatch(line.strip()):
-                    sps = int(match[1])
-                    if episodes and episodes[-1]["step"] >= shown + CLEANRL_PROGRESS:
-                        shown = episodes[-1]["step"] // CLEANRL_PROGRESS * CLEANRL_PROGRESS
-                        recent = statistics.mean(e[TRAIN] for e in episodes[-20:])
-                        print(
-                            f"{what}: step {episodes[-1]['step']:,}, {sps} steps/s, the last 20 episodes' mean "
-                            f"return {recent:.1f}",
-                            flush=True,
-                        )
-            code = proc.wait()
-        wall = round(time.time() - start, 1)
-        if code != 0:
-            tail = "\n".join(errors.read_text(errors="replace").splitlines()[-15:])
-            raise RuntimeError(f"exit code {code}; the last lines of its stderr:\n{tail}")
-    if not episodes:
-        raise RuntimeError("it printed no training episode (`global_step=..., episodic_return=[...]`)")
-    return episodes, wall, sps
-
-
-def run_cleanrl_row(
-    name: str,
-    seeds: int,
-    checkout: Path,
-    python: str | None,
-    resume: bool = False,
-    jobs: int = 1,
-    steps: int | None = None,
-) -> None:
-    """Run CleanRL's PPO on the row's task, seeds 1..``seeds`` (its unchanged script from
-    ``checkout`` under ``python``, ``steps``: a shorter budget than the row's); keep each seed's
-    training episodes as ``seed<K>/metrics.jsonl.gz`` (ddprl's ``train/episode_return`` at the
-    step each ended) and the summary, as ``training.run_row`` does: per seed the wall time and the
-    training episodes' return over the last 5 % of the steps, the measure set beside ddprl's. One
-    core a seed: ``jobs`` seeds run at once, each one's wall time measured beside the others. A
-    failed seed is said and the others go on; the row then exits nonzero."""
-    check_cleanrl(checkout, python)
-    budget = steps or CLEANRL_ROWS[name][1]
-    out = store.RUNS / name
-    command = cleanrl_row_command(name, steps)
-    results, missing = seeds_to_train(out, name, command, seeds, resume)
-    at_once = min(jobs, len(missing))
-    peer = {
-        "steps": budget,
-        "cleanrl_commit": CLEANRL_COMMIT,
-        "cleanrl_versions": package_versions(python, CLEANRL_PACKAGES),
-    }
-
-    def one(seed: int) -> tuple[list[dict], float, int | None]:
+    def one(seed: int) -> tuple[list[dict], float, dict]:
         print(f"$ {command} --seed {seed}  (in {checkout})", flush=True)
-        return run_cleanrl(cleanrl_argv(name, seed, checkout, python, steps), f"{name} seed {seed}")
+        start, env = time.time(), {**os.environ, "OMP_NUM_THREADS": "1", "MUJOCO_GL": "disable"}
+        with tempfile.TemporaryDirectory() as scratch:
+            argv = [python, str(checkout / R.CLEANRL_SCRIPT), *cleanrl_argv(name, seed, steps)[1:]]
+            proc = subprocess.run(argv, cwd=scratch, env=env, capture_output=True, text=True)
+        episodes = [e for line in proc.stdout.splitlines() if (e := cleanrl_episode(line))]
+        if proc.returncode != 0 or not episodes:
+            raise RuntimeError(f"exit {proc.returncode}, {len(episodes)} episodes; stderr ends:\n{proc.stderr[-2000:]}")
+        sps = re.findall(r"SPS: (\d+)", proc.stdout)
+        more = {"train_return": window_mean(curve(episodes, R.TRAIN), budget), "episodes": len(episodes)}
+        return episodes, round(time.time() - start, 1), {**more, "sps": int(sps[-1]) if sps else None}
 
-    def keep(seed: int, run: tuple[list[dict], float, int | None]) -> None:
-        episodes, wall, sps = run
-        folder = out / f"seed{seed}"
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
-        pack(folder)
-        returns = curve(episodes, TRAIN)
-        results.append(
-            {
-                **seed_summary(seed, wall, returns),  # final, best: single training episodes
-                "train_return": window_mean(returns, budget),
-                "episodes": len(episodes),
-                "sps": sps,
-                "jobs": at_once,
-            }
-        )
-        print(f"{name} seed {seed}: {results[-1]}", flush=True)
-        results.sort(key=lambda s: s["seed"])
-        write_summary(out, name, command, results, **peer)
-
-    run_seeds(name, "CleanRL", missing, at_once, one, keep)
-
-
-def check_purejaxrl(checkout: Path, python: str | None) -> None:
-    """Refuse a checkout at another commit than PUREJAXRL_COMMIT, or no python to run it with."""
-    check_checkout("PureJaxRL", "peer rows", checkout, PUREJAXRL_COMMIT, PUREJAXRL_CLONE, python, PUREJAXRL_VENV)
-
-
-def jax_env(devices: int) -> dict[str, str]:
-    """The environment of a JAX process on the CPU with ``devices`` simulated devices (XLA reads
-    the flag when JAX starts, so it is set for the child)."""
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
-    if devices > 1:
-        flags.append(f"--xla_force_host_platform_device_count={devices}")
-    return {"XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"}
+    peer = {"steps": budget, "cleanrl_commit": R.CLEANRL_COMMIT, "cleanrl_versions": versions}
+    run_library_row(name, seeds, resume, jobs, command, R.TRAIN, one, **peer)
 
 
 def impl_env(impl: str) -> dict[str, str]:
-    """The environment variables a ddprl run of a peer row sets (its JAX devices; none for torch)."""
-    return jax_env(DEVICES[impl]) if impl.startswith("jax") else {}
-
-
-def run_purejaxrl(config: dict, seed: int, keep: Path, checkout: Path, python: str) -> float:
-    """PureJaxRL's ``make_train(config)`` with PRNGKey(seed), in its own environment; its
-    metrics.jsonl and result.json kept under ``keep``. Returns the command's wall time."""
-    cmd = [python, str(HERE / "purejaxrl_ppo.py"), "--purejaxrl", str(checkout), "--seed", str(seed)]
-    cmd += ["--out", str(keep), "--config", json.dumps(config)]
-    print("$ purejaxrl_ppo.py --seed", seed, json.dumps(config), flush=True)
-    start = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **jax_env(1)})
-    if proc.returncode != 0:
-        raise SystemExit(f"PureJaxRL seed {seed}: exited {proc.returncode}")
-    pack(keep)
-    return round(time.time() - start, 1)
+    """The environment of a run of a peer row: JAX on the CPU with its simulated devices (none for torch)."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
+    flags += [f"--xla_force_host_platform_device_count={R.DEVICES[impl]}"] if R.DEVICES[impl] > 1 else []
+    return {} if impl == "torch" else {"XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"}
 
 
 def peer_measures(keep: Path, impl: str, wall: float, steps: int) -> dict:
-    """One run's numbers for the page: the training episodes' return over the last 5 % of
-    ``steps``, ddprl's last greedy evaluation, and its times (end to end, compile, training)."""
-    rows = read_rows(keep)
+    """One run's numbers: the training episodes' return over the last 5 % of ``steps``, ddprl's last greedy
+    evaluation, and its times (end to end, compile, training; the torch engine compiles nothing here)."""
+    rows, evals = store.read_rows(keep), curve(store.read_rows(keep))
     if impl == "purejaxrl":
-        result = json.loads((keep / "result.json").read_text())
-        compile_s, train_s = result["compile_s"], result["train_s"]
+        compile_s, train_s = (json.loads((keep / "result.json").read_text())[k] for k in ("compile_s", "train_s"))
     elif impl.startswith("jax"):
         compile_s, train_s = rows[0].get("time/compile_s"), sum(r["time/iteration_s"] for r in rows)
-    else:  # the torch engine compiles nothing here (compile=false)
+    else:
         compile_s, train_s = None, sum(r["time/rollout_s"] + r["time/update_s"] for r in rows)
-    evals = curve(rows)
-    return {
-        "wall_s": wall,
-        "compile_s": None if compile_s is None else round(compile_s, 1),
-        "train_s": round(train_s, 1),
-        "train_return": window_mean(curve(rows, TRAIN), steps),
-        "eval_return": evals[-1][1] if evals else None,
-        "final_step": rows[-1]["step"],
-    }
+    result = dict(wall_s=wall, compile_s=None if compile_s is None else round(compile_s, 1), train_s=round(train_s, 1))
+    result |= dict(train_return=window_mean(curve(rows, R.TRAIN), steps), eval_return=evals[-1][1] if evals else None)
+    return {**result, "final_step": rows[-1]["step"]}
 
 
-def run_peer_row(
-    name: str, seeds: int, checkout: Path, python: str | None, steps: int | None = None, resume: bool = False
-) -> dict:
-    """Each seed: PureJaxRL, then ddprl jax (1, then 2 devices), then ddprl torch, one at a time;
-    ``summary.json`` rewritten after each seed. ``resume``: keep the seeds the summary already
-    holds when it ran the same commands, and run only the others (``--seeds 6`` adds 4 to 6)."""
+def run_peer_row(name: str, seeds: int, checkout: Path, python, steps: int | None = None, resume=False) -> dict:
+    """Each seed: PureJaxRL, then ddprl jax (1, then 2 devices), then ddprl torch, one at a time; the summary
+    rewritten after each. ``resume``: keep the seeds the summary holds when it ran the same commands."""
     from machine import cpu_model
 
-    check_purejaxrl(checkout, python)
-    row = PEER_ROWS[name]
-    config = row.config(steps)
+    check_checkout("PureJaxRL", checkout, R.PUREJAXRL_COMMIT, R.PUREJAXRL_CLONE, python, R.PUREJAXRL_VENV)
+    row, out, config = R.PEER_ROWS[name], store.RUNS / name, R.PEER_ROWS[name].config(steps)
     rollout = config["NUM_ENVS"] * config["NUM_STEPS"]
     budget = int(config["TOTAL_TIMESTEPS"]) // rollout * rollout  # whole updates, for every run
-    out = store.RUNS / name
-    commands = {
-        impl: " ".join(f"{k}={v}" for k, v in impl_env(impl).items() if v)
-        + " ddprl train "
-        + " ".join(row.keys(impl, steps))
-        for impl in row.ddprl_impls
-    }
+    env = {impl: " ".join(f"{k}={v}" for k, v in impl_env(impl).items() if v) for impl in row.ddprl_impls}
+    commands = {impl: f"{env[impl]} ddprl train " + " ".join(row.keys(impl, steps)) for impl in row.ddprl_impls}
     results = []
     if resume and (out / "summary.json").exists():
         done = json.loads((out / "summary.json").read_text())
         if (done["commands"], done["purejaxrl"]["config"], done["steps"]) != (commands, config, budget):
-            raise SystemExit(
-                f"{name}: the kept seeds ran other commands than the row now gives; run it without --resume"
-            )
-        impls = ("purejaxrl", *row.ddprl_impls)
-        results = [
-            s
-            for s in done["seeds"]
-            if s["seed"] <= seeds and all((out / f"{impl}-seed{s['seed']}").is_dir() for impl in impls)
-        ]
-    for seed in range(1, seeds + 1):
-        if any(s["seed"] == seed for s in results):
-            print(f"{name} seed {seed}: kept from an earlier sitting", flush=True)
-            continue
+            raise SystemExit(f"{name}: the kept seeds ran other commands than the row gives; run it without --resume")
+        runs = lambda s: [out / f"{impl}-seed{s['seed']}" for impl in row.impls]  # noqa: E731
+        results = [s for s in done["seeds"] if s["seed"] <= seeds and all(path.is_dir() for path in runs(s))]
+    for seed in sorted(set(range(1, seeds + 1)) - {s["seed"] for s in results}):
         result: dict = {"seed": seed}
-        keep = out / f"purejaxrl-seed{seed}"
-        wall = run_purejaxrl(config, seed, keep, checkout, python)
-        result["purejaxrl"] = peer_measures(keep, "purejaxrl", wall, budget)
-        for impl in row.ddprl_impls:
-            keep = out / f"{impl}-seed{seed}"
-            wall = training.train_and_keep(
-                row.keys(impl, steps), seed, keep, f"{name} {impl} seed {seed}", impl_env(impl)
-            )
+        for impl in row.impls:  # PureJaxRL's run first
+            keep, what = out / f"{impl}-seed{seed}", f"{name} {impl} seed {seed}"
+            if impl == "purejaxrl":  # make_train(config) with PRNGKey(seed) in its own environment: purejaxrl_ppo.py
+                cmd = [python, str(store.HERE / "purejaxrl_ppo.py"), "--purejaxrl", str(checkout), "--seed", str(seed)]
+                print("$ purejaxrl_ppo.py --seed", seed, json.dumps(config), flush=True)
+                start, env = time.time(), {**os.environ, **impl_env("purejaxrl")}
+                cmd += ["--out", str(keep), "--config", json.dumps(config)]
+                if code := subprocess.run(cmd, cwd=store.ROOT, env=env).returncode:
+                    raise SystemExit(f"PureJaxRL seed {seed}: exited {code}")
+                store.pack(keep)
+                wall = round(time.time() - start, 1)
+            else:
+                wall = training.train_and_keep(row.keys(impl, steps), seed, keep, what, impl_env(impl))
             result[impl] = peer_measures(keep, impl, wall, budget)
         print(f"{name} seed {seed}: {result}", flush=True)
         results = sorted([*results, result], key=lambda s: s["seed"])
-        first = results[0]["seed"]
-        versions = json.loads((out / f"purejaxrl-seed{first}" / "result.json").read_text())["versions"]
-        summary = {
-            "row": name,
-            "steps": budget,
-            "commands": commands,
-            "purejaxrl": {"commit": PUREJAXRL_COMMIT, "config": config, "versions": versions},
-            "machine": f"{cpu_model()}, {os.cpu_count()} cores",
-            "date": time.strftime("%Y-%m-%d"),
-            "seeds": results,
-        }
+        versions = json.loads((out / f"purejaxrl-seed{results[0]['seed']}" / "result.json").read_text())["versions"]
+        purejaxrl = {"commit": R.PUREJAXRL_COMMIT, "config": config, "versions": versions}
+        summary = {"row": name, "steps": budget, "commands": commands, "purejaxrl": purejaxrl}
+        summary |= {"machine": f"{cpu_model()}, {os.cpu_count()} cores", "date": time.strftime("%Y-%m-%d")}
+        summary["seeds"] = results
         (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    return json.loads((out / "summary.json").read_text())  # also when every seed was kept
+    return json.loads((out / "summary.json").read_text())
