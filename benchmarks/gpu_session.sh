@@ -1,33 +1,16 @@
 #!/usr/bin/env bash
-# What ddprl needs checked and measured on one GPU, as commands that each fit a 10-minute
-# device command. Run from the repository root on the GPU machine, after
-# `bash scripts/gpu_wheels.sh` here (the `device` tool: carry .whl):
+# What ddprl needs checked and measured on one GPU, each phase one device command of at most 10 minutes, from the
+# repository root after `bash scripts/gpu_wheels.sh` here (the device tool: carry .whl). Logs: $OUT or ./gpu-logs.
 #
-#   bash benchmarks/gpu_session.sh all       # all1, all2, all3 in order (a machine with no per-command limit)
-#   bash benchmarks/gpu_session.sh all1      # the GPU tests, doctor, smoke runs: PPO (+ eval), supervised, QMIX on VMAS
-#   bash benchmarks/gpu_session.sh all2      # smoke runs: Snake, TD-MPC2 eager and compiled, the JAX engine (brax/MJX, gymnax)
-#   bash benchmarks/gpu_session.sh all3      # the speed tables: Snake (compile off/on), TD-MPC2 (off/on), QMIX on VMAS
+#   all1     GPU tests, doctor, smoke runs: PPO (+ eval), supervised, QMIX on VMAS
+#   all2     smoke runs: Snake, TD-MPC2 eager and compiled, the JAX engine (brax, gymnax)
+#   all3     speed tables: Snake (compile off/on), TD-MPC2 (off/on), QMIX on VMAS
+#   all      all1, all2, all3 (a machine with no limit a command); each stops within PHASE_BUDGET (460 s)
+#   snake | tdmpc2 | vmas | jax     longer speed runs; returns: TD-MPC2 walker-run learning, as far as time allows
+#   results  the results page's GPU rows: their next seeds (RESULTS_S s, RESULTS_JOBS at once, RESULTS_ROWS)
+#   regions  compiled regions: their GPU tests, TD-MPC2 walker-run twice (warm caches; the act as one graph), dog-run
 #
-# all1..all3 each stop within PHASE_BUDGET seconds (460: 7 min 40 s; a step that would not fit
-# is cut by `timeout` or skipped, and the summary says which), plus the wheels' install (once a
-# machine, ~20 s): the three device commands take at most 24 minutes, the machine's start apart
-# (about 18 expected). Longer measurements, one device command each:
-#
-#   bash benchmarks/gpu_session.sh snake     # Snake throughput on CUDA, 4 sizes (target: >= 1M steps/s)
-#   bash benchmarks/gpu_session.sh tdmpc2    # TD-MPC2 ms/update, ms/act, sizes 1 5 19, compile off/on
-#   bash benchmarks/gpu_session.sh results   # the results page's GPU rows (TD-MPC2 on DMC): their next seeds
-#   bash benchmarks/gpu_session.sh returns   # TD-MPC2 walker-run learning (as far as time allows)
-#   bash benchmarks/gpu_session.sh vmas      # QMIX on VMAS with 1k and 4k envs
-#   bash benchmarks/gpu_session.sh jax       # engine=jax: brax/humanoid (MJX) steps/s at 1k and 4k envs
-#   bash benchmarks/gpu_session.sh regions   # compiled regions / CUDA graphs: TD-MPC2 walker-run (twice: warm caches) and dog-run
-#
-# Logs go to $OUT (the device tool's folder that comes back) or ./gpu-logs, one file per phase
-# ending with a summary (each step's exit status and seconds). ddprl runs from the source tree
-# (PYTHONPATH), with the machine's own PyTorch and JAX.
-#
-# GPU_SESSION_DRY=1 runs all1..all3 on the CPU with tiny sizes and longer limits: the same
-# commands, keys and files, to check the script on a machine without a GPU (with the Python
-# packages installed here; the gpu tests are then skipped).
+# GPU_SESSION_DRY=1: all1..all3 on the CPU with tiny sizes, to check this script without a GPU.
 set -uo pipefail
 phase=${1:?phase: all | all1 | all2 | all3 | results | snake | tdmpc2 | returns | vmas | jax | regions}
 if [ "$phase" = all ]; then
@@ -37,8 +20,7 @@ if [ "$phase" = all ]; then
 fi
 out=${OUT:-gpu-logs}
 mkdir -p "$out"
-if [ -d .whl ] && [ "${GPU_SESSION_DRY:-0}" != 1 ]; then
-  # once per machine: the wheels stay installed in /tmp/site between device commands
+if [ -d .whl ] && [ "${GPU_SESSION_DRY:-0}" != 1 ]; then  # once a machine: the wheels stay in /tmp/site
   stamp=$(ls .whl | md5sum | cut -c1-16)
   if [ "$(cat /tmp/site/.ddprl-wheels 2>/dev/null)" != "$stamp" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -49,12 +31,9 @@ if [ -d .whl ] && [ "${GPU_SESSION_DRY:-0}" != 1 ]; then
 else
   export PYTHONPATH=$PWD
 fi
-# No phase renders, and the GPU machine's image has no libEGL (PyOpenGL then fails at import,
-# so dm_control cannot load with MUJOCO_GL=egl): rendering is off unless asked for.
-export MUJOCO_GL=${MUJOCO_GL:-disable} PYTHONUNBUFFERED=1
+export MUJOCO_GL=${MUJOCO_GL:-disable} PYTHONUNBUFFERED=1  # the image has no libEGL; no phase renders
 log="$out/$phase.log"
 : > "$log"
-
 if [ "${GPU_SESSION_DRY:-0}" = 1 ]; then
   DEV=cpu
   pick() { echo "$2"; }  # pick GPU_VALUE DRY_VALUE
@@ -71,9 +50,7 @@ PHASE_BUDGET=${PHASE_BUDGET:-$(pick 460 3000)}
 phase_start=$SECONDS
 summary=()
 
-# step NAME MAX_SECONDS COMMAND...: COMMAND (a program or one of the functions below) under
-# `timeout`, for at most MAX_SECONDS and never past the phase's budget (skipped when less than
-# 20 s of the budget are left, whatever MAX_SECONDS); output to the log.
+# step NAME MAX_SECONDS COMMAND...: under `timeout`, never past the phase's budget (skipped with < 20 s left)
 step() {
   local name=$1 max=$(pick "$2" $(($2 * 4)))  # a 2-core CPU compiles slower than the GPU machine
   shift 2
@@ -86,34 +63,31 @@ step() {
   echo "=== $name (at most ${limit} s): $*" | tee -a "$log"
   local start=$SECONDS
   timeout --kill-after=10 "$limit" bash -c '"$@"' step "$@" 2>&1 | tee -a "$log"
-  local rc=${PIPESTATUS[0]}
-  local note=""
+  local rc=${PIPESTATUS[0]} note=""
   ((rc == 124 || rc == 137)) && note=" (timed out)"
   summary+=("$(printf '%-28s exit %-3s %4s s%s' "$name" "$rc" $((SECONDS - start)) "$note")")
 }
 
 finish() {
-  {
-    echo "=== summary of $phase (${SECONDS} s; budget ${PHASE_BUDGET} s)"
-    printf '%s\n' "${summary[@]}"
-  } | tee -a "$log"
+  printf '=== summary of %s (%s s; budget %s s)\n%s\n' "$phase" $SECONDS "$PHASE_BUDGET" "$(printf '%s\n' "${summary[@]}")" |
+    tee -a "$log"
   printf '%s\n' "${summary[@]}" | grep -qv " exit 0 " && exit 1
   exit 0
 }
 
-# fps RUN_DIR...: each run's steps/s over its metric rows after the first (which holds the warm-up)
+# fps RUN_DIR...: steps/s over each run's metric rows after the first (the warm-up's), and its compile seconds
 fps() {
   python3 -c "
 import sys
 from ddprl.metrics import read_metrics
 for run in sys.argv[1:]:
     rows = [r for r in read_metrics(run) if 'time/global_fps' in r]
-    later = rows[1:] or rows
-    print(run, 'steps/s (rows after the first):', round(sum(r['time/global_fps'] for r in later) / max(1, len(later))),
-          ' compile_s:', round(rows[0]['time/compile_s'], 1) if rows and 'time/compile_s' in rows[0] else '-')" "$@"
+    later = [r['time/global_fps'] for r in rows[1:] or rows]
+    compile_s = (rows or [{}])[0].get('time/compile_s', '-')
+    print(run, 'steps/s:', round(sum(later) / max(1, len(later))), 'compile_s:', compile_s)" "$@"
 }
 
-# ddprl train on this phase's device, one rank, no progress bar, in $RUNS/NAME
+# train NAME KEYS...: ddprl train on this phase's device, one rank, in $RUNS/NAME
 train() {
   local name=$1
   shift
@@ -124,11 +98,7 @@ export -f train fps pick
 export DEV RUNS
 
 jax_ready() {
-  if [ "$DEV" = cpu ]; then
-    python3 -c "import jax, brax, gymnax, optax"
-  else
-    python3 -c "import jax, brax, gymnax, optax; assert jax.default_backend() == 'gpu', jax.default_backend()"
-  fi
+  python3 -c "import jax, brax, gymnax, optax; assert '$DEV' == 'cpu' or jax.default_backend() == 'gpu'"
 }
 
 case "$phase" in
@@ -139,7 +109,6 @@ case "$phase" in
     step "ppo CartPole" 75 train ppo task=CartPole-v1 num_envs=8 steps=$(pick 16384 2048) eval_episodes=4
     step "ppo eval" 30 python3 -m ddprl eval checkpoint=$RUNS/ppo/checkpoints/latest.pt episodes=2 device=$DEV
     step "supervised digits" 60 train supervised algo=supervised task=digits epochs=$(pick 5 1)
-    # 1024 envs on an H100: ~3.6k steps/s (300k steps in 84 s), VMAS's one-env resets bound it
     step "qmix vmas/balance" 90 train qmix algo=qmix task=vmas/balance num_envs=$(pick 1024 8) \
       steps=$(pick 204800 1600) eval_episodes=$(pick 64 2) log_freq=$(pick 51200 800)
     step "qmix vmas fps" 15 fps $RUNS/qmix
@@ -149,8 +118,7 @@ case "$phase" in
     mkdir -p "$RUNS"
     step "snake" 60 train snake task=snake num_envs=$(pick 4096 16) n_steps=$(pick 64 8) batch_size=$(pick 65536 64) \
       steps=$(pick 1048576 256) eval_freq=0 eval_episodes=$(pick 64 2)
-    # walker-run (DMC: 500 agent steps an episode): 1000 random steps, the 1000-update burst,
-    # 200 steps with an update each, one eval episode
+    # walker-run: 1000 random steps, the 1000-update burst, 200 steps with an update each, one eval episode
     step "tdmpc2 eager" 120 train tdmpc2 algo=tdmpc2 task=walker-run model_size=1 steps=$(pick 1200 60) \
       seed_steps=$(pick 1000 40) eval_freq=0 eval_episodes=1 log_freq=$(pick 400 20) $(pick "" "episode_length=20")
     step "tdmpc2 compiled" 180 train tdmpc2-compiled algo=tdmpc2 task=walker-run model_size=1 compile=true \
@@ -171,16 +139,12 @@ case "$phase" in
     fi
     finish
     ;;
-  all3)
-    # Targets: Snake >= 1M end-to-end steps/s (its compiled rows are the Snake compile=true
-    # smoke run); TD-MPC2 walker-run model_size 5 >= 183 agent steps/s (3x the official
-    # compiled code's 61) with a compile warm-up <= 60 s.
+  all3)  # targets: Snake >= 1M steps/s; TD-MPC2 walker-run size 5 >= 183 agent steps/s, warm-up <= 60 s
     step "snake throughput" 150 python3 benchmarks/snake_throughput.py --devices $DEV --num-envs $(pick 65536 16) \
       --gym-max-envs 0 --precisions $(pick bf16 fp32) --compile both --unroll $(pick 4 2) --iterations $(pick 3 1) \
       --env-steps $(pick 200 10) $(pick "" "--policy policy_width=4 policy_depth=1 hidden_sizes=[16]")
     step "tdmpc2 speed" 220 python3 benchmarks/tdmpc2_speed.py --devices $DEV --task walker-run \
       --sizes $(pick 5 1) --compile $(pick "off on" off) --updates $(pick 100 2) --acts $(pick 100 2)
-    # 4096 envs: 16384 did not finish in 120 s on an H100 (each step resets the envs that ended one by one)
     step "qmix vmas speed" 150 python3 benchmarks/qmix_vmas.py --device $DEV --num-envs $(pick 4096 8) \
       --steps $(pick 409600 1600)
     finish
@@ -190,23 +154,13 @@ case "$phase" in
       --precisions fp32 bf16 --compile both --iterations 3 2>&1 | tee -a "$log"
     ;;
   tdmpc2)
-    python3 benchmarks/tdmpc2_speed.py --devices cuda --sizes 1 5 19 --compile off on --updates 50 --acts 50 2>&1 | tee -a "$log"
+    python3 benchmarks/tdmpc2_speed.py --devices cuda --sizes 1 5 19 --compile off on --updates 50 --acts 50 2>&1 |
+      tee -a "$log"
     ;;
   results)
-    # The results page's GPU rows (docs/results.md; `run.py --list`: those that run on cuda), in order:
-    # each row's missing seeds, one at a time (RESULTS_JOBS at once), for RESULTS_S seconds in all
-    # (a seed took 9.2 min alone on an H200 in one command, 11 min in two). SIGTERM at the limit stops the seed in
-    # training with a checkpoint in benchmarks/results/work/ (git-ignored, so it stays on a warm
-    # machine): this phase run again at once on the same machine goes on from it. The rows' finished
-    # seeds come back as $out/results-runs.tgz (unpack into benchmarks/results/ here, then
-    # `python benchmarks/results/run.py --page`); a seed cut short does not (its checkpoint is lost
-    # with the machine, so a later session trains it afresh). RESULTS_JOBS=2 (two seeds on the one GPU)
-    # made about 1.3x the agent steps/s of one seed alone on an H200, but each seed then needs two commands.
-    # One seed alone took 549 s of `ddprl train` on an H200 (2026-11-27): with RESULTS_S=530 in a device
-    # command of 600 s it ended only because the limit's SIGTERM came during its final evaluation (which
-    # runs to its end: 26 s there); the rest of that command (wheels, start-up, archive) took 13 s.
-    # RESULTS_S=550 (the default) gives a seed ~30 s of slack and still ends within 600 s if the signal
-    # comes just as the final evaluation starts.
+    # Each row's missing seeds until RESULTS_S (550: a seed took 549 s on an H200); SIGTERM at the limit checkpoints
+    # the seed in training into benchmarks/results/work/ (on a warm machine, this phase again goes on from it). The
+    # finished seeds come back as $out/results-runs.tgz: unpack into benchmarks/results/, then run.py --page.
     rows=${RESULTS_ROWS:-$(python3 benchmarks/results/run.py --list | awk '/ device=cuda / {print $1}')}
     for row in $rows; do
       left=$((${RESULTS_S:-550} - (SECONDS - phase_start)))
@@ -218,11 +172,9 @@ case "$phase" in
     kept=$(cd benchmarks/results && for row in $rows; do [ -d "runs/$row" ] && echo "runs/$row"; done)
     [ -n "$kept" ] && tar czf "$out/results-runs.tgz" --exclude=in_progress -C benchmarks/results $kept
     ;;
-  returns)
-    # 100k env steps of walker-run take longer than one device command at ~100 agent steps/s:
-    # this runs what fits and prints the eval returns reached (compare with docs/references.md#published-returns).
-    timeout 540 python3 benchmarks/tdmpc2_returns.py --task walker-run --env-steps 100000 \
-      --run-dir /tmp/returns device=cuda compile=true eval_freq=10000 eval_episodes=2 2>&1 | tee -a "$log"
+  returns)  # 100k env steps (50k agent steps) of walker-run: what fits, then the evaluations reached
+    timeout 540 python3 -m ddprl train algo=tdmpc2 task=walker-run steps=50000 num_envs=1 run_dir=/tmp/returns/run \
+      device=cuda compile=true eval_freq=10000 eval_episodes=2 2>&1 | tee -a "$log"
     python3 -c "
 from ddprl.metrics import read_metrics
 for r in read_metrics('/tmp/returns/run'):
@@ -243,23 +195,17 @@ for r in read_metrics('/tmp/returns/run'):
       fps /tmp/jaxh$n 2>&1 | tee -a "$log"
     done
     XLA_FLAGS= timeout 200 python3 -m ddprl train engine=jax task=gymnax/CartPole-v1 num_envs=2048 n_steps=32 \
-      batch_size=8192 epochs=4 steps=2000000 eval_freq=262144 run_dir=/tmp/jaxcp progress=false 2>&1 | tail -2 | tee -a "$log"
+      batch_size=8192 epochs=4 steps=2000000 eval_freq=262144 run_dir=/tmp/jaxcp progress=false 2>&1 | tail -2 |
+      tee -a "$log"
     ;;
-  regions)
-    # The compiled regions in one device command (< 10 min; 5.6 min on an H100 on 2026-11-26):
-    # their GPU tests (CUDA graphs recorded, replays equal to eager, no host sync in a replay),
-    # then TD-MPC2's table. Targets: walker-run model_size 5 >= 183 agent steps/s (3x the
-    # official compiled code's 61), compile warm-up <= 60 s. walker-run runs twice, in two
-    # processes: the second finds torch's compile caches warm, as every user's second run does
-    # (an update loaded from them ran 8-9x slower on an H100 before the update regions compiled
-    # afresh). The act as three regions against one unrolled graph ("whole"): 3.9 and 3.8 ms on
-    # an H100 (2026-11-26), the official plan 2.77. Snake: the snake phase.
-    timeout 150 python3 -m pytest -q -x -m gpu tests/test_tdmpc2_regions.py tests/test_ppo_regions.py tests/test_compat.py 2>&1 | tail -5 | tee -a "$log"
+  regions)  # targets as all3's; the official compiled plan: 2.77 ms an act
+    timeout 150 python3 -m pytest -q -x -m gpu tests/test_tdmpc2_regions.py tests/test_ppo_regions.py \
+      tests/test_compat.py 2>&1 | tail -5 | tee -a "$log"
     timeout 110 python3 benchmarks/tdmpc2_speed.py --devices cuda --sizes 5 --compile on --updates 100 --acts 100 \
       --task walker-run 2>&1 | tee -a "$log"
     echo "=== the same, a second process (warm compile caches), then the act as one graph" | tee -a "$log"
-    timeout 200 python3 benchmarks/tdmpc2_speed.py --devices cuda --sizes 5 --compile on whole --updates 100 --acts 100 \
-      --task walker-run 2>&1 | tee -a "$log"
+    timeout 200 python3 benchmarks/tdmpc2_speed.py --devices cuda --sizes 5 --compile on whole --updates 100 \
+      --acts 100 --task walker-run 2>&1 | tee -a "$log"
     timeout 90 python3 benchmarks/tdmpc2_speed.py --devices cuda --sizes 5 --compile on --updates 100 --acts 100 \
       --task dog-run 2>&1 | tee -a "$log"
     ;;

@@ -1,34 +1,21 @@
-"""Snake throughput: the batched torch env vs Gymnasium's SyncVectorEnv of the one-game numpy Snake.
+"""Snake steps/s: env only (random actions) of the batched torch ``SnakeEnv`` and of Gymnasium's ``SyncVectorEnv`` of
+the numpy game, then end-to-end PPO (world_size 1, rollout + update) of task=snake and task=ddprl/SnakeGym-v0, with
+precision and compiled regions (``--unroll``: env steps per rollout graph); warm-up s = the first iteration's time minus
+the fastest timed one's.
 
-Two measurements, each across ``--num-envs``:
-
-1. env only: random actions, steps/s of ``SnakeEnv`` (on each device given) and of
-   ``SyncVectorEnv([SnakeGymEnv] * n)`` (CPU; skipped above ``--gym-max-envs``);
-2. end to end: PPO training (rollout + update, the real ddprl loop, world_size=1), steps/s from
-   the run's metrics, for ``task=snake`` and for ``task=ddprl/SnakeGym-v0`` (the same game
-   through Gymnasium's vector env), with bf16 and compile on/off on CUDA. ``compile=true`` runs
-   the compiled regions (the rollout as graphs of ``--unroll`` env steps, each optimizer step one
-   graph; CUDA graphs on CUDA); "warm-up s" is the first iteration's time minus a timed one's
-   (compiling, CUDA-graph recording), not counted in steps/s.
-
-    python benchmarks/snake_throughput.py --num-envs 256 1024 4096 --devices cpu
-    python benchmarks/snake_throughput.py --num-envs 4096 16384 65536 --devices cuda --precisions fp32 bf16 \
-        --compile both
-    python benchmarks/snake_throughput.py --num-envs 64 --devices cpu --compile both --unroll 1 2 --gym-max-envs 0 \
-        --env-steps 50 --iterations 2 --policy policy_width=4 policy_depth=1 "hidden_sizes=[16]"   # CPU, small
-
-Prints markdown tables; ratios are torch / gym at equal num_envs.
+    python benchmarks/snake_throughput.py --num-envs 256 1024 --devices cpu [--compile both --unroll 1 2 4]
+        [--precisions fp32 bf16] [--gym-max-envs 0] [--env-steps 50] [--iterations 2] [--policy KEY=VALUE ...]
 """
 
 from __future__ import annotations
 
-import argparse
+import itertools
 import os
-import platform
 import tempfile
 import time
 
 import gymnasium as gym
+import harness as h
 import torch
 
 from ddprl.config import load_config
@@ -41,23 +28,19 @@ from ddprl.runtime import launch
 def env_only_torch(num_envs: int, device: str, steps: int) -> float:
     env = SnakeEnv(num_envs, device=device, seed=0)
     env.reset()
-    actions = torch.randint(0, 4, (steps, num_envs), device=device)
-    for t in range(5):  # warm-up
+    actions = torch.randint(0, 4, (steps + 5, num_envs), device=device)
+    for t in range(steps + 5):
+        if t == 5:  # after 5 steps of warm-up
+            h.sync(device)
+            start = time.perf_counter()
         env.step(actions[t])
-    if device == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for t in range(steps):
-        env.step(actions[t])
-    if device == "cuda":
-        torch.cuda.synchronize()
+    h.sync(device)
     return steps * num_envs / (time.perf_counter() - start)
 
 
 def env_only_gym(num_envs: int, steps: int) -> float:
-    envs = gym.vector.SyncVectorEnv(
-        [lambda: SnakeGymEnv() for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
-    )
+    mode = gym.vector.AutoresetMode.SAME_STEP
+    envs = gym.vector.SyncVectorEnv([SnakeGymEnv for _ in range(num_envs)], autoreset_mode=mode)
     envs.reset(seed=0)
     start = time.perf_counter()
     for _ in range(steps):
@@ -65,115 +48,59 @@ def env_only_gym(num_envs: int, steps: int) -> float:
     return steps * num_envs / (time.perf_counter() - start)
 
 
-def end_to_end(
-    task: str,
-    num_envs: int,
-    device: str,
-    precision: str,
-    compile_: bool,
-    iterations: int,
-    policy: list[str],
-    unroll: int = 2,
-) -> tuple[float, float]:
+def end_to_end(task, num_envs, device, precision, compile_, iterations, policy, unroll=2) -> tuple[float, float]:
     """Steps/s of the timed iterations, and the warm-up seconds of the first one."""
-    n_steps = 64
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config(
-            [
-                f"task={task}",
-                "world_size=1",
-                f"num_envs={num_envs}",
-                f"n_steps={n_steps}",
-                f"batch_size={max(1, num_envs * n_steps // 4)}",
-                "epochs=4",
-                f"device={device}",
-                f"precision={precision}",
-                f"compile={str(compile_).lower()}",
-                "progress=false",
-                f"steps={num_envs * n_steps * (iterations + 1)}",
-                "eval_episodes=0",
-                "checkpoint_freq=0",
-                "eval_freq=0",
-                f"run_dir={tmp}/run",
-                "policy=cnn",
-                f"compile_unroll={unroll}",
-                *policy,
-            ]
-        )
-        from ddprl.algos.ppo.loop import train
+    from ddprl.algos.ppo.loop import train
 
-        launch(train, cfg)
-        first, *records = read_metrics(f"{tmp}/run")  # the first iteration pays for warm-up/compilation
-    seconds = [r["time/rollout_s"] + r["time/update_s"] for r in records]
+    n_steps, keys = 64, f"task={task} world_size=1 num_envs={num_envs} n_steps=64 epochs=4 device={device} "
+    keys += f"batch_size={max(1, num_envs * n_steps // 4)} precision={precision} compile={str(compile_).lower()} "
+    keys += f"steps={num_envs * n_steps * (iterations + 1)} progress=false eval_episodes=0 checkpoint_freq=0 "
+    keys += f"eval_freq=0 policy=cnn compile_unroll={unroll}"
+    with tempfile.TemporaryDirectory() as tmp:
+        launch(train, load_config([*keys.split(), f"run_dir={tmp}/run", *policy]))
+        first, *rows = read_metrics(f"{tmp}/run")  # the first iteration pays for warm-up and compilation
+    seconds = [r["time/rollout_s"] + r["time/update_s"] for r in rows]
     warm_up = first["time/rollout_s"] + first["time/update_s"] - min(seconds)
-    return num_envs * n_steps * len(records) / sum(seconds), warm_up
+    return num_envs * n_steps * len(rows) / sum(seconds), warm_up
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--num-envs", type=int, nargs="+", default=[256, 1024, 4096])
-    parser.add_argument("--devices", nargs="+", default=["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
-    parser.add_argument("--precisions", nargs="+", default=["fp32"])
-    parser.add_argument("--compile", choices=["off", "on", "both"], default="off")
-    parser.add_argument(
-        "--unroll",
-        type=int,
-        nargs="+",
-        default=[2],
-        help="compile_unroll values to time with compile on (env steps per rollout graph)",
-    )
-    parser.add_argument("--env-steps", type=int, default=200)
-    parser.add_argument("--iterations", type=int, default=3, help="PPO iterations timed (after one warm-up)")
-    parser.add_argument("--gym-max-envs", type=int, default=1024)
-    parser.add_argument("--skip-train", action="store_true")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (ddprl's default is 1)")
-    parser.add_argument("--policy", nargs="*", default=["policy_width=16", "policy_depth=2", "hidden_sizes=[128]"])
-    args = parser.parse_args()
+    p = h.parser(__doc__, report=False)
+    p.add_argument("--num-envs", type=int, nargs="+", default=[256, 1024, 4096])
+    p.add_argument("--devices", nargs="+", default=["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+    p.add_argument("--precisions", nargs="+", default=["fp32"])
+    p.add_argument("--compile", choices=["off", "on", "both"], default="off")
+    p.add_argument("--unroll", type=int, nargs="+", default=[2], help="compile_unroll values with compile on")
+    p.add_argument("--env-steps", type=int, default=200)
+    p.add_argument("--iterations", type=int, default=3, help="PPO iterations timed (after one warm-up)")
+    p.add_argument("--gym-max-envs", type=int, default=1024)
+    p.add_argument("--skip-train", action="store_true")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (ddprl's default is 1)")
+    p.add_argument("--policy", nargs="*", default=["policy_width=16", "policy_depth=2", "hidden_sizes=[128]"])
+    args = p.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # read by the training runs' runtime too
     torch.set_num_threads(args.threads)
-    print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
-        + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "")
-    )
-
-    print("\n### env only (random actions)\n")
-    print("| num_envs | device | torch Snake steps/s | gym SyncVectorEnv steps/s | ratio |")
-    print("|---:|---|---:|---:|---:|")
+    print(f"{h.machine()}\n\n### env only (random actions)\n")
+    h.table(["num_envs", "device", "torch Snake steps/s", "SyncVectorEnv steps/s", "ratio"])
+    vs = lambda rate, gym: [f"{gym:,.0f}", f"{rate / gym:.1f}x"] if gym else ["-", "-"]  # noqa: E731
     for n in args.num_envs:
         gym_rate = env_only_gym(n, max(20, args.env_steps // 4)) if n <= args.gym_max_envs else None
         for device in args.devices:
             rate = env_only_torch(n, device, args.env_steps)
-            ratio = f"{rate / gym_rate:.1f}x" if gym_rate else "-"
-            print(f"| {n} | {device} | {rate:,.0f} | {f'{gym_rate:,.0f}' if gym_rate else '-'} | {ratio} |", flush=True)
+            h.row([n, device, f"{rate:,.0f}", *vs(rate, gym_rate)])
     if args.skip_train:
         return
-
     print("\n### end to end PPO training (rollout + update), world_size=1\n")
-    print(
-        "| num_envs | device | precision | compile | unroll | task=snake steps/s | warm-up s | SyncVectorEnv steps/s "
-        "| ratio |"
-    )
-    print("|---:|---|---|---|---:|---:|---:|---:|---:|")
-    runs = {"off": [(False, 0)], "on": [], "both": [(False, 0)]}[args.compile]
-    runs += [(True, u) for u in args.unroll] if args.compile != "off" else []
+    runs = [(False, 0)] * (args.compile != "on") + [(True, u) for u in args.unroll] * (args.compile != "off")
+    head = ["num_envs", "device", "precision", "compile", "unroll", "task=snake steps/s", "warm-up s"]
+    h.table([*head, "SyncVectorEnv steps/s", "ratio"])
     for n in args.num_envs:
-        gym_rate = (
-            end_to_end("ddprl/SnakeGym-v0", n, "cpu", "fp32", False, args.iterations, args.policy)[0]
-            if n <= args.gym_max_envs
-            else None
-        )
-        for device in args.devices:
-            for precision in args.precisions:
-                for comp, unroll in runs:
-                    rate, warm_up = end_to_end(
-                        "snake", n, device, precision, comp, args.iterations, args.policy, unroll or 2
-                    )
-                    ratio = f"{rate / gym_rate:.1f}x" if gym_rate else "-"
-                    print(
-                        f"| {n} | {device} | {precision} | {comp} | {unroll or '-'} | {rate:,.0f} | {warm_up:.1f} | "
-                        f"{f'{gym_rate:,.0f}' if gym_rate else '-'} | {ratio} |",
-                        flush=True,
-                    )
+        gym_rate = None
+        if n <= args.gym_max_envs:
+            gym_rate = end_to_end("ddprl/SnakeGym-v0", n, "cpu", "fp32", False, args.iterations, args.policy)[0]
+        for device, precision, (comp, unroll) in itertools.product(args.devices, args.precisions, runs):
+            rate, warm = end_to_end("snake", n, device, precision, comp, args.iterations, args.policy, unroll or 2)
+            h.row([n, device, precision, comp, unroll or "-", f"{rate:,.0f}", f"{warm:.1f}", *vs(rate, gym_rate)])
 
 
 if __name__ == "__main__":

@@ -230,16 +230,16 @@ def test_purejaxrl_curve_and_its_gymnax_adapter():
 
 
 def test_epymarl_tests_are_read_from_sacred_and_kept_on_the_grid(tmp_store, monkeypatch):
-    qmix_learning = load_module("qmix_learning")
+    qmix_speed = load_module("qmix_speed")
     info = tmp_store / "sacred" / "qmix" / "lbforaging:Foraging-8x8-2p-2f-coop-v3" / "1" / "info.json"
     info.parent.mkdir(parents=True)
     pickled = [{"dtype": "float64", "py/object": "numpy.float64", "value": v} for v in (0.0, 0.25, 0.5)]
     info.write_text(json.dumps({"test_return_mean": pickled, "test_return_mean_T": [50, 50_062, 100_101]}))
-    assert qmix_learning.epymarl_tests(tmp_store / "sacred") == {50: 0.0, 50_062: 0.25, 100_101: 0.5}
+    assert qmix_speed.epymarl_tests(tmp_store / "sacred") == {50: 0.0, 50_062: 0.25, 100_101: 0.5}
     mpe = peers.epymarl_row_command("simple_spread_v3")
     assert " env_args.key=pz-mpe-simple-spread-v3 env_args.time_limit=25 " in mpe and "seed=" not in mpe
-    monkeypatch.setattr(qmix_learning, "run_epymarl", lambda args, tmp: ({50: 0.0, 50_049: 0.1 * args.seed}, 120.0))
-    monkeypatch.setitem(sys.modules, "qmix_learning", qmix_learning)
+    monkeypatch.setattr(qmix_speed, "run_epymarl", lambda args, tmp: ({50: 0.0, 50_049: 0.1 * args.seed}, 120.0))
+    monkeypatch.setitem(sys.modules, "qmix_speed", qmix_speed)
     checkout = tmp_store / "epymarl"
     with pytest.raises(SystemExit, match="not an EPyMARL tree"):
         peers.run_epymarl_row("epymarl-lbf-8x8-2p-2f-coop", 2, checkout, sys.executable)

@@ -61,14 +61,14 @@ def run_library_row(name, seeds, resume, jobs, command, metric, one: Callable, *
 
 
 def epymarl_settings(task: str, seed: int, checkout: Path, python: str) -> argparse.Namespace:
-    """qmix_learning's settings of an EPyMARL run on ``task``: EPyMARL's protocol."""
+    """``qmix_speed.py --learning``'s settings of an EPyMARL run on ``task``: EPyMARL's protocol."""
     protocol = dict(task=task, steps=R.QMIX_STEPS, eval_freq=R.QMIX_EVAL_FREQ, eval_episodes=R.QMIX_EVAL_EPISODES)
     return argparse.Namespace(**protocol, seed=seed, epymarl=str(checkout), epymarl_python=python)
 
 
 def epymarl_row_command(task: str) -> str:
     """The EPyMARL command line of a row, as one types it in EPyMARL's tree (``seed=K`` apart)."""
-    from qmix_learning import epymarl_command
+    from qmix_speed import epymarl_command
 
     args = epymarl_command(epymarl_settings(task, 0, Path("epymarl"), "python"))[3:]
     return "python src/main.py " + " ".join(a for a in args if not a.startswith("seed="))
@@ -77,8 +77,7 @@ def epymarl_row_command(task: str) -> str:
 def run_epymarl_row(name: str, seeds: int, checkout: Path, python: str | None, resume=False, jobs=1) -> None:
     """EPyMARL's QMIX on the row's task (``benchmarks/epymarl_probe.py`` runs its unchanged ``src/main.py``);
     each seed's tests kept with ``step`` on the 50k grid and ``t_env`` the step each ran at."""
-    from qmix_learning import grid_step, run_epymarl
-    from qmix_speed import EPYMARL_VENV, epymarl_commit, versions
+    from qmix_speed import EPYMARL_VENV, epymarl_commit, grid_step, run_epymarl, versions
 
     if not python or not Path(python).exists():
         raise SystemExit(f"{name} runs EPyMARL: --epymarl-python, the python of its environment ({EPYMARL_VENV})")
@@ -179,7 +178,7 @@ def peer_measures(keep: Path, impl: str, wall: float, steps: int) -> dict:
 def run_peer_row(name: str, seeds: int, checkout: Path, python, steps: int | None = None, resume=False) -> dict:
     """Each seed: PureJaxRL, then ddprl jax (1, then 2 devices), then ddprl torch, one at a time; the summary
     rewritten after each. ``resume``: keep the seeds the summary holds when it ran the same commands."""
-    from machine import cpu_model
+    from harness import cpu_model
 
     check_checkout("PureJaxRL", checkout, R.PUREJAXRL_COMMIT, R.PUREJAXRL_CLONE, python, R.PUREJAXRL_VENV)
     row, out, config = R.PEER_ROWS[name], store.RUNS / name, R.PEER_ROWS[name].config(steps)

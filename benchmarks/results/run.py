@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: this package, machine.py, qmix_*.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: this package, harness.py, qmix_speed.py
 
 from results import peers, rows, store, training  # noqa: E402 (the path above first)
 from results.page import page  # noqa: E402

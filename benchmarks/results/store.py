@@ -47,7 +47,7 @@ def pack(keep: Path) -> None:
 @functools.cache
 def this_machine() -> str:
     """The CPU and its cores, after the GPU's name where ``nvidia-smi`` finds one."""
-    from machine import cpu_model
+    from harness import cpu_model
 
     cpu, query = f"{cpu_model()}, {os.cpu_count()} cores", ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
     try:

@@ -1,0 +1,193 @@
+"""What the benchmark scripts share: the machine, the load other processes put on it, a subprocess (``ddprl train``)
+and its metrics, alternated repeats, the markdown report. ``python benchmarks/X.py`` puts this folder on sys.path."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError, StopIteration):
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    return platform.processor() or platform.machine()
+
+
+def machine() -> str:
+    import torch
+
+    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return f"{cpu_model()}, {os.cpu_count()} cores{gpu}; Python {platform.python_version()}, torch {torch.__version__}"
+
+
+def versions(python: str, packages: tuple[str, ...]) -> str:
+    """The versions of ``packages`` that ``python`` (another environment's) has."""
+    code = "import importlib.metadata as m, sys\nfor p in sys.argv[1:]:\n try: print(p, m.version(p))\n except: 0"
+    try:
+        out = subprocess.run([python, "-c", code, *packages], capture_output=True, text=True, timeout=120).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return ", ".join(out.splitlines())
+
+
+def cpu_counters() -> tuple[float, float, float, float]:
+    """Busy CPU-seconds of the machine (nan without /proc/stat), of this process, of its waited-for children; time."""
+    busy, t = float("nan"), os.times()
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        f = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        busy = (f[0] + f[1] + f[2] + f[5] + f[6]) / os.sysconf("SC_CLK_TCK")  # user nice system irq softirq
+    return busy, t.user + t.system, t.children_user + t.children_system, time.perf_counter()
+
+
+def foreign_load(before: tuple, after: tuple, tree_cpu: float | None = None) -> float:
+    """Cores used by processes outside this one and its children between two samples (``tree_cpu``: the children's
+    CPU-seconds when known better than by the waited-for ones)."""
+    children = max(after[2] - before[2], tree_cpu or 0.0)
+    return ((after[0] - before[0]) - (after[1] - before[1]) - children) / (after[3] - before[3])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The complete JSON lines of ``path`` (none when absent)."""
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
+
+
+def column(rows: list[dict], key: str) -> list:
+    return [r[key] for r in rows if key in r]
+
+
+def run(cmd, *, env=None, cwd=REPO, timeout=None, metrics: Path | None = None, stop: Callable | None = None) -> dict:
+    """``cmd`` in a session of its own (``env``: variables added), each output line kept with the monotonic time it
+    was read; with ``stop``, SIGTERM to it once ``stop(rows of metrics)`` holds. Returns lines, rows, wall s, s to
+    the stop (None), other processes' load; a failure or ``timeout`` raises RuntimeError with the output's tail."""
+    env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "disable"), "PYTHONUNBUFFERED": "1", **(env or {})}
+    before, start, lines, stop_s = cpu_counters(), time.perf_counter(), [], None
+    pipe = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, **pipe)
+    reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), s.rstrip("\n")) for s in proc.stdout))
+    reader.start()
+    try:
+        while proc.poll() is None:
+            if timeout and time.perf_counter() - start > timeout:
+                raise RuntimeError(f"{cmd[-1]}: timed out after {timeout:.0f} s")
+            if stop and stop_s is None and stop(read_rows(metrics)):
+                stop_s = time.perf_counter() - start
+                os.killpg(proc.pid, signal.SIGTERM)
+            time.sleep(0.05)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGKILL) if proc.poll() is None else ():
+            with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(proc.pid, sig)
+                proc.wait(30)
+        reader.join()
+    wall = time.perf_counter() - start
+    if proc.returncode != 0 and stop_s is None:
+        tail = "\n".join(s for _, s in lines[-15:])
+        raise RuntimeError(f"{' '.join(map(str, cmd))}: exit {proc.returncode}\n{tail}")
+    rows = read_rows(metrics) if metrics else []
+    return dict(lines=lines, rows=rows, wall=wall, stop_s=stop_s, other=foreign_load(before, cpu_counters()))
+
+
+def train(keys, run_dir: Path, prefix=(), **kw) -> dict:
+    """``ddprl train KEYS run_dir=RUN_DIR`` through :func:`run`, its metrics rows read."""
+    cmd = [*prefix, sys.executable, "-m", "ddprl", "train", *keys, f"run_dir={run_dir}"]
+    return run(cmd, metrics=Path(run_dir) / "metrics.jsonl", **kw)
+
+
+def in_tmp(fn: Callable, *args):
+    """``fn(*args, a temporary directory)``, the directory removed after."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return fn(*args, Path(tmp))
+
+
+def alternate(plan: dict[str, Callable[[int], dict]], repeats: int, rotate=True, max_other=None, retries=0) -> dict:
+    """``plan[name](repeat)`` for every name, ``repeats`` rounds, the order rotated each round; a run during which
+    other processes used more than ``max_other`` cores is redone ``retries`` times (the least loaded kept). A run
+    that raised is kept as ``{"error": ...}``."""
+    out: dict[str, list[dict]] = {name: [] for name in plan}
+    for r in range(repeats):
+        names = list(plan)[r % len(plan) :] + list(plan)[: r % len(plan)] if rotate else list(plan)
+        for name in names:
+            kept = None
+            for _ in range(retries + 1):
+                try:
+                    result = plan[name](r)
+                except Exception as e:  # reported, the other runs go on
+                    result = {"error": f"{type(e).__name__}: {e}"}
+                if say := result.get("error") or result.pop("say", ""):
+                    print(f"[{name}, round {r + 1}] {say}", file=sys.stderr)
+                if kept is None or "error" in kept or result.get("other", 0) < kept.get("other", 0):
+                    kept = result
+                if "error" in result or max_other is None or result.get("other", 0) <= max_other:
+                    break
+            out[name].append(kept)
+    return out
+
+
+def middle(results: list[dict], key: str) -> dict:
+    """The run of median ``key`` (the lower middle one of an even count), failed runs left out."""
+    ok = sorted((r for r in results if "error" not in r), key=lambda r: r[key])
+    return ok[(len(ok) - 1) // 2] if ok else results[0]
+
+
+def median(values) -> float:
+    values = [v for v in values if v == v]
+    return statistics.median(values) if values else float("nan")
+
+
+def table(head: list[str], rows: list[list] = ()) -> None:
+    for cells in (head, ["---"] * len(head), *rows):
+        row(cells)
+
+
+def row(cells: list) -> None:
+    print("| " + " | ".join(map(str, cells)) + " |", flush=True)
+
+
+def sync(device) -> None:
+    """Wait for the GPU's queued work (nothing on a CPU)."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def parser(doc: str, report: bool = True) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if report:
+        p.add_argument("--report", metavar="FILE", help="also write the report (markdown) to FILE")
+    return p
+
+
+def report(print_report: Callable[[], None], path: str | None) -> None:
+    """Run ``print_report`` once: its output to stdout and, with ``path``, to that file."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        print_report()
+    print(out.getvalue(), end="")
+    if path:
+        Path(path).write_text(out.getvalue())
