@@ -19,8 +19,9 @@ import logging
 import os
 import random
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -28,6 +29,9 @@ import torch
 from ddprl.errors import UsageError
 from ddprl.files import copy_atomically, write_atomically
 from ddprl.runtime.compat import COMPILED_PREFIX
+
+if TYPE_CHECKING:
+    from ddprl.runtime.protocol import JobRuntime
 
 log = logging.getLogger("ddprl")
 
@@ -63,6 +67,29 @@ def strip_prefixes(state_dict: dict[str, Any]) -> dict[str, Any]:
                 break
         out[key] = value
     return out
+
+
+class Stateful(Protocol):
+    """A part of the shared state a checkpoint holds: a module, an optimizer, a scaler, statistics."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any, /) -> Any: ...
+
+
+def state_of(parts: Mapping[str, Stateful | None]) -> dict[str, Any]:
+    """The shared state of a checkpoint from a table of its parts, by key: each part's state dict
+    (a module's keys without wrapper prefixes, :func:`strip_prefixes`); None for a part this job
+    lacks. ``Run.restore`` loads the same table back."""
+    state: dict[str, Any] = {}
+    for name, part in parts.items():
+        if part is None:
+            state[name] = None
+        elif isinstance(part, torch.nn.Module):
+            state[name] = strip_prefixes(part.state_dict())
+        else:
+            state[name] = part.state_dict()
+    return state
 
 
 def rng_state() -> dict[str, Any]:
@@ -105,7 +132,7 @@ def _to_cpu(obj: Any) -> Any:
     return obj
 
 
-def save_checkpoint(rt: Any, path: Path, payload: dict[str, Any], rank_state: dict[str, Any]) -> None:
+def save_checkpoint(rt: JobRuntime, path: Path, payload: dict[str, Any], rank_state: dict[str, Any]) -> None:
     """Collective: gather every rank's ``rank_state``; rank 0 writes ``payload`` + them atomically.
 
     ``payload`` holds the shared state (identical on every rank): plain state dicts, counters,
@@ -313,7 +340,7 @@ class Checkpointer:
         return sorted(found)
 
     def save(
-        self, rt: Any, step: int, payload: dict[str, Any], rank_state: dict[str, Any], is_best: bool = False
+        self, rt: JobRuntime, step: int, payload: dict[str, Any], rank_state: dict[str, Any], is_best: bool = False
     ) -> Path:
         """Collective: every rank hands in its own state; rank 0 writes, links and prunes."""
         path = self.dir / f"step_{step}.pt"

@@ -21,11 +21,15 @@ import argparse
 import functools
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddprl import registry
 from ddprl.errors import DISK_FULL_EXIT_CODE, DiskFull, UsageError, first_process, say_once
 from ddprl.prepare import key_values, launcher_overrides, prepare_train, saved_config
+
+if TYPE_CHECKING:
+    from ddprl.config.schema import RLConfig
+    from ddprl.runtime import Runtime
 
 Row = tuple[str, str, str, str]  # (key, type, default, help) of a command's key
 KEY_COLUMNS = ("key", "type", "default", "from", "help")  # of training's keys: `ddprl keys`, `ddprl train --help`
@@ -153,7 +157,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval_rank(rt: Any, cfg: Any, ckpt: dict[str, Any], video: str | None) -> None:
+def _eval_rank(rt: Runtime, cfg: RLConfig, ckpt: dict[str, Any], video: str | None) -> None:
     from tqdm import tqdm
 
     from ddprl.evaluate import evaluate

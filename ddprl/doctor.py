@@ -11,12 +11,16 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:
+    from ddprl.config.schema import JobConfig
+    from ddprl.runtime.collectives import Runtime
 
-def describe_machine(cfg: Any) -> str:
+
+def describe_machine(cfg: JobConfig) -> str:
     lines = [
         f"torch {torch.__version__}  cuda available: {torch.cuda.is_available()}  "
         f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}"
@@ -28,7 +32,7 @@ def describe_machine(cfg: Any) -> str:
     return "\n".join(lines)
 
 
-def doctor(rt: Any, cfg: Any, size_mb: float = 64.0) -> None:
+def doctor(rt: Runtime, cfg: JobConfig, size_mb: float = 64.0) -> None:
     """Collective: check all_reduce results and time it; rank 0 prints a report."""
     if rt.is_main:
         print(f"backend chosen: {rt.backend}  world_size: {rt.world_size}  rank 0 device: {rt.device}", flush=True)

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from ddprl.envs.base import VecEnv
+
+if TYPE_CHECKING:
+    from ddprl.runtime.protocol import JobRuntime
 
 Progress = Callable[[int, int], None]  # (episodes done, episodes) of this rank
 
@@ -94,7 +97,7 @@ def summarize(records: list[dict[str, float]]) -> dict[str, float]:
 
 
 def evaluate(
-    rt: Any,
+    rt: JobRuntime,
     make_eval_env: Callable[[int, int], VecEnv],
     act: Callable[[torch.Tensor], torch.Tensor],
     episodes: int,

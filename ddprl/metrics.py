@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ddprl.config import to_dict
+from ddprl.config import JobConfig, to_dict
 from ddprl.errors import DiskFull
 from ddprl.files import AppendFile, disk_full, is_disk_full, write_atomically
 
@@ -32,7 +32,7 @@ class MetricsLogger:
     """
 
     def __init__(
-        self, run_dir: Path, cfg: Any, is_main: bool, total_steps: int, start_step: int = 0, resumed: bool = False
+        self, run_dir: Path, cfg: JobConfig, is_main: bool, total_steps: int, start_step: int = 0, resumed: bool = False
     ):
         self.is_main = is_main
         self.run_dir = Path(run_dir)
@@ -168,7 +168,7 @@ _excepthook = threading.excepthook
 threading.excepthook = _quiet_tb_disk_full
 
 
-def _start_wandb(cfg: Any, run_dir: Path):
+def _start_wandb(cfg: JobConfig, run_dir: Path) -> Any:
     try:
         import wandb
     except ImportError:

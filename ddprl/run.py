@@ -6,12 +6,13 @@ Every algorithm's loop uses :class:`Run` the same way, so saving and resuming ar
 
     run = Run(rt, cfg)                         # reads the checkpoint being resumed (once), seeds torch
     env = make_env(..., seed=run.env_seed)     # resumed: seeds derived from the resume step
-    if run.resumed: model.load_state_dict(run.state["model"])
+    parts = {"model": model, "optimizer": optimizer}   # the shared state, by checkpoint key
+    run.restore(parts)                         # resumed: each part's saved state loaded
     own = run.restore_rank_state()             # this rank's saved state (RNG restored), or None
     run.open(total_steps)                      # collective: directory, config.yaml, metrics, TensorBoard
     run.log(step, metrics)                     # every rank calls; rank 0 writes
     run.save_own_file({"buffer": ...}, path)  # a rank's own file of the next checkpoint (replay buffer)
-    run.save(step, state={...}, counters={...}, own={"env": ...}, score=eval_return)   # collective
+    run.save(step, state_of(parts), counters={...}, own={"env": ...}, score=eval_return)   # collective
     run.step_boundary(step, save, score=eval_return, due=..., last=...)   # collective: checkpoint, preemption
     with run.split.phase("env"): ...           # where the time goes: time/<phase>_s in every row
     run.finish()                               # close the sinks; rank 0 prints the summary block
@@ -28,9 +29,9 @@ import datetime
 import logging
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import numpy as np
 import torch
@@ -38,6 +39,7 @@ import torch
 from ddprl import registry
 from ddprl.checkpoint import (
     Checkpointer,
+    Stateful,
     forget_checkpoint,
     load_checkpoint,
     rng_state,
@@ -51,12 +53,16 @@ from ddprl.runtime.failures import hosts_if_several, ranks_on_hosts
 from ddprl.runtime.preemption import Preempted, StopCheck
 from ddprl.timesplit import PHASES, TimeSplit, shares
 
+if TYPE_CHECKING:
+    from ddprl.config.schema import JobConfig, RLConfig
+    from ddprl.runtime.protocol import JobRuntime
+
 log = logging.getLogger("ddprl")
 
 DISK_FULL_KEY = "disk_full"  # a flag in the time split's reduction, never logged
 
 
-def default_run_dir(cfg: Any) -> Path:
+def default_run_dir(cfg: JobConfig) -> Path:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     path = Path("runs") / f"{cfg.run_name()}-{stamp}"
     suffix = 1
@@ -66,7 +72,7 @@ def default_run_dir(cfg: Any) -> Path:
     return path
 
 
-def open_run_dir(rt: Any, cfg: Any) -> Path:
+def open_run_dir(rt: JobRuntime, cfg: JobConfig) -> Path:
     """Collective: rank 0 names the run directory (``run_dir``, else a new default one); all get
     its path. Nothing is written yet (:func:`prepare_run_dir`)."""
     path = None
@@ -75,7 +81,7 @@ def open_run_dir(rt: Any, cfg: Any) -> Path:
     return Path(rt.broadcast_object(path))
 
 
-def prepare_run_dir(path: Path, cfg: Any) -> None:
+def prepare_run_dir(path: Path, cfg: JobConfig) -> None:
     """Rank 0: create the run directory, remove what an interrupted job left half-written
     (``*.tmp``: its job is over, the run directory's lock says so), write config.yaml."""
     (path / "checkpoints").mkdir(parents=True, exist_ok=True)
@@ -115,8 +121,8 @@ class Run:
 
     def __init__(
         self,
-        rt: Any,
-        cfg: Any,
+        rt: JobRuntime,
+        cfg: JobConfig,
         score_mode: str = "max",
         rate_key: str = "time/global_fps",
         score_name: str = "eval/return_mean",
@@ -187,6 +193,16 @@ class Run:
     def env_seed(self) -> int:
         """First seed of this rank's training envs: the classic one fresh, a derived one when resumed."""
         return self.seeds.env(self.step)
+
+    def restore(self, parts: Mapping[str, Stateful | None]) -> None:
+        """Load the resumed run's shared state into ``parts``, by checkpoint key (a None part is
+        one this job lacks); nothing when the run is fresh. :func:`~ddprl.checkpoint.state_of`
+        writes the same table into a checkpoint."""
+        if not self.resumed:
+            return
+        for name, part in parts.items():
+            if part is not None:
+                part.load_state_dict(self.state[name])
 
     def restore_rank_state(self) -> dict[str, Any] | None:
         """This rank's own saved state (its RNG restored), or None.
@@ -268,18 +284,26 @@ class Run:
             self.split_totals[k] += v
         return {f"time/{k}_s": v for k, v in window.items() if self.split_totals[k] > 0}
 
-    def evaluate(self, make_eval_env: Any, act: Any, extra_keys: tuple[str, ...] = ()) -> dict[str, float]:
+    def evaluate(
+        self,
+        make_eval_env: Callable[[int, int], Any],
+        act: Callable[[Any], torch.Tensor],
+        extra_keys: tuple[str, ...] = (),
+    ) -> dict[str, float]:
         """Collective: ``eval_episodes`` episodes split over the ranks (:func:`ddprl.evaluate.evaluate`,
-        seeded from ``seed``, shown on the progress bar); the global means as ``eval/<name>``."""
+        seeded from ``seed``, shown on the progress bar); the global means as ``eval/<name>``.
+        ``make_eval_env(num_envs, seed)``: an env of the VecEnv contract (a multi-agent one too);
+        ``act``: its observations to actions."""
         from ddprl.evaluate import evaluate
 
+        cfg = cast("RLConfig", self.cfg)  # an RL job's: only RL loops evaluate episodes
         with self.split.phase("eval"):
             result = evaluate(
                 self.rt,
                 make_eval_env,
                 act,
-                self.cfg.eval_episodes,
-                self.cfg.seed,
+                cfg.eval_episodes,
+                cfg.seed,
                 extra_keys,
                 progress=self.eval_progress,
             )
@@ -369,7 +393,12 @@ class Run:
         )
 
     def step_boundary(
-        self, step: int, save: Any, score: float | None = None, due: bool = False, last: bool = False
+        self,
+        step: int,
+        save: Callable[[float | None], Any],
+        score: float | None = None,
+        due: bool = False,
+        last: bool = False,
     ) -> None:
         """Collective, at the end of every iteration of a loop: ``save(score)`` writes a checkpoint
         when one is ``due`` (``checkpoint_freq``), at the ``last`` step, when ``score`` (an

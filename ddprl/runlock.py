@@ -27,10 +27,15 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from ddprl.errors import UsageError, first_process
 from ddprl.files import disk_full, is_disk_full
+
+if TYPE_CHECKING:
+    from ddprl.config.schema import JobConfig
+
+Config = TypeVar("Config", bound="JobConfig")
 
 LOCK_NAME = ".lock"
 # flock refused by the filesystem itself rather than by another holder
@@ -51,7 +56,7 @@ def _forget_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
-def holds_the_lock(cfg: Any) -> bool:
+def holds_the_lock(cfg: JobConfig) -> bool:
     """Whether this process starts the job on its first machine: the spawning launcher of
     ``node_rank=0``, or rank 0's own process under torchrun or srun."""
     from ddprl.runtime import detect_launcher
@@ -62,7 +67,7 @@ def holds_the_lock(cfg: Any) -> bool:
 
 
 @contextlib.contextmanager
-def run_dir_held(cfg: Any) -> Iterator[Any]:
+def run_dir_held(cfg: Config) -> Iterator[Config]:
     """For the life of the job (around ``launch``): lock the run directory when this process
     :func:`holds_the_lock`, creating the directory (a default one named here, so that the lock
     comes before anything is written); yields ``cfg`` with that ``run_dir``.
@@ -231,7 +236,7 @@ def _mkdir(path: Path, exist_ok: bool) -> None:
         raise UsageError(f"run_dir={path}: cannot create it ({e.strerror})") from None
 
 
-def _new_default_dir(cfg: Any) -> tuple[Path, Path]:
+def _new_default_dir(cfg: JobConfig) -> tuple[Path, Path]:
     """Create ``runs/<algo>-<task>-<time>`` (another suffix when a job started in the same second
     took it: created here, so two jobs never share it); returns it and the outermost folder created."""
     from ddprl.run import default_run_dir

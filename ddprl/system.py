@@ -3,9 +3,22 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from ddprl.runtime.protocol import JobRuntime
+
+
+class PolicySizes(Protocol):
+    """The keys :func:`autoscale_ppo` reads (PPO's config, either engine's)."""
+
+    device: str
+    policy: str
+    policy_width: int
+    policy_depth: int
+    hidden_sizes: list[int]
 
 
 def gpu_stats(device: torch.device) -> dict[str, float]:
@@ -24,7 +37,7 @@ def gpu_stats(device: torch.device) -> dict[str, float]:
     return stats
 
 
-def system_metrics(rt: Any) -> dict[str, float]:
+def system_metrics(rt: JobRuntime) -> dict[str, float]:
     """Collective on CUDA (every rank's GPU stats, keyed by global rank); {} on the CPU."""
     if rt.device.type != "cuda":
         return {}
@@ -37,7 +50,7 @@ def _pow2_floor(x: float) -> int:
 
 
 def autoscale_ppo(
-    cfg: Any,
+    cfg: PolicySizes,
     obs_shape: tuple[int, ...],
     world_size: int,
     local_world_size: int,
@@ -68,7 +81,7 @@ def autoscale_ppo(
 
 
 def _autoscale_sizes(
-    cfg: Any,
+    cfg: PolicySizes,
     obs_shape: tuple[int, ...],
     world_size: int,
     local_world_size: int,

@@ -125,7 +125,7 @@ def _task_preset(path: Path, algo: str, algorithms: Iterable[str]) -> dict[str, 
     return values
 
 
-def preset_note(cfg: Any) -> str:
+def preset_note(cfg: JobConfig) -> str:
     """One line naming the keys a task preset set in this config ('' when it set none)."""
     keys = [k for k, source in cfg.sources.items() if source == "task preset"]
     if not keys:
@@ -239,7 +239,7 @@ def load_config(
 LAYERS = ("default", "task preset", "config file", "checkpoint", "command line")  # later wins
 
 
-def _settle(cfg: Any, plain: str, alternative: str) -> None:
+def _settle(cfg: JobConfig, plain: str, alternative: str) -> None:
     """Two keys that set one size two ways (``batch_size``, or ``minibatches`` from which it is
     derived; ``alternative`` is null when unused): the one from the later layer wins, so a
     ``batch_size=`` of yours replaces a preset's ``minibatches`` and the other way round. Both
@@ -272,12 +272,12 @@ def _field_type_name(schema: type, key: str) -> str:
     return "another type"
 
 
-def to_dict(cfg: Any) -> dict[str, Any]:
+def to_dict(cfg: JobConfig) -> dict[str, Any]:
     """Plain dict of a config's keys (for config.yaml and checkpoints: primitives only)."""
     return {f.name: copy.deepcopy(getattr(cfg, f.name)) for f in public_fields(cfg)}
 
 
-def save_yaml(cfg: Any, path: Path) -> None:
+def save_yaml(cfg: JobConfig, path: Path) -> None:
     """The config as YAML, one key a line; a comment names where a value came from when it is
     not a default (``norm_obs: true  # task preset``). Written atomically (a full disk:
     :class:`~ddprl.errors.DiskFull`, the file as it was)."""
@@ -298,7 +298,7 @@ def describe(schema: type = JobConfig) -> list[tuple[str, str, str]]:
     return [(f.name, str(f.type), f.metadata.get("help", "")) for f in public_fields(schema)]
 
 
-def key_rows(cfg: Any) -> list[tuple[str, str, str, str]]:
+def key_rows(cfg: JobConfig) -> list[tuple[str, str, str, str]]:
     """(key, type, value, help) of every key of a resolved config (``load_config(...)``), values
     as the command line writes them: ``ddprl keys`` and ``ddprl train --help`` show the defaults
     of an algorithm (and task) this way."""

@@ -74,6 +74,11 @@ class JobConfig:
         "machine's cores (none: the scheduler places them)",
         "none",
     )
+    malloc: str = key(
+        "keep | system: keep = the C library's malloc keeps the memory a rank frees for its next step "
+        "(CPU steps run faster without a page fault per fresh 4 kB page); system = its own defaults",
+        "keep",
+    )
     nccl_preset: str = key(
         "none | nvlink | ib: NCCL variables for the interconnect (variables you exported win)", "none"
     )
@@ -114,6 +119,7 @@ class JobConfig:
             self.cpu_bind in ("cores", "none"),
             f"cpu_bind={self.cpu_bind!r} is not cores or none",
         )
+        _check(self.malloc in ("keep", "system"), f"malloc={self.malloc!r} is not keep or system")
         _check(self.sync_freq >= 1, f"sync_freq={self.sync_freq} must be >= 1")
         _check(self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1")
         _check(self.dist_timeout > 0, f"dist_timeout={self.dist_timeout} must be > 0")

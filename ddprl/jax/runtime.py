@@ -26,7 +26,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
@@ -35,6 +35,12 @@ from ddprl.errors import DISK_FULL_EXIT_CODE, DiskFull, UsageError, say_once
 from ddprl.runtime import Seeds, detect_launcher, exit_process, failures, preemption, setup_logging, spawn
 from ddprl.runtime.launch import restore_logging, spawn_port, spawn_sizes
 from ddprl.runtime.placement import rendezvous_from_env
+
+if TYPE_CHECKING:
+    from ddprl.runtime.protocol import LaunchConfig
+
+Config = TypeVar("Config", bound="LaunchConfig")
+Result = TypeVar("Result")
 
 log = logging.getLogger("ddprl")
 
@@ -50,7 +56,7 @@ def require_jax() -> None:
 
 
 def process_identity(
-    cfg: Any, environ: dict[str, str] | os._Environ = os.environ, local_index: int | None = None
+    cfg: LaunchConfig, environ: dict[str, str] | os._Environ = os.environ, local_index: int | None = None
 ) -> tuple[int, int, str]:
     """``(process_id, num_processes, coordinator "host:port")`` of this JAX process."""
     r = rendezvous_from_env(cfg, environ, local_index if local_index is not None else 0)
@@ -63,7 +69,7 @@ def _platform(device: str) -> str | None:
     return {"auto": None, "cpu": "cpu", "cuda": "cuda"}[device]
 
 
-def start_jax(cfg: Any, process_id: int, num_processes: int, coordinator: str) -> None:
+def start_jax(cfg: LaunchConfig, process_id: int, num_processes: int, coordinator: str) -> None:
     """Pick the platform and connect the processes (before anything asks JAX for devices)."""
     import jax
 
@@ -102,7 +108,7 @@ def select_devices(devices: Any) -> list[Any]:
 class JaxRuntime:
     """This JAX process in the job: its place, the device mesh, host-side collectives."""
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: LaunchConfig):
         import jax
         from jax.experimental import multihost_utils
         from jax.sharding import Mesh
@@ -176,7 +182,7 @@ def verify(rt: JaxRuntime) -> bool:
     return all(float(jnp.asarray(s.data).reshape(-1)[0]) == n * (n + 1) / 2 for s in out.addressable_shards)
 
 
-def doctor(rt: JaxRuntime, cfg: Any, size_mb: float = 64.0) -> None:
+def doctor(rt: JaxRuntime, cfg: LaunchConfig, size_mb: float = 64.0) -> None:
     """``ddprl doctor engine=jax``: processes, devices, mesh, a psum check, pmean bandwidth."""
     import jax
     from jax.sharding import NamedSharding
@@ -214,7 +220,7 @@ def doctor(rt: JaxRuntime, cfg: Any, size_mb: float = 64.0) -> None:
 
 
 # -- launch -------------------------------------------------------------------------------------
-def launch(fn: Callable[[JaxRuntime, Any], Any], cfg: Any) -> Any:
+def launch(fn: Callable[[JaxRuntime, Config], Result], cfg: Config) -> Result | None:
     """Run ``fn(runtime, cfg)`` in every JAX process of the job (see the module docstring)."""
     require_jax()
     launcher = detect_launcher()
@@ -229,7 +235,7 @@ def launch(fn: Callable[[JaxRuntime, Any], Any], cfg: Any) -> Any:
     return None
 
 
-def _child(local_index: int, fn: Callable, cfg: Any) -> None:
+def _child(local_index: int, fn: Callable, cfg: LaunchConfig) -> None:
     try:
         _run_process(fn, cfg, *process_identity(cfg, environ={}, local_index=local_index))
     except SystemExit as e:
@@ -237,7 +243,9 @@ def _child(local_index: int, fn: Callable, cfg: Any) -> None:
     exit_process(0)
 
 
-def _run_process(fn: Callable, cfg: Any, process_id: int, num_processes: int, coordinator: str) -> Any:
+def _run_process(
+    fn: Callable[[JaxRuntime, Config], Result], cfg: Config, process_id: int, num_processes: int, coordinator: str
+) -> Result:
     logging_before = setup_logging(process_id)
     previous_handlers = preemption.install_handlers()  # SIGTERM/SIGUSR1: stop at a step boundary, saved
     try:

@@ -13,7 +13,8 @@ Algorithms see a :class:`Runtime` and its few verbs; they never touch process gr
 Modules: ``placement`` (who am I, which device: pure functions), ``launch`` (spawn / torchrun /
 SLURM, a rank's life cycle, exit), ``collectives`` (the Runtime and its verbs), ``seeding``
 (every seed from seed, rank, purpose), ``nccl`` (interconnect presets), ``compat`` (torch
-features detected, not assumed).
+features detected, not assumed), ``protocol`` (:class:`JobRuntime`: what either engine's runtime
+offers ``Run``, checkpoints and evaluation).
 """
 
 from ddprl.runtime.collectives import Runtime, parameter_checksum, unwrap
@@ -37,10 +38,12 @@ from ddprl.runtime.placement import (
     resolve_world_size,
     resolved_config,
 )
+from ddprl.runtime.protocol import JobRuntime
 from ddprl.runtime.seeding import Seeds, env_seed
 
 __all__ = [
     "Runtime",
+    "JobRuntime",
     "launch",
     "exit_process",
     "prepare_spawn",

@@ -22,7 +22,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.multiprocessing as mp
@@ -30,6 +30,7 @@ import torch.multiprocessing as mp
 from ddprl.errors import DISK_FULL_EXIT_CODE, DiskFull, UsageError, say_once
 from ddprl.runtime import collectives, failures, preemption
 from ddprl.runtime.collectives import Runtime
+from ddprl.runtime.malloc import keep_freed_memory
 from ddprl.runtime.nccl import apply_nccl_preset
 from ddprl.runtime.placement import (
     Placement,
@@ -43,6 +44,12 @@ from ddprl.runtime.placement import (
     resolved_config,
     spawn_master_addr,
 )
+
+if TYPE_CHECKING:
+    from ddprl.runtime.protocol import LaunchConfig
+
+Config = TypeVar("Config", bound="LaunchConfig")
+Result = TypeVar("Result")
 
 log = logging.getLogger("ddprl")
 
@@ -92,11 +99,11 @@ def restore_logging(before: tuple[list[logging.Handler], int, bool]) -> None:
     log.setLevel(level)
 
 
-def prepare_spawn(cfg: Any) -> Any:
+def prepare_spawn(cfg: LaunchConfig) -> int:
     """Check the spawn-mode settings in the parent and fix ``master_port`` (auto → a free port).
 
     Done before any process starts, so bad input fails with one line and nothing half-made.
-    Returns the settings the children receive.
+    Returns the rendezvous port the children use.
     """
     spawn_sizes(cfg)
     # Validate the device/backend choice once, here, rather than in N children.
@@ -104,7 +111,7 @@ def prepare_spawn(cfg: Any) -> Any:
     return spawn_port(cfg)
 
 
-def spawn_sizes(cfg: Any) -> None:
+def spawn_sizes(cfg: LaunchConfig) -> None:
     """world_size, nnodes and node_rank of a spawn-mode job fit together (any engine)."""
     if cfg.world_size < 1:
         raise UsageError(f"world_size={cfg.world_size} must be >= 1")
@@ -115,7 +122,7 @@ def spawn_sizes(cfg: Any) -> None:
     spawn_master_addr(cfg)  # several nodes need master_addr named
 
 
-def spawn_port(cfg: Any) -> int:
+def spawn_port(cfg: LaunchConfig) -> int:
     """The rendezvous port of a spawn-mode job: ``auto`` picks a free one (one node only), a
     given one must be free on node 0."""
     if cfg.master_port == "auto":
@@ -160,7 +167,7 @@ def exit_process(code: int) -> None:
     os._exit(code)
 
 
-def _child(local_rank: int, fn: Callable, cfg: Any, dist_timeout: float) -> None:
+def _child(local_rank: int, fn: Callable, cfg: LaunchConfig, dist_timeout: float) -> None:
     placement = placement_from_env(cfg, environ={}, local_rank=local_rank)
     try:
         _run_rank(placement, fn, cfg, dist_timeout)
@@ -170,18 +177,23 @@ def _child(local_rank: int, fn: Callable, cfg: Any, dist_timeout: float) -> None
     exit_process(0)
 
 
-def _run_rank(placement: Placement, fn: Callable, cfg: Any, dist_timeout: float) -> Any:
+def _run_rank(
+    placement: Placement, fn: Callable[[Runtime, Config], Result], cfg: Config, dist_timeout: float
+) -> Result:
     logging_before = setup_logging(placement.rank)
     previous_handlers = preemption.install_handlers()  # SIGTERM/SIGUSR1: stop at a step boundary, saved
-    nccl_set = apply_nccl_preset(getattr(cfg, "nccl_preset", "none"))
+    nccl_preset = getattr(cfg, "nccl_preset", "none")
+    nccl_set = apply_nccl_preset(nccl_preset)
     if nccl_set:
-        log.info("nccl_preset=%s set %s", cfg.nccl_preset, " ".join(f"{k}={v}" for k, v in nccl_set.items()))
+        log.info("nccl_preset=%s set %s", nccl_preset, " ".join(f"{k}={v}" for k, v in nccl_set.items()))
     # One intra-op thread per rank unless OMP_NUM_THREADS says otherwise: RL networks are small,
     # and OpenMP's thread hand-off on tiny tensors costs more than the op (seen here: tanh on
     # an 8x64 tensor took 5 us with 1 thread and 3.5 ms with 2), besides N ranks x all cores
     # oversubscribing the machine.
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
+    if getattr(cfg, "malloc", "keep") == "keep":
+        keep_freed_memory()
     bound = bind_cores(getattr(cfg, "cpu_bind", "none"), placement)
     if bound and placement.rank == 0:
         log.info("cpu_bind: each rank on its own cores (rank 0: %s)", ",".join(map(str, bound)))
@@ -236,7 +248,7 @@ def float32_matmuls(precision: str, device: torch.device) -> str:
     return before
 
 
-def launch(fn: Callable[[Runtime, Any], Any], cfg: Any) -> Any:
+def launch(fn: Callable[[Runtime, Config], Result], cfg: Config) -> Result | None:
     """Run ``fn(runtime, cfg)`` on every rank of the job (use functools.partial for more arguments).
 
     Under torchrun or srun this process *is* one rank. Otherwise ``cfg.world_size`` processes are
@@ -440,7 +452,7 @@ def _stop(processes: list[Any], grace_s: float) -> None:
         process.join()
 
 
-def runs_in_this_process(cfg: Any) -> bool:
+def runs_in_this_process(cfg: LaunchConfig) -> bool:
     """Whether ``launch`` runs the rank in this very process (torchrun/srun, or a world of one)."""
     return detect_launcher() != "spawn" or (cfg.world_size == 1 and cfg.nnodes == 1)
 

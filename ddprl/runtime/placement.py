@@ -13,12 +13,17 @@ import socket
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
 from ddprl.errors import UsageError
 from ddprl.runtime import shm
+
+if TYPE_CHECKING:
+    from ddprl.runtime.protocol import LaunchConfig
+
+Config = TypeVar("Config", bound="LaunchConfig")
 
 CPU_WORLD_SIZE = 2  # world_size=auto without CUDA: two CPU processes (the default job's DDP on a laptop)
 
@@ -132,7 +137,7 @@ def slurm_tasks_per_node(environ: Mapping[str, str]) -> list[int]:
     return counts
 
 
-def _slurm_rendezvous(cfg: Any, environ: Mapping[str, str]) -> tuple[int, str, int]:
+def _slurm_rendezvous(cfg: LaunchConfig, environ: Mapping[str, str]) -> tuple[int, str, int]:
     """(tasks on this node, master address, master port) of an srun task.
 
     Address: ``master_addr=`` given by the user, else an exported MASTER_ADDR, else the first
@@ -231,7 +236,9 @@ class Rendezvous:
     master_port: int
 
 
-def rendezvous_from_env(cfg: Any, environ: Mapping[str, str] = os.environ, local_rank: int | None = None) -> Rendezvous:
+def rendezvous_from_env(
+    cfg: LaunchConfig, environ: Mapping[str, str] = os.environ, local_rank: int | None = None
+) -> Rendezvous:
     """This process's place from the launcher's variables (or the spawner's arguments)."""
     launcher = detect_launcher(environ)
     if launcher == "torchrun":
@@ -260,7 +267,7 @@ def rendezvous_from_env(cfg: Any, environ: Mapping[str, str] = os.environ, local
     return Rendezvous(launcher, rank, local_rank, world_size, local_world_size, addr, port)
 
 
-def spawn_master_addr(cfg: Any) -> str:
+def spawn_master_addr(cfg: LaunchConfig) -> str:
     """Rank 0's address in a spawn-mode job: this machine's loopback on one node; on several
     nodes the user must name it (nothing else could tell the nodes the same host)."""
     if cfg.master_addr != "auto":
@@ -273,7 +280,9 @@ def spawn_master_addr(cfg: Any) -> str:
     return "127.0.0.1"
 
 
-def placement_from_env(cfg: Any, environ: Mapping[str, str] = os.environ, local_rank: int | None = None) -> Placement:
+def placement_from_env(
+    cfg: LaunchConfig, environ: Mapping[str, str] = os.environ, local_rank: int | None = None
+) -> Placement:
     """Work out this process's place from the launcher's variables (or the spawner's arguments)."""
     r = rendezvous_from_env(cfg, environ, local_rank)
     device, backend = choose_device_and_backend(cfg.device, cfg.backend, r.local_rank, r.local_world_size)
@@ -290,7 +299,7 @@ def placement_from_env(cfg: Any, environ: Mapping[str, str] = os.environ, local_
     )
 
 
-def resolved_config(cfg: Any) -> Any:
+def resolved_config(cfg: Config) -> Config:
     """``cfg`` with ``world_size=auto`` (and the sizes derived from it) made concrete.
 
     The JAX engine runs one process per machine (each driving all its devices): there

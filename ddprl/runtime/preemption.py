@@ -26,9 +26,12 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddprl.runtime import failures
+
+if TYPE_CHECKING:
+    from ddprl.runtime.protocol import JobRuntime
 
 log = logging.getLogger("ddprl")
 
@@ -84,7 +87,7 @@ class StopCheck:
     else ``all_gather_object`` (the JAX one).
     """
 
-    def __init__(self, rt: Any, interval_s: float = 1.0, max_every: int = 100_000):
+    def __init__(self, rt: JobRuntime, interval_s: float = 1.0, max_every: int = 100_000):
         self.rt, self.interval_s, self.max_every = rt, interval_s, max_every
         self.every = 1  # step boundaries between two reductions; the first one reduces at once
         self.calls = 0

@@ -89,7 +89,7 @@ class SupervisedConfig(JobConfig):
         )
 
     def check_task(self) -> None:
-        from ddprl.supervised.tasks import check_task_name
+        from ddprl.supervised.names import check_task_name
 
         check_task_name(self.task)
 

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
+
+if TYPE_CHECKING:
+    from ddprl.supervised.config import SupervisedConfig
 
 
 class ShardSampler(Sampler[int]):
@@ -51,7 +54,7 @@ class EpochSampler(DistributedSampler):
         return super().__len__() - self.skip
 
 
-def _loader_kwargs(cfg: Any, collate_fn: Any) -> dict[str, Any]:
+def _loader_kwargs(cfg: SupervisedConfig, collate_fn: Any) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"num_workers": cfg.num_workers, "pin_memory": cfg.pin_memory, "collate_fn": collate_fn}
     if cfg.num_workers > 0:
         kwargs["persistent_workers"] = True  # no worker start-up cost every epoch
@@ -60,7 +63,7 @@ def _loader_kwargs(cfg: Any, collate_fn: Any) -> dict[str, Any]:
     return kwargs
 
 
-def train_loader(dataset: Any, cfg: Any, rank: int, world_size: int, collate_fn: Any = None) -> DataLoader:
+def train_loader(dataset: Any, cfg: SupervisedConfig, rank: int, world_size: int, collate_fn: Any = None) -> DataLoader:
     """This rank's training batches of ``batch_size``; call ``loader.sampler.start_at(e)`` every epoch."""
     sampler = EpochSampler(
         dataset, num_replicas=world_size, rank=rank, shuffle=cfg.shuffle, seed=cfg.seed, drop_last=cfg.drop_last
@@ -70,7 +73,7 @@ def train_loader(dataset: Any, cfg: Any, rank: int, world_size: int, collate_fn:
     )
 
 
-def eval_loader(dataset: Any, cfg: Any, rank: int, world_size: int, collate_fn: Any = None) -> DataLoader:
+def eval_loader(dataset: Any, cfg: SupervisedConfig, rank: int, world_size: int, collate_fn: Any = None) -> DataLoader:
     """This rank's shard of an evaluation set: every sample counted once over the ranks."""
     sampler = ShardSampler(len(dataset), rank, world_size)
     return DataLoader(

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -37,6 +37,9 @@ from torch_geometric.nn import MessagePassing, global_add_pool
 from ddprl.errors import UsageError
 from ddprl.supervised.metrics import mae, mse
 from ddprl.supervised.task import Task
+
+if TYPE_CHECKING:
+    from ddprl.supervised.config import SupervisedConfig
 
 # The pair potential, in units of the unit square: a well at D0 = half the default cutoff.
 DEPTH, WIDTH, D0 = 1.0, 10.0, 0.15
@@ -156,7 +159,7 @@ class EnergyGNN(nn.Module):
         return self.head(global_add_pool(h, batch.batch, size=batch.num_graphs))
 
 
-def _options(cfg: Any) -> tuple[int, int, int, float, int]:
+def _options(cfg: SupervisedConfig) -> tuple[int, int, int, float, int]:
     given = dict(cfg.task_options)
     unknown = sorted(set(given) - set(OPTIONS))
     if unknown:
@@ -179,7 +182,7 @@ def _options(cfg: Any) -> tuple[int, int, int, float, int]:
     return num_graphs, min_nodes, max_nodes, radius, split_seed
 
 
-def graph_energy(cfg: Any) -> Task:
+def graph_energy(cfg: SupervisedConfig) -> Task:
     """Total Morse pair energy of 2-D particle graphs (1,400 / 300 / 300 by default), a sum-pooled GNN."""
     options = _options(cfg)
     if not cfg.hidden_sizes:

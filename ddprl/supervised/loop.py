@@ -17,17 +17,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils.data import DataLoader
 
 from ddprl.algos.common import autocast_context
-from ddprl.checkpoint import strip_prefixes
+from ddprl.checkpoint import state_of
 from ddprl.errors import UsageError
 from ddprl.run import Run
 from ddprl.supervised.data import eval_loader, train_loader
@@ -35,6 +37,10 @@ from ddprl.supervised.early_stopping import EarlyStopping
 from ddprl.supervised.metrics import evaluate
 from ddprl.supervised.task import Task, batch_len, to_device
 from ddprl.timesplit import TimeSplit
+
+if TYPE_CHECKING:
+    from ddprl.runtime.collectives import Runtime
+    from ddprl.supervised.config import SupervisedConfig
 
 log = logging.getLogger("ddprl")
 
@@ -66,7 +72,7 @@ class FitResult:
         )
 
 
-def make_optimizer(task: Task, cfg: Any, params: Any) -> torch.optim.Optimizer:
+def make_optimizer(task: Task, cfg: SupervisedConfig, params: Any) -> torch.optim.Optimizer:
     if task.optimizer is not None:
         return task.optimizer(params)
     if cfg.optimizer == "sgd":
@@ -75,7 +81,7 @@ def make_optimizer(task: Task, cfg: Any, params: Any) -> torch.optim.Optimizer:
     return kind(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
-def make_scheduler(task: Task, cfg: Any, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
+def make_scheduler(task: Task, cfg: SupervisedConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
     """An LR scheduler stepped once per optimizer step (None: constant learning rate)."""
     if task.scheduler is not None:
         return task.scheduler(optimizer, total_steps)
@@ -107,7 +113,7 @@ def build_datasets(task: Task) -> dict[str, Any]:
     return datasets
 
 
-def monitored(cfg: Any, task: Task) -> str:
+def monitored(cfg: SupervisedConfig, task: Task) -> str:
     """The metric deciding early stopping and best.pt; checked to be one the job measures."""
     if cfg.monitor == "auto":
         return "val/loss" if task.val is not None else "train/loss"
@@ -120,7 +126,7 @@ def monitored(cfg: Any, task: Task) -> str:
     return cfg.monitor
 
 
-def average_buffers(rt: Any, module: torch.nn.Module) -> None:
+def average_buffers(rt: Runtime, module: torch.nn.Module) -> None:
     """Mean of floating buffers (BatchNorm statistics) over ranks: DDP leaves them per rank."""
     for buffer in module.buffers():
         if buffer.is_floating_point():
@@ -128,35 +134,56 @@ def average_buffers(rt: Any, module: torch.nn.Module) -> None:
                 buffer.copy_(rt.all_reduce_mean(buffer))
 
 
-def train(rt: Any, cfg: Any) -> FitResult:
+def build_loaders(
+    rt: Runtime, cfg: SupervisedConfig, task: Task, datasets: dict[str, Any]
+) -> tuple[DataLoader, DataLoader | None]:
+    """This rank's training batches and validation shard (None: no validation set). Collective:
+    DistributedSampler gives every rank the same number of batches; a mismatch would leave one
+    rank waiting in an all-reduce, so it is refused up front."""
+    loader = train_loader(datasets["train"], cfg, rt.rank, rt.world_size, task.collate_fn)
+    val_loader = (
+        eval_loader(datasets["val"], cfg, rt.rank, rt.world_size, task.collate_fn) if "val" in datasets else None
+    )
+    lengths = rt.all_gather_object(len(loader))
+    if len(set(lengths)) != 1:
+        raise RuntimeError(f"ranks have different numbers of training batches: {lengths}")
+    return loader, val_loader
+
+
+def resume_position(rt: Runtime, run: Run) -> tuple[int, int, dict[str, float]]:
+    """Where training goes on: the epochs done and, of an epoch a stop signal interrupted, the
+    micro-batches done with their loss and sample sums (with another world size the shards do not
+    line up with what was done: that epoch starts over)."""
+    epoch = int(run.counters["epoch"]) if run.resumed else 0
+    if run.resumed and run.counters.get("batches"):
+        if run.same_world:
+            return epoch, int(run.counters["batches"]), run.counters["partial"]
+        log.warning(
+            "epoch %d was interrupted on %d rank(s): it starts over on %d",
+            epoch + 1,
+            run.checkpoint["world_size"],
+            rt.world_size,
+        )
+    return epoch, 0, {"loss": 0.0, "samples": 0.0}
+
+
+def train(rt: Runtime, cfg: SupervisedConfig) -> FitResult:
     """``ddprl train algo=supervised``: the task named by ``cfg.task`` (a shipped one or module:function)."""
     from ddprl.supervised.tasks import load_task
 
     return fit(rt, cfg, load_task(cfg))
 
 
-def fit(rt: Any, cfg: Any, task: Task) -> FitResult:
+def fit(rt: Runtime, cfg: SupervisedConfig, task: Task) -> FitResult:
     """Train ``task`` on this rank (every rank calls it); the result is the same on every rank."""
     monitor = monitored(cfg, task)
     run = Run(
         rt, cfg, score_mode=cfg.mode, rate_key="time/samples_per_s", score_name=monitor, step_unit="optimizer steps"
     )
     datasets = build_datasets(task)
-    model = task.model()
-    if run.resumed:
-        model.load_state_dict(run.state["model"])
-    net = rt.wrap(model, compile=cfg.compile)  # rank 0's weights on every rank
+    net = rt.wrap(task.model(), compile=cfg.compile)  # rank 0's weights on every rank
     plain = rt.unwrap(net)
-
-    loader = train_loader(datasets["train"], cfg, rt.rank, rt.world_size, task.collate_fn)
-    val_loader = (
-        eval_loader(datasets["val"], cfg, rt.rank, rt.world_size, task.collate_fn) if "val" in datasets else None
-    )
-    # DistributedSampler gives every rank the same number of batches; a mismatch here would
-    # leave one rank waiting in an all-reduce, so it is refused up front.
-    lengths = rt.all_gather_object(len(loader))
-    if len(set(lengths)) != 1:
-        raise RuntimeError(f"ranks have different numbers of training batches: {lengths}")
+    loader, val_loader = build_loaders(rt, cfg, task, datasets)  # collective: as many batches on every rank
     micro_batches = len(loader)
     steps_per_epoch = math.ceil(micro_batches / cfg.sync_freq)
     total_steps = steps_per_epoch * cfg.epochs
@@ -165,25 +192,10 @@ def fit(rt: Any, cfg: Any, task: Task) -> FitResult:
     scheduler = make_scheduler(task, cfg, optimizer, total_steps)
     scaler = torch.amp.GradScaler(rt.device.type, enabled=cfg.precision == "fp16")
     stopper = EarlyStopping(cfg.mode, cfg.patience, cfg.min_delta)
-    epoch = 0
-    done_batches, carried = 0, {"loss": 0.0, "samples": 0.0}  # of an epoch a signal interrupted
-    if run.resumed:
-        optimizer.load_state_dict(run.state["optimizer"])
-        if scheduler is not None:
-            scheduler.load_state_dict(run.state["scheduler"])
-        scaler.load_state_dict(run.state["scaler"])
-        stopper.load_state_dict(run.state["early_stopping"])
-        epoch = int(run.counters["epoch"])
-        if run.counters.get("batches"):  # stopped mid-epoch by a signal: go on from that batch
-            if run.same_world:
-                done_batches, carried = int(run.counters["batches"]), run.counters["partial"]
-            else:  # the shards of another world size do not line up with what was done
-                log.warning(
-                    "epoch %d was interrupted on %d rank(s): it starts over on %d",
-                    epoch + 1,
-                    run.checkpoint["world_size"],
-                    rt.world_size,
-                )
+    # The checkpoint's shared state, by key: resumed and saved through this one table.
+    parts = dict(model=plain, optimizer=optimizer, scheduler=scheduler, scaler=scaler, early_stopping=stopper)
+    run.restore(parts)
+    epoch, done_batches, carried = resume_position(rt, run)  # carried: sums of an interrupted epoch
     run.restore_rank_state()
     run.open(total_steps)
     autocast = autocast_context(rt.device, cfg.precision)
@@ -200,14 +212,8 @@ def fit(rt: Any, cfg: Any, task: Task) -> FitResult:
             steps_per_epoch,
         )
 
-    def state() -> dict[str, Any]:
-        return {
-            "model": strip_prefixes(plain.state_dict()),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict() if scheduler is not None else None,
-            "scaler": scaler.state_dict(),
-            "early_stopping": stopper.state_dict(),
-        }
+    def save(step: int, counters: dict[str, Any], score: float | None = None) -> None:
+        run.save(step, state=state_of(parts), counters=counters, score=score)
 
     step, row = run.step, {}
     while epoch < cfg.epochs and not stopper.stopped:
@@ -231,54 +237,31 @@ def fit(rt: Any, cfg: Any, task: Task) -> FitResult:
         )
         train_sums = {k: float(train_sums[k]) + carried[k] for k in carried}
         if done_batches < micro_batches:  # a signal: save where the epoch is, leave together (exit 75)
-            run.save(step, state=state(), counters={"epoch": epoch, "batches": done_batches, "partial": train_sums})
+            save(step, {"epoch": epoch, "batches": done_batches, "partial": train_sums})
             run.preempted(step)
         done_batches, carried = 0, {"loss": 0.0, "samples": 0.0}
         epoch += 1
-        seconds = time.perf_counter() - start
-        row = {
-            "epoch": epoch,
-            "train/loss": train_sums["loss"] / train_sums["samples"],
-            "train/lr": optimizer.param_groups[0]["lr"],
-            "train/samples": train_sums["samples"],
-            "train/effective_batch_size": effective_batch,
-            "time/samples_per_s": train_sums["samples"] / seconds,
-            "time/epoch_s": seconds,
-        }
+        row = epoch_row(epoch, train_sums, optimizer, effective_batch, time.perf_counter() - start)
         average_buffers(rt, plain)
         validated = val_loader is not None and (epoch % cfg.eval_freq == 0 or epoch == cfg.epochs)
         if validated:
             with run.split.phase("eval"):
                 row.update(evaluate(rt, plain, val_loader, task, "val", autocast))
         score = row.get(monitor) if validated or monitor.startswith("train/") else None
-        # Every rank sees the same global score; rank 0's decision is still the one taken
-        # (broadcast), so no float or state difference can ever split the ranks.
-        improved = score is not None and run.improves(score)
-        if score is not None:
-            stopper.update(score)
-        stop, improved = rt.broadcast_object((stopper.stopped, improved))
-        stopper.stopped = stop
+        improved, stop = decide(rt, cfg, run, stopper, score, epoch, monitor)  # collective: rank 0's decision
         last = stop or epoch == cfg.epochs
         if stop:
             row["stopped_early"] = 1.0
-            if rt.is_main:
-                log.info(
-                    "early stop after epoch %d: %s did not improve for %d validation(s) (best %.6g)",
-                    epoch,
-                    monitor,
-                    cfg.patience,
-                    stopper.best,
-                )
         if not last:
             # The row before its checkpoint: a job killed between the two resumes from the
             # previous checkpoint and writes the row again, never skips it.
             run.log(step, row)
-        # Also between epochs: a signal that came during validation.
-        preempted = not last and run.stop_requested()  # collective: a SIGTERM/SIGUSR1 reached some rank
-        if improved or last or preempted or (cfg.checkpoint_freq and epoch % cfg.checkpoint_freq == 0):
-            run.save(step, state=state(), counters={"epoch": epoch}, score=score)
-        if preempted:
-            run.preempted(step)  # every rank leaves here together; exit code 75
+        # Saved when improved (best.pt), due, last, or at a stop signal (also one that came during
+        # validation). Improved is rank 0's decision: the score goes along only then, so that no
+        # rank judges it alone.
+        due = improved or bool(cfg.checkpoint_freq and epoch % cfg.checkpoint_freq == 0)
+        save_now = functools.partial(save, step, {"epoch": epoch})
+        run.step_boundary(step, save_now, score if improved else None, due, last)
         if last:  # the test metrics are of best.pt, saved just above
             if "test" in datasets:
                 row.update(test_best(rt, cfg, run, task, plain, datasets["test"], autocast, monitor))
@@ -288,9 +271,53 @@ def fit(rt: Any, cfg: Any, task: Task) -> FitResult:
     return FitResult(run_dir=run.dir, metrics=row, epochs=epoch, stopped_early=stopper.stopped, best_checkpoint=best)
 
 
+def epoch_row(
+    epoch: int, sums: dict[str, float], optimizer: torch.optim.Optimizer, effective_batch: int, seconds: float
+) -> dict[str, float]:
+    """The row of a finished epoch: its global training loss, learning rate, samples and speed."""
+    return {
+        "epoch": epoch,
+        "train/loss": sums["loss"] / sums["samples"],
+        "train/lr": optimizer.param_groups[0]["lr"],
+        "train/samples": sums["samples"],
+        "train/effective_batch_size": effective_batch,
+        "time/samples_per_s": sums["samples"] / seconds,
+        "time/epoch_s": seconds,
+    }
+
+
+def decide(
+    rt: Runtime,
+    cfg: SupervisedConfig,
+    run: Run,
+    stopper: EarlyStopping,
+    score: float | None,
+    epoch: int,
+    monitor: str,
+) -> tuple[bool, bool]:
+    """Collective: whether ``score`` (the ``monitor``ed metric after ``epoch``, None when not
+    measured) improves on the best, and whether to stop early. Every rank sees the same global
+    score; rank 0's decision is still the one taken (broadcast), so no float or state difference
+    can ever split the ranks."""
+    improved = score is not None and run.improves(score)
+    if score is not None:
+        stopper.update(score)
+    stop, improved = rt.broadcast_object((stopper.stopped, improved))
+    stopper.stopped = stop
+    if stop and rt.is_main:
+        log.info(
+            "early stop after epoch %d: %s did not improve for %d validation(s) (best %.6g)",
+            epoch,
+            monitor,
+            cfg.patience,
+            stopper.best,
+        )
+    return improved, stop
+
+
 def train_one_epoch(
-    rt: Any,
-    cfg: Any,
+    rt: Runtime,
+    cfg: SupervisedConfig,
     task: Task,
     net: torch.nn.Module,
     plain: torch.nn.Module,
@@ -362,8 +389,8 @@ _END = object()
 
 
 def test_best(
-    rt: Any,
-    cfg: Any,
+    rt: Runtime,
+    cfg: SupervisedConfig,
     run: Run,
     task: Task,
     plain: torch.nn.Module,

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ddprl.supervised.task import Task, batch_len, to_device
+
+if TYPE_CHECKING:
+    from ddprl.runtime.collectives import Runtime
 
 
 def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -51,7 +54,7 @@ def is_torchmetric(metric: Any) -> bool:
 
 @torch.no_grad()
 def evaluate(
-    rt: Any,
+    rt: Runtime,
     model: torch.nn.Module,
     loader: Any,
     task: Task,

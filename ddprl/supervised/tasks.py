@@ -13,49 +13,21 @@ between splits.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib
-import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from ddprl.errors import UsageError
 from ddprl.supervised.metrics import accuracy, mae, mse
+from ddprl.supervised.names import SHIPPED, check_task_name, is_user_task
 from ddprl.supervised.task import Task
 
-SHIPPED = {
-    "digits": "ddprl.supervised.tasks:digits",
-    "breast_cancer": "ddprl.supervised.tasks:breast_cancer",
-    "graph_energy": "ddprl.supervised.graph:graph_energy",
-}
-USER_TASK = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
-# The task label of a job started from Python (Trainer): its factories are not named anywhere.
-PYTHON_TASK = "python"
-
-
-def is_user_task(name: str) -> bool:
-    """``module:function``: the user's code, imported only when named on the command line."""
-    return bool(USER_TASK.fullmatch(name))
-
-
-def check_task_name(name: str) -> None:
-    if name in SHIPPED or is_user_task(name):
-        return
-    if name == PYTHON_TASK:
-        raise UsageError(
-            "task=python is the label of a job started from Python (ddprl.supervised.Trainer); "
-            "from the command line name a shipped task or module:function"
-        )
-    near = difflib.get_close_matches(name, list(SHIPPED), n=3, cutoff=0.6)
-    hint = f" (did you mean {', '.join(near)}?)" if near else ""
-    raise UsageError(
-        f"unknown supervised task {name!r}{hint}; shipped: {', '.join(SHIPPED)}, "
-        f"or module:function returning a ddprl.supervised.Task"
-    )
+if TYPE_CHECKING:
+    from ddprl.supervised.config import SupervisedConfig
 
 
 def task_function(name: str) -> Callable[[Any], Task]:
@@ -77,7 +49,7 @@ def task_function(name: str) -> Callable[[Any], Task]:
     return fn
 
 
-def load_task(cfg: Any) -> Task:
+def load_task(cfg: SupervisedConfig) -> Task:
     """The :class:`Task` of ``cfg.task`` (every rank calls it; keep task functions cheap and deterministic)."""
     task = task_function(cfg.task)(cfg)
     if not isinstance(task, Task):
@@ -126,7 +98,7 @@ def _tensor_dataset(name: str, split_seed: int, split: str) -> torch.utils.data.
     return torch.utils.data.TensorDataset(*_tabular_splits(name, split_seed)[split])
 
 
-def _tabular_task(name: str, cfg: Any, in_features: int, classes: int) -> Task:
+def _tabular_task(name: str, cfg: SupervisedConfig, in_features: int, classes: int) -> Task:
     options = dict(cfg.task_options)
     split_seed = int(options.pop("split_seed", 0))
     if options:
@@ -143,12 +115,12 @@ def _tabular_task(name: str, cfg: Any, in_features: int, classes: int) -> Task:
     )
 
 
-def digits(cfg: Any) -> Task:
+def digits(cfg: SupervisedConfig) -> Task:
     """8x8 handwritten digits: 1,257 / 269 / 271 samples, 64 features, 10 classes."""
     return _tabular_task("digits", cfg, 64, 10)
 
 
-def breast_cancer(cfg: Any) -> Task:
+def breast_cancer(cfg: SupervisedConfig) -> Task:
     """Wisconsin breast cancer: 398 / 85 / 86 samples, 30 features, malignant vs benign."""
     return _tabular_task("breast_cancer", cfg, 30, 2)
 

@@ -11,14 +11,19 @@ import functools
 import pickle
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ddprl.errors import UsageError
 from ddprl.supervised.loop import FitResult
+from ddprl.supervised.names import PYTHON_TASK, is_user_task
 from ddprl.supervised.task import Task, default_split
-from ddprl.supervised.tasks import PYTHON_TASK, is_user_task, load_task
+from ddprl.supervised.tasks import load_task
+
+if TYPE_CHECKING:
+    from ddprl.runtime.collectives import Runtime
+    from ddprl.supervised.config import SupervisedConfig
 
 
 def _constant(value: Any) -> Any:
@@ -151,7 +156,9 @@ def evaluate_checkpoint(
     return launch(functools.partial(_evaluate_rank, task=task, state=ckpt["state"]["model"], split=split), cfg)
 
 
-def _evaluate_rank(rt: Any, cfg: Any, task: Task, state: dict[str, Any], split: str) -> dict[str, float]:
+def _evaluate_rank(
+    rt: Runtime, cfg: SupervisedConfig, task: Task, state: dict[str, Any], split: str
+) -> dict[str, float]:
     from ddprl.algos.common import autocast_context
     from ddprl.supervised.data import eval_loader
     from ddprl.supervised.metrics import evaluate
@@ -166,7 +173,9 @@ def _evaluate_rank(rt: Any, cfg: Any, task: Task, state: dict[str, Any], split: 
 # -- the command line ------------------------------------------------------------------------
 
 
-def prepare_cli(cfg: Any, overrides: list[str], config_name: str | None, resumed: bool) -> Any:
+def prepare_cli(
+    cfg: SupervisedConfig, overrides: list[str], config_name: str | None, resumed: bool
+) -> SupervisedConfig:
     """``ddprl train algo=supervised``: the task must be importable now, and user code named now.
 
     A checkpoint's stored config never makes ddprl import a module: resuming a run of

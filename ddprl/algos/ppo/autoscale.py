@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ddprl.config import load_config
 from ddprl.envs import make_env
 from ddprl.runtime import detect_launcher
 from ddprl.system import autoscale_ppo
 
+if TYPE_CHECKING:
+    from ddprl.algos.ppo.config import PPOConfig
 
-def prepare(cfg: Any, overrides: list[str], config_name: str | None, resuming: bool) -> Any:
+
+def prepare(cfg: PPOConfig, overrides: list[str], config_name: str | None, resuming: bool) -> PPOConfig:
     """Re-resolve the config with autoscaled sizes beneath the user's own ``key=value``s.
 
     A resumed run keeps its checkpoint's sizes: nothing is chosen anew.

@@ -9,11 +9,13 @@ through the runtime ``rt``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
 import time
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -23,13 +25,18 @@ from ddprl.algos.ppo.loss import standardize
 from ddprl.algos.ppo.networks import ActorCritic
 from ddprl.algos.ppo.rollout import Rollout, RolloutBuffer, RolloutStep, compute_gae, obs_storage_dtype
 from ddprl.algos.ppo.update import UpdateStep, learn, update_batch
-from ddprl.checkpoint import strip_prefixes
+from ddprl.checkpoint import Stateful, state_of
 from ddprl.envs import make_env
+from ddprl.envs.base import VecEnv
 from ddprl.evaluate import Actor
 from ddprl.normalize import ReturnScaler, RunningMeanStd
 from ddprl.run import Run
 from ddprl.runtime.seeding import Seeds
 from ddprl.system import system_metrics
+
+if TYPE_CHECKING:
+    from ddprl.algos.ppo.config import PPOConfig
+    from ddprl.runtime.collectives import Runtime
 
 log = logging.getLogger("ddprl")
 
@@ -41,7 +48,7 @@ def norm_obs_mask(env: Any) -> torch.Tensor | None:
     return None if mask is None else torch.as_tensor(mask)
 
 
-def build_agent(cfg: Any, env: Any) -> ActorCritic:
+def build_agent(cfg: PPOConfig, env: VecEnv) -> ActorCritic:
     return ActorCritic(
         env.single_observation_space,
         env.single_action_space,
@@ -62,7 +69,7 @@ class Plan(NamedTuple):
     unroll: int  # env steps per rollout graph (0: the env steps eagerly, the policy is compiled)
 
 
-def steps_per_call(cfg: Any, env: Any) -> int:
+def steps_per_call(cfg: PPOConfig, env: VecEnv) -> int:
     """Env steps per call of the rollout step: for an env whose step traces, the largest divisor
     of ``n_steps`` not above ``compile_unroll`` (every call runs the same graph); else 1."""
     if not getattr(env, "traceable_step", False):
@@ -70,7 +77,7 @@ def steps_per_call(cfg: Any, env: Any) -> int:
     return max(d for d in range(1, min(cfg.compile_unroll, cfg.n_steps) + 1) if cfg.n_steps % d == 0)
 
 
-def plan(cfg: Any, env: Any) -> Plan:
+def plan(cfg: PPOConfig, env: VecEnv) -> Plan:
     """The regions for ``cfg`` and ``env``; logs one line naming what stays out and why."""
     if not cfg.compile:
         return Plan(update=False, unroll=0)
@@ -92,7 +99,7 @@ def plan(cfg: Any, env: Any) -> Plan:
 
 
 def advantages_and_returns(
-    rt: Any, cfg: Any, rollout: Rollout, next_values: torch.Tensor, return_scaler: ReturnScaler
+    rt: Runtime, cfg: PPOConfig, rollout: Rollout, next_values: torch.Tensor, return_scaler: ReturnScaler
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE on this rank's rollout, (T, N) each, with the reward scaling and the whole-rollout
     advantage normalisation (``norm_adv=true``) of ``cfg``; their statistics come from all ranks."""
@@ -110,11 +117,91 @@ def advantages_and_returns(
     return advantages, returns
 
 
-def train(rt: Any, cfg: Any) -> None:
+def checkpoint_parts(
+    policy: ActorCritic,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    obs_rms: RunningMeanStd,
+    return_scaler: ReturnScaler,
+) -> dict[str, Stateful]:
+    """The checkpoint's shared state, by key: resumed (``Run.restore``) and saved (``state_of``)
+    through this one table."""
+    return {
+        "model": policy,
+        "optimizer": optimizer,
+        "scaler": scaler,
+        "obs_rms": obs_rms,
+        "reward_stats": return_scaler.stats,
+    }
+
+
+def restore_own_state(run: Run, env: Any, return_scaler: ReturnScaler, obs: torch.Tensor) -> torch.Tensor:
+    """Continue exactly where the interrupted run was (same RNG streams, same episodes) when this
+    rank has a saved state: its envs and return carry restored. Otherwise the envs were built with
+    seeds of the resume step. Returns the observations to go on from."""
+    own = run.restore_rank_state()
+    if own is not None:
+        if own["env"] is not None:
+            obs = env.load_state_dict(own["env"])
+        return_scaler.carry.copy_(own["reward_carry"])
+    return obs
+
+
+def observation_normalizer(obs_rms: RunningMeanStd, enabled: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What the policy sees of an observation: rescaled by ``obs_rms`` with ``norm_obs``, else as it is."""
+
+    def normalize(x: torch.Tensor) -> torch.Tensor:
+        return obs_rms.normalize(x) if enabled else x
+
+    return normalize
+
+
+def rollout_and_update(
+    rt: Runtime,
+    cfg: PPOConfig,
+    env: VecEnv,
+    policy: ActorCritic,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    normalize: Callable[[torch.Tensor], torch.Tensor],
+    autocast: contextlib.AbstractContextManager,
+    obs: torch.Tensor,
+) -> tuple[RolloutBuffer, RolloutStep, UpdateStep]:
+    """This rank's rollout storage, the rollout step that fills it and the update step that
+    learns from it, run as :func:`plan` says (logged). Built after a resume's optimizer state is
+    loaded: the update holds that state's tensors."""
+    buffer = RolloutBuffer(
+        cfg.n_steps,
+        cfg.local_num_envs(rt.world_size),
+        tuple(env.single_observation_space.shape),
+        tuple(env.single_action_space.shape),
+        torch.long if policy.discrete else torch.float32,
+        rt.device,
+        obs_storage_dtype(env.single_observation_space),
+    )
+    regions = plan(cfg, env)  # what compile=true runs as compiled graphs here (logged)
+    rollout = RolloutStep(env, policy, buffer, normalize, autocast, steps_per_call(cfg, env), cfg.compile, obs)
+    update = UpdateStep(
+        rt,
+        policy,
+        optimizer,
+        update_batch(buffer),
+        cfg,
+        normalize,
+        autocast,
+        compile=regions.update,
+        scaler=scaler,
+        model=torch.compile(policy) if cfg.compile and not regions.update else None,
+    )
+    return buffer, rollout, update
+
+
+def train(rt: Runtime, cfg: PPOConfig) -> None:
     """Train PPO on ``cfg.task`` for ``cfg.steps`` global agent steps (runs on every rank)."""
     # -- sizes: global in, local derived (docs/distributed.md) ---------------------------------
     local_num_envs = cfg.local_num_envs(rt.world_size)
-    cfg = cfg.with_minibatches(cfg.n_steps * local_num_envs)  # done already by the CLI; not by every caller
+    local_rollout = cfg.n_steps * local_num_envs  # samples per rank and iteration
+    cfg = cfg.with_minibatches(local_rollout)  # done already by the CLI; not by every caller
     steps_per_iteration = cfg.n_steps * local_num_envs * rt.world_size  # global
     num_iterations = math.ceil(cfg.steps / steps_per_iteration)
 
@@ -134,44 +221,18 @@ def train(rt: Any, cfg: Any) -> None:
     return_scaler = ReturnScaler(local_num_envs, cfg.gamma).to(rt.device)
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=1e-5)
     scaler = torch.amp.GradScaler(rt.device.type, enabled=cfg.precision == "fp16")
-    global_step, start_iteration = run.step, 0
-    if run.resumed:
-        policy.load_state_dict(run.state["model"])
-        optimizer.load_state_dict(run.state["optimizer"])
-        scaler.load_state_dict(run.state["scaler"])
-        obs_rms.load_state_dict(run.state["obs_rms"])
-        return_scaler.stats.load_state_dict(run.state["reward_stats"])
-        start_iteration = run.counters["iteration"]
+    parts = checkpoint_parts(policy, optimizer, scaler, obs_rms, return_scaler)
+    run.restore(parts)
+    start_iteration = run.counters["iteration"] if run.resumed else 0
     rt.broadcast_module(policy)  # rank 0's weights on every rank; the update averages gradients itself
     checksum = rt.check_in_sync(policy)
     log.info("parameters synchronised across %d rank(s) (checksum %.6f)", rt.world_size, checksum)
-    # Continue exactly where the interrupted run was (same RNG streams, same episodes) when this
-    # rank has a saved state; otherwise the envs were built with seeds of the resume step.
-    own = run.restore_rank_state()
-    if own is not None:
-        if own["env"] is not None:
-            obs = env.load_state_dict(own["env"])
-        return_scaler.carry.copy_(own["reward_carry"])
-
-    def normalize(x: torch.Tensor) -> torch.Tensor:
-        return obs_rms.normalize(x) if cfg.norm_obs else x
+    obs = restore_own_state(run, env, return_scaler, obs)
 
     def save(step: int, iteration: int, score: float | None) -> None:
         rt.check_in_sync(policy, "parameters at checkpoint")
-        state = {
-            "model": strip_prefixes(policy.state_dict()),
-            "optimizer": optimizer.state_dict(),
-            "scaler": scaler.state_dict(),
-            "obs_rms": obs_rms.state_dict(),
-            "reward_stats": return_scaler.stats.state_dict(),
-        }
-        run.save(
-            step,
-            state,
-            counters={"iteration": iteration},
-            score=score,
-            own={"env": env.state_dict(), "reward_carry": return_scaler.carry.cpu()},
-        )
+        own = {"env": env.state_dict(), "reward_carry": return_scaler.carry.cpu()}
+        run.save(step, state_of(parts), counters={"iteration": iteration}, score=score, own=own)
 
     effective_batch = cfg.effective_batch_size(rt.world_size)
     run_dir = run.open(total_steps=num_iterations * steps_per_iteration)
@@ -184,32 +245,11 @@ def train(rt: Any, cfg: Any) -> None:
         num_iterations,
         steps_per_iteration,
     )
-    buffer = RolloutBuffer(
-        cfg.n_steps,
-        local_num_envs,
-        tuple(env.single_observation_space.shape),
-        tuple(env.single_action_space.shape),
-        torch.long if policy.discrete else torch.float32,
-        rt.device,
-        obs_storage_dtype(env.single_observation_space),
-    )
+    normalize = observation_normalizer(obs_rms, cfg.norm_obs)
     autocast = autocast_context(rt.device, cfg.precision)
-    regions = plan(cfg, env)  # what compile=true runs as compiled graphs here (logged)
-    rollout = RolloutStep(env, policy, buffer, normalize, autocast, steps_per_call(cfg, env), cfg.compile, obs)
-    # After a resume's optimizer state is loaded: the update holds that state's tensors.
-    update = UpdateStep(
-        rt,
-        policy,
-        optimizer,
-        update_batch(buffer),
-        cfg,
-        normalize,
-        autocast,
-        compile=regions.update,
-        scaler=scaler,
-        model=torch.compile(policy) if cfg.compile and not regions.update else None,
-    )
+    buffer, rollout, update = rollout_and_update(rt, cfg, env, policy, optimizer, scaler, normalize, autocast, obs)
 
+    global_step = run.step
     for iteration in range(start_iteration, num_iterations):
         if cfg.anneal_lr:
             for group in optimizer.param_groups:
@@ -235,17 +275,9 @@ def train(rt: Any, cfg: Any) -> None:
         t_update = time.perf_counter() - t_update_start
         # -- bookkeeping: every number is global (docs/distributed.md) ---------------------------
         global_step += steps_per_iteration
+        lr = optimizer.param_groups[0]["lr"]
         metrics.update(
-            iteration_metrics(
-                rt,
-                cfg.n_steps * local_num_envs,
-                t_rollout,
-                t_update,
-                ep_return_sum,
-                ep_count,
-                effective_batch,
-                optimizer.param_groups[0]["lr"],
-            )
+            iteration_metrics(rt, local_rollout, t_rollout, t_update, ep_return_sum, ep_count, effective_batch, lr)
         )
         last = iteration == num_iterations - 1
         if crossed(global_step, steps_per_iteration, cfg.eval_freq) or (last and cfg.eval_episodes > 0):
@@ -260,7 +292,7 @@ def train(rt: Any, cfg: Any) -> None:
 
 
 def iteration_metrics(
-    rt: Any,
+    rt: Runtime,
     local_steps: int,
     t_rollout: float,
     t_update: float,
@@ -293,7 +325,15 @@ def iteration_metrics(
     return metrics
 
 
-def run_eval(rt: Any, cfg: Any, run: Run, env: Any, policy: ActorCritic, normalize: Any, step: int) -> dict[str, float]:
+def run_eval(
+    rt: Runtime,
+    cfg: PPOConfig,
+    run: Run,
+    env: VecEnv,
+    policy: ActorCritic,
+    normalize: Callable[[torch.Tensor], torch.Tensor],
+    step: int,
+) -> dict[str, float]:
     """Evaluate ``policy`` on fresh envs (episodes split over ranks); global means."""
     # Sampled eval actions come from a generator of their own: the training RNG is untouched.
     generator = torch.Generator(device=rt.device).manual_seed(run.seeds.eval_actions(step))
@@ -302,13 +342,13 @@ def run_eval(rt: Any, cfg: Any, run: Run, env: Any, policy: ActorCritic, normali
     def eval_act(x: torch.Tensor) -> torch.Tensor:
         return policy.eval_action(normalize(x), cfg.eval_deterministic, generator)
 
-    def make_eval_env(n: int, seed: int) -> Any:
+    def make_eval_env(n: int, seed: int) -> VecEnv:
         return make_env(cfg.task, n, seed=seed, device=rt.device, backend=cfg.env_backend, **cfg.env_kwargs)
 
     return run.evaluate(make_eval_env, eval_act, getattr(env, "extra_info_keys", ()))
 
 
-def load_actor(cfg: Any, state: dict[str, Any], device: torch.device) -> Actor:
+def load_actor(cfg: PPOConfig, state: dict[str, Any], device: torch.device) -> Actor:
     """The PPO policy of a checkpoint's ``state``, for eval and play (``cfg.eval_deterministic``)."""
 
     def make(num_envs: int, seed: int):

@@ -13,7 +13,8 @@ import functools
 import logging
 import math
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +34,10 @@ from ddprl.jax.state import from_flat, from_process_local, process_local, to_fla
 from ddprl.run import Run
 from ddprl.runtime.seeding import Seeds
 
+if TYPE_CHECKING:
+    from ddprl.algos.ppo_jax.config import JaxPPOConfig
+    from ddprl.jax.runtime import JaxRuntime
+
 log = logging.getLogger("ddprl")
 
 
@@ -42,7 +47,7 @@ def local_copy(tree: Any) -> Any:
 
 
 def initial_carry(
-    env: JaxEnv, cfg: Any, mesh: Any, num_envs: int, key: jax.Array, env_key: jax.Array
+    env: JaxEnv, cfg: JaxPPOConfig, mesh: Any, num_envs: int, key: jax.Array, env_key: jax.Array
 ) -> dict[str, Any]:
     """Fresh parameters, optimizer, statistics (replicated) and reset envs (sharded over ``dev``)."""
     k_init, k_train = jax.random.split(key)
@@ -86,11 +91,9 @@ def global_env_ids(mesh: Any, num_envs: int) -> jax.Array:
     )
 
 
-def train(rt: Any, cfg: Any) -> None:
-    """Train PPO on ``cfg.task`` for ``cfg.steps`` global agent steps (runs in every JAX process)."""
-    # -- sizes: global in, per device derived ------------------------------------------------------
-    env = make_jax_env(cfg.task, **cfg.env_kwargs)
-    num_devices = rt.num_devices
+def sizes(cfg: JaxPPOConfig, num_devices: int) -> tuple[JaxPPOConfig, int, int]:
+    """``cfg`` with ``batch_size`` per device (from ``minibatches``), the global ``num_envs`` and
+    the envs of each device; a UsageError for sizes the mesh cannot split."""
     num_envs = cfg.num_envs if cfg.num_envs is not None else num_devices
     if num_envs % num_devices:
         raise UsageError(
@@ -104,6 +107,71 @@ def train(rt: Any, cfg: Any) -> None:
             f"batch_size={cfg.batch_size} is larger than the per-device rollout (num_envs/devices x "
             f"n_steps = {cfg.n_steps * local_num_envs})"
         )
+    return cfg, num_envs, local_num_envs
+
+
+def restore_carry(run: Run, carry: dict[str, Any], mesh: Any, num_devices: int) -> None:
+    """A resumed run's state into ``carry``: the replicated entries, and the envs (sharded) when
+    as many devices wrote the checkpoint; else the envs restart from seeds of the resume step."""
+    if run.resumed:
+        restored = {
+            name: from_flat(run.state[name], local_copy(carry[name]), name) for name in carry if name not in SHARDED
+        }
+        carry.update(jax.device_put(restored, NamedSharding(mesh, P())))
+    own = run.restore_rank_state()
+    if own is not None and run.counters.get("num_devices") == num_devices:
+        template = process_local({k: carry[k] for k in SHARDED})
+        carry.update(from_process_local(from_flat(own["envs"], template, "envs"), NamedSharding(mesh, P(AXIS))))
+    elif run.resumed:
+        log.warning(
+            "resuming on %d device(s) (checkpoint: %s): envs restart from seeds of step %d",
+            num_devices,
+            run.counters.get("num_devices"),
+            run.step,
+        )
+
+
+def run_eval(
+    cfg: JaxPPOConfig, run: Run, evaluate: Callable[..., Any], carry: dict[str, Any], step: int
+) -> dict[str, float]:
+    """``eval_episodes`` episodes of the policy in ``carry``. Every process runs all episodes on
+    its own first device, with the same keys: the same numbers everywhere, no collective."""
+    key = jax.random.PRNGKey(Seeds(cfg.seed, rank=0).eval_env())
+    if not cfg.eval_deterministic:
+        key = jax.random.fold_in(key, step)
+    run.eval_progress(0, cfg.eval_episodes)  # one compiled call: the bar just says it evaluates
+    returns, lengths = jax.device_get(evaluate(local_copy(carry["params"]), local_copy(carry["obs_rms"]), key))
+    run.eval_progress(cfg.eval_episodes, cfg.eval_episodes)
+    return {
+        "eval/return_mean": float(returns.mean()),
+        "eval/return_std": float(returns.std()),
+        "eval/return_min": float(returns.min()),
+        "eval/return_max": float(returns.max()),
+        "eval/length_mean": float(lengths.mean()),
+        "eval/episodes": float(len(returns)),
+    }
+
+
+def iteration_metrics(
+    out: dict[str, Any], seconds: float, steps: int, effective_batch: int, lr: float
+) -> dict[str, float]:
+    """An iteration's row from the compiled iteration's (global) metrics ``out``, its time and ``steps``."""
+    metrics = {k: float(v) for k, v in out.items() if k not in ("train/episode_return_sum", "train/episodes")}
+    if out["train/episodes"] > 0:
+        metrics["train/episode_return"] = float(out["train/episode_return_sum"] / out["train/episodes"])
+    metrics["time/iteration_s"] = seconds
+    metrics["time/global_fps"] = steps / seconds
+    metrics["train/effective_batch_size"] = float(effective_batch)
+    metrics["train/lr"] = lr
+    return metrics
+
+
+def train(rt: JaxRuntime, cfg: JaxPPOConfig) -> None:
+    """Train PPO on ``cfg.task`` for ``cfg.steps`` global agent steps (runs in every JAX process)."""
+    # -- sizes: global in, per device derived ------------------------------------------------------
+    env = make_jax_env(cfg.task, **cfg.env_kwargs)
+    num_devices = rt.num_devices
+    cfg, num_envs, local_num_envs = sizes(cfg, num_devices)
     steps_per_iteration = cfg.n_steps * num_envs  # global
     num_iterations = math.ceil(cfg.steps / steps_per_iteration)
 
@@ -119,47 +187,11 @@ def train(rt: Any, cfg: Any) -> None:
         jax.random.PRNGKey(shared.shared(run.step)),
         jax.random.PRNGKey(shared.env(run.step)),
     )
-    global_step, start_iteration = run.step, 0
-    replicated_sharding, env_sharding = NamedSharding(rt.mesh, P()), NamedSharding(rt.mesh, P(AXIS))
-    if run.resumed:
-        restored = {
-            name: from_flat(run.state[name], local_copy(carry[name]), name) for name in carry if name not in SHARDED
-        }
-        carry.update(jax.device_put(restored, replicated_sharding))
-        start_iteration = run.counters["iteration"]
-    own = run.restore_rank_state()
-    if own is not None and run.counters.get("num_devices") == num_devices:
-        template = process_local({k: carry[k] for k in SHARDED})
-        carry.update(from_process_local(from_flat(own["envs"], template, "envs"), env_sharding))
-    elif run.resumed:
-        log.warning(
-            "resuming on %d device(s) (checkpoint: %s): envs restart from seeds of step %d",
-            num_devices,
-            run.counters.get("num_devices"),
-            run.step,
-        )
-
+    restore_carry(run, carry, rt.mesh, num_devices)
+    start_iteration = run.counters["iteration"] if run.resumed else 0
     iterate = make_iteration(env, cfg, rt.mesh, local_num_envs, carry)
     env_ids = global_env_ids(rt.mesh, num_envs)
     evaluate = make_evaluator(env, cfg, cfg.eval_episodes, cfg.eval_deterministic) if cfg.eval_episodes else None
-
-    def run_eval(step: int) -> dict[str, float]:
-        # Every process runs all episodes on its own first device, with the same keys: the
-        # same numbers everywhere, no collective.
-        key = jax.random.PRNGKey(Seeds(cfg.seed, rank=0).eval_env())
-        if not cfg.eval_deterministic:
-            key = jax.random.fold_in(key, step)
-        run.eval_progress(0, cfg.eval_episodes)  # one compiled call: the bar just says it evaluates
-        returns, lengths = jax.device_get(evaluate(local_copy(carry["params"]), local_copy(carry["obs_rms"]), key))
-        run.eval_progress(cfg.eval_episodes, cfg.eval_episodes)
-        return {
-            "eval/return_mean": float(returns.mean()),
-            "eval/return_std": float(returns.std()),
-            "eval/return_min": float(returns.min()),
-            "eval/return_max": float(returns.max()),
-            "eval/length_mean": float(lengths.mean()),
-            "eval/episodes": float(len(returns)),
-        }
 
     def save(step: int, iteration: int, score: float | None) -> None:
         state = {name: to_flat(local_copy(carry[name])) for name in carry if name not in SHARDED}
@@ -186,6 +218,7 @@ def train(rt: Any, cfg: Any) -> None:
         compile_s,
     )
 
+    global_step = run.step
     for iteration in range(start_iteration, num_iterations):
         lr = cfg.lr * (1.0 - iteration / num_iterations) if cfg.anneal_lr else cfg.lr
         t_start = time.perf_counter()
@@ -194,18 +227,12 @@ def train(rt: Any, cfg: Any) -> None:
             out = jax.device_get(local_copy(out))  # waits for the iteration
         seconds = time.perf_counter() - t_start
         global_step += steps_per_iteration
-        metrics = {k: float(v) for k, v in out.items() if k not in ("train/episode_return_sum", "train/episodes")}
-        if out["train/episodes"] > 0:
-            metrics["train/episode_return"] = float(out["train/episode_return_sum"] / out["train/episodes"])
-        metrics["time/iteration_s"] = seconds
-        metrics["time/global_fps"] = steps_per_iteration / seconds
-        metrics["train/effective_batch_size"] = float(effective_batch)
-        metrics["train/lr"] = lr
+        metrics = iteration_metrics(out, seconds, steps_per_iteration, effective_batch, lr)
         if iteration == start_iteration:
             metrics["time/compile_s"] = compile_s
         last = iteration == num_iterations - 1
         if evaluate is not None and (crossed(global_step, steps_per_iteration, cfg.eval_freq) or last):
-            metrics.update(run_eval(global_step))
+            metrics.update(run_eval(cfg, run, evaluate, carry, global_step))
         run.log(global_step, metrics)
         checkpoint_due = crossed(global_step, steps_per_iteration, cfg.checkpoint_freq)
         save_now = functools.partial(save, global_step, iteration + 1)
@@ -214,7 +241,7 @@ def train(rt: Any, cfg: Any) -> None:
     run.finish()  # rank 0 prints the summary block
 
 
-def load_actor(cfg: Any, state: dict[str, Any], device: torch.device) -> Actor:
+def load_actor(cfg: JaxPPOConfig, state: dict[str, Any], device: torch.device) -> Actor:
     """The policy of a checkpoint's ``state`` (any device count wrote it), for eval and play."""
     from ddprl.jax.vec import JaxVecEnv
 

@@ -167,7 +167,7 @@ class QMIXConfig(RLConfig):
         )
 
     def _check_init_from(self, env: Any) -> None:
-        from ddprl.algos.qmix.loop import build_networks, init_from_checkpoint
+        from ddprl.algos.qmix.stage import build_networks, init_from_checkpoint
         from ddprl.checkpoint import load_checkpoint
 
         networks = load_checkpoint(self.init_from, expect_algo="qmix")["state"]["networks"]

@@ -9,13 +9,17 @@ process takes on the whole batch, whatever the episode lengths on each rank.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ddprl.algos.common import autocast_context
 from ddprl.algos.qmix.networks import Autoencoder, QNetwork
 from ddprl.normalize import RunningMeanStd
+
+if TYPE_CHECKING:
+    from ddprl.algos.qmix.config import QMIXConfig
+    from ddprl.runtime.collectives import Runtime
 
 UNAVAILABLE = -1e9  # a finite "minus infinity": masked values never turn into NaN (0 * inf)
 
@@ -93,7 +97,7 @@ def last_actions_of(actions: torch.Tensor) -> torch.Tensor:
 class QLearner:
     """The QMIX stage's learner: live network (DDP-wrapped), target network, optimizer, reward stats."""
 
-    def __init__(self, rt: Any, cfg: Any, net: QNetwork):
+    def __init__(self, rt: Runtime, cfg: QMIXConfig, net: QNetwork):
         self.rt, self.cfg = rt, cfg
         self.model = rt.wrap(net, compile=cfg.compile)  # every module this stage trains, one forward
         self.net: QNetwork = rt.unwrap(self.model)
@@ -222,7 +226,7 @@ class QLearner:
 class AutoencoderLearner:
     """The pretraining stage's learner: reconstruct observations through the encoder (MSE)."""
 
-    def __init__(self, rt: Any, cfg: Any, autoencoder: Autoencoder):
+    def __init__(self, rt: Runtime, cfg: QMIXConfig, autoencoder: Autoencoder):
         self.rt, self.cfg = rt, cfg
         self.model = rt.wrap(autoencoder, compile=cfg.compile)  # only what this stage trains
         self.net: Autoencoder = rt.unwrap(self.model)

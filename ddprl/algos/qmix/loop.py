@@ -14,105 +14,28 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ddprl.algos.common import crossed
 from ddprl.algos.qmix.buffer import EpisodeBuffer, EpisodeStaging, episode_fields
 from ddprl.algos.qmix.learner import AutoencoderLearner, QLearner, epsilon_at, select_actions
-from ddprl.algos.qmix.networks import AgentNet, Autoencoder, Decoder, Encoder, QMixer, QNetwork, VDNMixer
-from ddprl.checkpoint import buffer_path, load_checkpoint, restore_buffer, strip_prefixes
+from ddprl.algos.qmix.networks import Autoencoder, QNetwork
+from ddprl.algos.qmix.stage import build_networks, init_from_checkpoint, load_networks, q_network
+from ddprl.checkpoint import buffer_path, restore_buffer, strip_prefixes
 from ddprl.envs.marl import make_marl_env
-from ddprl.envs.marl.base import MAObs
+from ddprl.envs.marl.base import MAObs, MultiAgentVecEnv
 from ddprl.errors import UsageError
 from ddprl.evaluate import Actor
 from ddprl.run import Run
 from ddprl.system import system_metrics
 
+if TYPE_CHECKING:
+    from ddprl.algos.qmix.config import QMIXConfig
+    from ddprl.runtime.collectives import Runtime
+
 log = logging.getLogger("ddprl")
-
-
-# ---------------------------------------------------------------------------------------------
-# networks of a stage
-# ---------------------------------------------------------------------------------------------
-
-
-def build_networks(cfg: Any, env: Any) -> dict[str, torch.nn.Module]:
-    """Every module the config describes for ``env`` (fresh weights from this rank's generator)."""
-    nets: dict[str, torch.nn.Module] = {}
-    features = env.obs_dim
-    if cfg.encoder_dim > 0:
-        nets["encoder"] = Encoder(env.obs_dim, cfg.hidden_dim, cfg.encoder_dim)
-        features = cfg.encoder_dim
-    if cfg.stage == "pretrain":
-        nets["decoder"] = Decoder(cfg.encoder_dim, cfg.hidden_dim, env.obs_dim)
-        return nets
-    in_dim = features + (env.n_actions if cfg.obs_last_action else 0) + (env.n_agents if cfg.obs_agent_id else 0)
-    nets["agent"] = AgentNet(in_dim, env.n_actions, cfg.hidden_dim, cfg.use_rnn)
-    if cfg.mixer == "qmix":
-        nets["mixer"] = QMixer(
-            env.n_agents, env.state_dim, cfg.mixing_embed_dim, cfg.hypernet_layers, cfg.hypernet_embed
-        )
-    elif cfg.mixer == "vdn":
-        nets["mixer"] = VDNMixer()
-    return nets
-
-
-def q_network(cfg: Any, env: Any, nets: dict[str, torch.nn.Module]) -> QNetwork:
-    """The qmix stage's trained modules in one module; a frozen encoder stays outside it."""
-    encoder = nets.get("encoder")
-    frozen = encoder if encoder is not None and cfg.freeze_encoder else None
-    if frozen is not None:
-        frozen.requires_grad_(False)
-    return QNetwork(
-        nets["agent"],
-        nets.get("mixer"),
-        env.n_actions,
-        cfg.obs_agent_id,
-        cfg.obs_last_action,
-        encoder=None if frozen is not None else encoder,
-        frozen_encoder=frozen,
-    )
-
-
-def load_networks(
-    nets: dict[str, torch.nn.Module], saved: dict[str, dict[str, torch.Tensor]], source: str, only_present: bool = False
-) -> list[str]:
-    """Load the saved modules into ``nets`` (by name); returns the names loaded.
-
-    ``only_present``: modules the checkpoint lacks keep their weights (a stage initialised from
-    an earlier stage, which trained fewer modules).
-    """
-    loaded = []
-    for name, module in nets.items():
-        if name not in saved:
-            if only_present:
-                continue
-            raise UsageError(f"{source} has no {name} network")
-        try:
-            module.load_state_dict(saved[name])
-        except RuntimeError as e:
-            raise UsageError(
-                f"{source}: its {name} network does not fit this config "
-                f"({str(e).splitlines()[0][:160]}); use the same architecture keys"
-            ) from None
-        loaded.append(name)
-    return loaded
-
-
-def init_from_checkpoint(nets: dict[str, torch.nn.Module], path: str) -> list[str]:
-    """Initialise this stage's modules from another stage's checkpoint (those it has)."""
-    ckpt = load_checkpoint(path, expect_algo="qmix")
-    names = load_networks(
-        {k: v for k, v in nets.items() if k != "decoder"},
-        ckpt["state"]["networks"],
-        f"init_from={path}",
-        only_present=True,
-    )
-    if not names:
-        raise UsageError(f"init_from={path}: none of this stage's networks ({', '.join(nets)}) is in it")
-    return names
 
 
 class Acting:
@@ -139,36 +62,34 @@ class Acting:
         return self.last
 
 
-# ---------------------------------------------------------------------------------------------
-# the loop
-# ---------------------------------------------------------------------------------------------
+class RandomActing:
+    """Available actions uniformly at random (pretraining: the encoder learns the observations of
+    the whole space)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def __call__(self, obs: MAObs, epsilon: float = 1.0) -> torch.Tensor:
+        return select_actions(torch.zeros(obs.avail.shape, device=self.device), obs.avail, 1.0)
 
 
-def train(rt: Any, cfg: Any) -> None:
-    """Train ``cfg.stage`` on ``cfg.task`` for ``cfg.steps`` global env steps (runs on every rank)."""
-    # -- sizes: global in, local derived (docs/distributed.md, invariant 4) ------------------------
-    local_num_envs = cfg.local_num_envs(rt.world_size)
-    steps_per_iteration = local_num_envs * rt.world_size  # global env steps of one step of every env
-
-    run = Run(rt, cfg)  # the checkpoint being resumed (if any), seeds, later the run directory
-    env = make_marl_env(cfg.task, local_num_envs, seed=run.env_seed, device=rt.device, **cfg.env_kwargs)
-    obs = env.reset(seed=run.env_seed)
-    update_every = cfg.update_every or env.episode_limit
-    warmup_iterations = cfg.warmup_iterations(env.episode_limit, rt.world_size)  # no update before
-
-    # -- networks: init_from / resume before wrapping (DDP broadcasts rank 0's weights) --------
-    nets = build_networks(cfg, env)
+def build_stage(
+    rt: Runtime, cfg: QMIXConfig, run: Run, env: MultiAgentVecEnv
+) -> tuple[dict[str, torch.nn.Module], QLearner | AutoencoderLearner, Acting | RandomActing]:
+    """This stage's networks (resumed, or initialised from ``init_from``) and its learner, which
+    wraps in DDP what the stage trains (collective: rank 0's weights broadcast, then checked),
+    and how it acts while training."""
+    nets = build_networks(cfg, env)  # before wrapping: DDP broadcasts rank 0's weights
     if run.resumed:
         load_networks(nets, run.state["networks"], "the resumed checkpoint")
     elif cfg.init_from:
         names = init_from_checkpoint(nets, cfg.init_from)
         log.info("initialised %s from %s", ", ".join(names), cfg.init_from)
-    pretrain = cfg.stage == "pretrain"
-    if pretrain:
-        learner: QLearner | AutoencoderLearner = AutoencoderLearner(
-            rt, cfg, Autoencoder(nets["encoder"], nets["decoder"])
-        )
-        acting = None  # random actions: the encoder learns the observations of the whole space
+    learner: QLearner | AutoencoderLearner
+    acting: Acting | RandomActing
+    if cfg.stage == "pretrain":
+        learner = AutoencoderLearner(rt, cfg, Autoencoder(nets["encoder"], nets["decoder"]))
+        acting = RandomActing(rt.device)
     else:
         learner = QLearner(rt, cfg, q_network(cfg, env, nets))
         acting = Acting(learner.net)
@@ -181,24 +102,81 @@ def train(rt: Any, cfg: Any) -> None:
     log.info(
         "%s stage: trains %s (checksum %.6f over %d rank(s))", cfg.stage, trained_names(nets), checksum, rt.world_size
     )
+    return nets, learner, acting
+
+
+def build_replay(
+    rt: Runtime, cfg: QMIXConfig, run: Run, fields: dict[str, Any], warmup_iterations: int
+) -> tuple[EpisodeBuffer, int]:
+    """This rank's episode replay, and the iterations of warm-up before the first update.
+    Collective when resumed: the saved replays come back only when every rank finds its own
+    (saved at this step) and each holds a batch; then updates go on at once, else every rank
+    warms up again."""
+    buffer = EpisodeBuffer(cfg.local_buffer_size(rt.world_size), fields, rt.device)
+    if not run.resumed:
+        return buffer, warmup_iterations
+    restored = (
+        restore_buffer(buffer, buffer_path(Path(cfg.resume).parent, rt.rank), run.checkpoint, rt.world_size)
+        and buffer.size >= cfg.batch_size
+    )
+    if rt.all_reduce_sum(int(restored)) == rt.world_size:
+        log.info("resumed with the episode replays (%d episodes on rank 0)", buffer.size)
+        return buffer, 0
+    log.info("resumed without replays: %d steps per env of warm-up before updates", warmup_iterations)
+    return EpisodeBuffer(cfg.local_buffer_size(rt.world_size), fields, rt.device), warmup_iterations
+
+
+def run_eval(rt: Runtime, cfg: QMIXConfig, run: Run, learner: QLearner, env: MultiAgentVecEnv) -> dict[str, float]:
+    """Collective: greedy episodes of ``learner``'s network on fresh envs (split over ranks); global means."""
+    eval_acting = Acting(learner.net)
+    return run.evaluate(
+        lambda n, s: make_marl_env(cfg.task, n, seed=s, device=rt.device, **cfg.env_kwargs),
+        eval_acting,
+        env.extra_info_keys,
+    )
+
+
+def exploration(cfg: QMIXConfig, step: int) -> float:
+    """Epsilon of the epsilon-greedy acting at global ``step`` (1: pretraining acts at random)."""
+    if cfg.stage == "pretrain":
+        return 1.0
+    return epsilon_at(step, cfg.epsilon_start, cfg.epsilon_finish, cfg.epsilon_anneal_steps)
+
+
+def train_metrics(
+    rt: Runtime, cfg: QMIXConfig, window: Window, buffer: EpisodeBuffer, updates: int, step: int, epsilon: float
+) -> dict[str, float]:
+    """Collective: the row of ``step``: the window's global metrics, exploration, updates, the GPUs."""
+    metrics = window.metrics(rt, step, buffer)
+    metrics["train/epsilon"] = epsilon
+    metrics["train/updates"] = float(updates)
+    metrics["train/effective_batch_size"] = float(cfg.effective_batch_size(rt.world_size))
+    metrics.update(system_metrics(rt))
+    return metrics
+
+
+# ---------------------------------------------------------------------------------------------
+# the loop
+# ---------------------------------------------------------------------------------------------
+
+
+def train(rt: Runtime, cfg: QMIXConfig) -> None:
+    """Train ``cfg.stage`` on ``cfg.task`` for ``cfg.steps`` global env steps (runs on every rank)."""
+    # -- sizes: global in, local derived (docs/distributed.md, invariant 4) ------------------------
+    local_num_envs = cfg.local_num_envs(rt.world_size)
+    steps_per_iteration = local_num_envs * rt.world_size  # global env steps of one step of every env
+
+    run = Run(rt, cfg)  # the checkpoint being resumed (if any), seeds, later the run directory
+    env = make_marl_env(cfg.task, local_num_envs, seed=run.env_seed, device=rt.device, **cfg.env_kwargs)
+    obs = env.reset(seed=run.env_seed)
+    update_every = cfg.update_every or env.episode_limit
+    warmup_iterations = cfg.warmup_iterations(env.episode_limit, rt.world_size)  # no update before
+    nets, learner, acting = build_stage(rt, cfg, run, env)  # init_from / resume before wrapping
     run.restore_rank_state()
 
     fields = episode_fields(env.episode_limit, env.n_agents, env.obs_dim, env.state_dim, env.n_actions)
-    buffer = EpisodeBuffer(cfg.local_buffer_size(rt.world_size), fields, rt.device)
+    buffer, warmup_iterations = build_replay(rt, cfg, run, fields, warmup_iterations)
     staging = EpisodeStaging(local_num_envs, fields, rt.device)
-    if run.resumed:
-        # The saved replays come back only when every rank finds its own (saved at this step) and
-        # each holds a batch; then updates go on at once, else every rank warms up again.
-        restored = (
-            restore_buffer(buffer, buffer_path(Path(cfg.resume).parent, rt.rank), run.checkpoint, rt.world_size)
-            and buffer.size >= cfg.batch_size
-        )
-        if rt.all_reduce_sum(int(restored)) == rt.world_size:
-            warmup_iterations = 0
-            log.info("resumed with the episode replays (%d episodes on rank 0)", buffer.size)
-        else:
-            buffer = EpisodeBuffer(cfg.local_buffer_size(rt.world_size), fields, rt.device)
-            log.info("resumed without replays: %d steps per env of warm-up before updates", warmup_iterations)
 
     def save(step: int, score: float | None) -> None:
         rt.check_in_sync(learner.model, "parameters at checkpoint")
@@ -212,14 +190,6 @@ def train(rt: Any, cfg: Any) -> None:
         }
         run.save(step, state, counters={"updates": learner.updates}, score=score)
 
-    def run_eval(step: int) -> dict[str, float]:
-        eval_acting = Acting(learner.net)
-        return run.evaluate(
-            lambda n, s: make_marl_env(cfg.task, n, seed=s, device=rt.device, **cfg.env_kwargs),
-            eval_acting,
-            env.extra_info_keys,
-        )
-
     total_iterations = math.ceil((cfg.steps - run.step) / steps_per_iteration)
     run_dir = run.open(total_steps=run.step + total_iterations * steps_per_iteration)
     log.info(
@@ -232,22 +202,16 @@ def train(rt: Any, cfg: Any) -> None:
         update_every,
     )
 
+    evaluates = cfg.stage != "pretrain" and cfg.eval_episodes > 0  # pretraining has no policy to evaluate
     global_step = run.step
     scheduled = global_step // update_every  # update slots passed (one update per slot)
     window = Window(rt.device, global_step, env.extra_info_keys)
     for iteration in range(total_iterations):
         # -- act and step every local env once (no collective) ----------------------------------
         t0 = time.perf_counter()
-        epsilon = (
-            1.0
-            if pretrain
-            else epsilon_at(global_step, cfg.epsilon_start, cfg.epsilon_finish, cfg.epsilon_anneal_steps)
-        )
+        epsilon = exploration(cfg, global_step)
         with run.split.phase("act"):
-            if acting is None:
-                actions = select_actions(torch.zeros(obs.avail.shape, device=rt.device), obs.avail, 1.0)
-            else:
-                actions = acting(obs, epsilon)
+            actions = acting(obs, epsilon)
         with run.split.phase("env"):  # the step, and its transitions into the episodes and the replay
             next_obs, reward, terminated, truncated, info = env.step(actions)
             episodes = staging.record(obs, actions, reward, terminated, truncated, info["final_obs"])
@@ -274,29 +238,18 @@ def train(rt: Any, cfg: Any) -> None:
 
         # -- bookkeeping: every number global (docs/distributed.md, invariant 7) -------------------
         last = iteration == total_iterations - 1
-        evaluating = (
-            not pretrain
-            and cfg.eval_episodes > 0
-            and (crossed(global_step, steps_per_iteration, cfg.eval_freq) or last)
-        )
+        evaluating = evaluates and (crossed(global_step, steps_per_iteration, cfg.eval_freq) or last)
+        score = None
         if crossed(global_step, steps_per_iteration, cfg.log_freq) or evaluating or last:
-            metrics = window.metrics(rt, global_step, buffer)
-            metrics["train/epsilon"] = epsilon
-            metrics["train/updates"] = float(learner.updates)
-            metrics["train/effective_batch_size"] = float(cfg.effective_batch_size(rt.world_size))
-            metrics.update(system_metrics(rt))
+            metrics = train_metrics(rt, cfg, window, buffer, learner.updates, global_step, epsilon)
             if evaluating:
-                metrics.update(run_eval(global_step))
+                metrics.update(run_eval(rt, cfg, run, learner, env))
+                score = metrics.get("eval/return_mean")
             run.log(global_step, metrics)
         else:
             run.progress(global_step)
-        run.step_boundary(
-            global_step,
-            functools.partial(save, global_step),
-            score=metrics.get("eval/return_mean") if evaluating else None,
-            due=crossed(global_step, steps_per_iteration, cfg.checkpoint_freq),
-            last=last,
-        )
+        checkpoint_due = crossed(global_step, steps_per_iteration, cfg.checkpoint_freq)
+        run.step_boundary(global_step, functools.partial(save, global_step), score, checkpoint_due, last)
 
     env.close()
     run.finish()  # rank 0 prints the summary block
@@ -335,7 +288,7 @@ class Window:
             self.learner_sums[k] = self.learner_sums.get(k, 0.0) + v
         self.updates += 1
 
-    def metrics(self, rt: Any, global_step: int, buffer: EpisodeBuffer) -> dict[str, float]:
+    def metrics(self, rt: Runtime, global_step: int, buffer: EpisodeBuffer) -> dict[str, float]:
         """Collective: the window's global metrics (one all-reduce), then a new window."""
         now = time.perf_counter()
         local = {
@@ -371,7 +324,7 @@ class Window:
         return out
 
 
-def load_actor(cfg: Any, state: dict[str, Any], device: torch.device) -> Actor:
+def load_actor(cfg: QMIXConfig, state: dict[str, Any], device: torch.device) -> Actor:
     """The greedy QMIX policy of a checkpoint's ``state`` (epsilon 0), for eval and play."""
     if cfg.stage == "pretrain":
         raise UsageError(

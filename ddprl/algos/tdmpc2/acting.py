@@ -1,8 +1,7 @@
 """TD-MPC2 on one rank's environments: the env it needs, recording episodes, choosing actions.
 
-- :func:`make_tdmpc2_env`: any ``make_env`` task with a continuous 1-D action box and flat
-  observations, actions presented to the agent in [-1, 1] (:class:`UnitBoxActions` rescales
-  a Gymnasium box such as Humanoid-v5's [-0.4, 0.4]; DMC envs do it themselves).
+- :func:`make_tdmpc2_env` (from ``ddprl.algos.tdmpc2.env``): any ``make_env`` task with a
+  continuous 1-D action box and flat observations, actions presented to the agent in [-1, 1].
 - :class:`EpisodeRecorder`: keeps each env's transitions until its episode ends, then hands
   the whole episode to the replay buffer (as in TD-MPC2: episodes enter the buffer when they end).
 - :class:`Acting`: MPPI warm-started from each env's previous plan, or the policy prior
@@ -12,93 +11,17 @@ Nothing here is distributed.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import gymnasium as gym
-import numpy as np
 import torch
 
 from ddprl.algos.graphs import compile_region, keep, step_begin
+from ddprl.algos.tdmpc2.env import EnvWrapper, UnitBoxActions, episode_length_of, make_tdmpc2_env
 from ddprl.algos.tdmpc2.networks import WorldModel
 from ddprl.algos.tdmpc2.planner import MPPI, MPPIConfig, PlanNoise, PlanStart, mppi_iterations
-from ddprl.envs import make_env
-from ddprl.envs.dmc import parse_dmc_task
-from ddprl.errors import UsageError
 
-
-class EnvWrapper:
-    """Forwards everything it does not override (spaces, render_rgb, state_dict, close)."""
-
-    def __init__(self, env: Any):
-        self.env = env
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.env, name)
-
-    def reset(self, seed: int | None = None) -> torch.Tensor:
-        return self.env.reset(seed=seed)
-
-    def step(self, actions: torch.Tensor):
-        return self.env.step(actions)
-
-
-class UnitBoxActions(EnvWrapper):
-    """Present a bounded action box as [-1, 1]: a -> low + (a + 1) (high - low) / 2."""
-
-    def __init__(self, env: Any):
-        super().__init__(env)
-        space = env.single_action_space
-        self._low = torch.as_tensor(space.low, dtype=torch.float32, device=env.device)
-        self._half = torch.as_tensor((space.high - space.low) / 2, dtype=torch.float32, device=env.device)
-        self.single_action_space = gym.spaces.Box(-1.0, 1.0, space.shape, np.float32)
-
-    def step(self, actions: torch.Tensor):
-        a = actions.clamp(-1, 1).to(self._low.device)
-        return self.env.step(self._low + (a + 1) * self._half)
-
-
-def make_tdmpc2_env(cfg: Any, num_envs: int, seed: int, device: torch.device) -> Any:
-    """``make_env`` for TD-MPC2: checks the spaces and presents actions in [-1, 1].
-
-    ``cfg.episode_length`` (when set) is the episode length: DMC truncates there itself,
-    Gymnasium gets ``max_episode_steps``.
-    """
-    kwargs = dict(cfg.env_kwargs)
-    if cfg.episode_length is not None:
-        kwargs["episode_length" if parse_dmc_task(cfg.task) else "max_episode_steps"] = cfg.episode_length
-    env = make_env(cfg.task, num_envs, seed=seed, device=device, **kwargs)
-    act_space, obs_space = env.single_action_space, env.single_observation_space
-    if not isinstance(act_space, gym.spaces.Box) or len(act_space.shape) != 1:
-        env.close()
-        raise UsageError(
-            f"tdmpc2 needs continuous actions (a 1-D Box); {cfg.task} has {act_space}: "
-            "use algo=ppo for discrete actions"
-        )
-    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-        env.close()
-        raise UsageError(f"tdmpc2 here learns from flat state observations; {cfg.task} observes {obs_space}")
-    if not (np.all(np.isfinite(act_space.low)) and np.all(np.isfinite(act_space.high))):
-        env.close()
-        raise UsageError(f"{cfg.task} has an unbounded action box; tdmpc2 acts in [-1, 1] and needs bounds")
-    if np.any(act_space.low != -1) or np.any(act_space.high != 1):
-        env = UnitBoxActions(env)
-    return env
-
-
-def episode_length_of(cfg: Any, env: Any) -> int:
-    """Agent steps per episode: ``cfg.episode_length``, else the task's own time limit."""
-    if cfg.episode_length is not None:
-        return cfg.episode_length
-    length = getattr(env, "max_episode_steps", None)  # DMCVecEnv
-    if length is None:
-        spec = gym.spec(cfg.task) if cfg.task in gym.registry else None
-        length = getattr(spec, "max_episode_steps", None)
-    if length is None:
-        raise UsageError(
-            f"{cfg.task} has no time limit to derive the discount and seed_steps from: "
-            "set episode_length=<agent steps per episode>"
-        )
-    return int(length)
+if TYPE_CHECKING:
+    from ddprl.algos.tdmpc2.config import TDMPC2Config
 
 
 class Episode(NamedTuple):
@@ -166,7 +89,7 @@ class EpisodeRecorder:
         return finished
 
 
-def mppi_config(cfg: Any, action_dim: int) -> MPPIConfig:
+def mppi_config(cfg: TDMPC2Config, action_dim: int) -> MPPIConfig:
     """The planner settings of ``cfg`` (iterations null -> 6, or 8 for action_dim >= 20)."""
     iterations = cfg.iterations if cfg.iterations is not None else mppi_iterations(action_dim)
     return MPPIConfig(
@@ -196,7 +119,7 @@ class Acting:
     tensor (zeros for a new episode), so the same graphs serve every step.
     """
 
-    def __init__(self, model: WorldModel, cfg: Any, discount: float, compile: bool = False):
+    def __init__(self, model: WorldModel, cfg: TDMPC2Config, discount: float, compile: bool = False):
         self.model = model
         self.planner = None
         if cfg.mpc:
@@ -273,3 +196,17 @@ class NotifyEpisodeEnds(EnvWrapper):
         out = self.env.step(actions)
         self.acting.episode_ended(out[2] | out[3])
         return out
+
+
+# The env's pieces (ddprl.algos.tdmpc2.env) are importable from here too, beside the acting.
+__all__ = [
+    "Acting",
+    "Episode",
+    "EpisodeRecorder",
+    "NotifyEpisodeEnds",
+    "mppi_config",
+    "EnvWrapper",
+    "UnitBoxActions",
+    "episode_length_of",
+    "make_tdmpc2_env",
+]

@@ -118,7 +118,7 @@ class TDMPC2Config(RLConfig):
         warnings = super().check()
         import torch
 
-        from ddprl.algos.tdmpc2.acting import episode_length_of, make_tdmpc2_env
+        from ddprl.algos.tdmpc2.env import episode_length_of, make_tdmpc2_env
 
         env = make_tdmpc2_env(self, 1, seed=0, device=torch.device("cpu"))
         try:

@@ -32,9 +32,12 @@ Example (one rank, one env, 4 seed steps)::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddprl.algos.common import crossed
+
+if TYPE_CHECKING:
+    from ddprl.algos.tdmpc2.config import TDMPC2Config
 
 
 @dataclass
@@ -73,7 +76,7 @@ class Schedule:
     @classmethod
     def for_run(
         cls,
-        cfg: Any,
+        cfg: TDMPC2Config,
         world_size: int,
         episode_length: int,
         step: int = 0,
