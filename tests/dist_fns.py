@@ -145,7 +145,7 @@ def ppo_learn(rt, cfg, out: str, batch_path: str, steps: int = 1, per_rank: bool
     """
     from contextlib import nullcontext
 
-    from ddprl.algos.ppo import update as ppo_update
+    from ddprl.algos import graphs
     from ddprl.algos.ppo.update import UpdateStep, learn
 
     data = torch.load(batch_path)
@@ -160,21 +160,21 @@ def ppo_learn(rt, cfg, out: str, batch_path: str, steps: int = 1, per_rank: bool
     recorder = RecordingRuntime(rt)
     update = UpdateStep(recorder, agent, opt, local, cfg, lambda x: x, nullcontext())
     grad_norms: list[float] = []
-    clip = ppo_update.clip_grad
+    clip = graphs.clip_grad
 
     def recording_clip(*args, **kwargs):
         clipped, norm = clip(*args, **kwargs)
         grad_norms.append(float(norm))
         return clipped, norm
 
-    # The update looks clip_grad up at call time. With world_size=1 this runs in the test
-    # process itself: restore the original afterwards.
-    ppo_update.clip_grad = recording_clip
+    # The optimizer step (graphs.FlatAdam.averaged_step_) looks clip_grad up at call time. With
+    # world_size=1 this runs in the test process itself: restore the original afterwards.
+    graphs.clip_grad = recording_clip
     try:
         torch.manual_seed(100 + rt.rank)
         metrics = [learn(recorder, update, cfg) for _ in range(steps)]
     finally:
-        ppo_update.clip_grad = clip
+        graphs.clip_grad = clip
     checksums = rt.all_gather_object(float(sum(p.detach().double().sum() for p in agent.parameters())))
     optimizer_steps = int(opt.state[next(iter(agent.parameters()))]["step"]) if opt.state else 0
     torch.save(

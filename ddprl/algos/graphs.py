@@ -273,7 +273,7 @@ class FlatAdam:
 
     Why flat: a region's compile time grows with its graph. Adam on per-parameter tensors is
     ~10 ops per parameter (TD-MPC2: 50 parameters, ~40 s of a ~95 s update compile on a CPU);
-    on flat buffers a step is ~15 ops per group plus one subtraction per parameter.
+    on flat buffers a step is ~10 ops per group plus one fused addcdiv over the parameters.
     ``optimizer.state`` keeps one entry per parameter, now views of the flat buffers, so its
     ``state_dict`` (checkpoints) has the usual format, and a plain ``torch.optim.Adam`` loads
     it; a loaded checkpoint's state is copied in here. ``step`` stays a 0-d tensor per
@@ -364,12 +364,44 @@ class FlatAdam:
                 t = group["step"][0]  # the params of a group always step together
                 exp_avg.lerp_(g, 1 - beta1)
                 exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                # p -= lr * m / ((1 - beta1^t) * (sqrt(v) / sqrt(1 - beta2^t) + eps))
-                bias1, bias2_sqrt = 1 - torch.pow(beta1, t), (1 - torch.pow(beta2, t)).sqrt()
-                update = exp_avg / ((exp_avg_sq.sqrt() / bias2_sqrt + group["eps"]) * bias1) * group["lr"]
-                compat.foreach_sub_(
-                    group["params"], [u.view_as(p) for u, p in zip(update.split(group["sizes"]), group["params"])]
+                # p += m / denom with denom = (sqrt(v) / sqrt(1 - beta2^t) + eps) / -step_size,
+                # step_size = lr / (1 - beta1^t): torch.optim.Adam's arithmetic (capturable form),
+                # in place on ONE temporary: on a CPU a step of a large net is memory passes.
+                step_size_neg = -(group["lr"] / (1 - torch.pow(beta1, t)))
+                bias2_sqrt = (1 - torch.pow(beta2, t)).sqrt()
+                denom = exp_avg_sq.sqrt().div_(bias2_sqrt * step_size_neg).add_(group["eps"] / step_size_neg)
+                sizes = group["sizes"]
+                compat.foreach_addcdiv_(
+                    group["params"],
+                    [m.view_as(p) for m, p in zip(exp_avg.split(sizes), group["params"])],
+                    [d.view_as(p) for d, p in zip(denom.split(sizes), group["params"])],
                 )
+
+    def averaged_step_(
+        self,
+        local_grad: torch.Tensor,
+        mean: Callable[[torch.Tensor], torch.Tensor],
+        max_norm: float,
+        unscale: Callable[[torch.Tensor], bool] | None = None,
+    ) -> torch.Tensor | None:
+        """The optimizer step every rank takes alike, what DDP + ``clip_grad_norm_`` + ``step()``
+        do, written as tensor ops so that it can sit inside a compiled region.
+
+        ``local_grad``: this rank's :meth:`flatten`'d gradient (micro-batches already summed and
+        scaled); ``mean``: the mean over ranks, ONE all-reduce (``rt.region_mean``); then the
+        norm clip (``max_norm`` > 0) and Adam. ``unscale`` (fp16): divides the averaged gradient
+        by the loss scale in place and says whether it is finite; a step that is not is skipped
+        (every rank decides alike: the gradient is already averaged). Returns the norm before
+        clipping, or None without a clip.
+        """
+        grad = mean(local_grad)
+        finite = unscale is None or unscale(grad)
+        norm = None
+        if max_norm > 0:
+            grad, norm = clip_grad(grad, max_norm)
+        if finite:
+            self.step_(grad)
+        return norm
 
 
 def clip_grad(flat_grad: torch.Tensor, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -85,16 +85,18 @@ def functional_all_gather(tensor: torch.Tensor, dim: int, group: Any) -> torch.T
 
 # --------------------------------------------------------------------------- ops without a public name
 
-_foreach_sub = getattr(torch, "_foreach_sub_", None)
+_foreach_addcdiv = getattr(torch, "_foreach_addcdiv_", None)
 
 
-def foreach_sub_(tensors: list[torch.Tensor], others: list[torch.Tensor]) -> None:
-    """``t -= o`` for each pair, one fused kernel where torch has it (what ``torch.optim`` uses)."""
-    if _foreach_sub is not None:
-        _foreach_sub(tensors, others)
+def foreach_addcdiv_(
+    tensors: list[torch.Tensor], numerators: list[torch.Tensor], denominators: list[torch.Tensor]
+) -> None:
+    """``t += n / d`` for each triple, one fused kernel where torch has it."""
+    if _foreach_addcdiv is not None:
+        _foreach_addcdiv(tensors, numerators, denominators)
     else:
-        for t, o in zip(tensors, others, strict=True):
-            t.sub_(o)
+        for t, n, d in zip(tensors, numerators, denominators, strict=True):
+            t.addcdiv_(n, d)
 
 
 # --------------------------------------------------------------------------- the compiler

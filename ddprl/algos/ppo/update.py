@@ -1,30 +1,29 @@
 """PPO's update: one optimizer step as ONE function of tensors (:class:`UpdateStep`), run
 eagerly or compiled, and the epoch loop around it (:func:`learn`).
 
-Why one function and not DDP + ``loss.backward()`` + ``optimizer.step()``: those break a
-compiled graph (DDP at every gradient bucket, ``backward`` and ``Optimizer.step`` on purpose).
-So the step takes its gradients itself (``torch.func`` when compiled, ``torch.autograd.grad``
-eagerly: the same numbers), averages them over ranks with ONE all-reduce of the flat gradient
-(``rt.region_mean``, traceable, so it sits inside the graph), clips their global norm and
-applies Adam (:class:`~ddprl.algos.graphs.FlatAdam`) on the state of an ordinary
-``torch.optim.Adam``, whose ``state_dict`` the checkpoints keep. What DDP did at construction,
-rank 0's weights on every rank, is ``rt.broadcast_module``. N ranks on N shares compute what
-one process computes on the whole batch (tests/test_ddp_equivalence.py).
+The step takes its own gradients and ends in :meth:`~ddprl.algos.graphs.FlatAdam.averaged_step_`
+(one all-reduce of the flat gradient, clip, Adam) instead of DDP and ``optimizer.step()``, so
+that a compiled step is one graph (docs/architecture.md, "How gradients are averaged"). N ranks
+on N shares compute what one process computes on the whole batch (tests/test_ddp_equivalence.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch.func import functional_call
 
-from ddprl.algos.graphs import FlatAdam, clip_grad, compile_region, grad_with_aux, mark_static, step_begin
+from ddprl.algos.graphs import FlatAdam, compile_region, grad_with_aux, mark_static, step_begin
 from ddprl.algos.ppo.loss import ppo_loss, standardize
 from ddprl.algos.ppo.networks import ActorCritic
 from ddprl.algos.ppo.rollout import RolloutBuffer
+
+if TYPE_CHECKING:
+    from ddprl.algos.ppo.config import PPOConfig
+    from ddprl.runtime.collectives import Runtime
 
 TERMS = ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac")  # columns of a step's output
 
@@ -68,11 +67,11 @@ class UpdateStep:
 
     def __init__(
         self,
-        rt: Any,
+        rt: Runtime,
         policy: ActorCritic,
         optimizer: torch.optim.Optimizer,
         batch: dict[str, torch.Tensor],
-        cfg: Any,
+        cfg: PPOConfig,
         normalize: Callable,
         autocast: contextlib.AbstractContextManager,
         compile: bool = False,
@@ -148,12 +147,9 @@ class UpdateStep:
             flat = self.adam.flatten(list(grads.values()))
             total = flat if total is None else total + flat
             rows.append(terms)
-        grad = self.rt.region_mean(total / k)
-        finite = self.scaler is None or self.unscale_(grad)
-        if self.cfg.max_grad_norm > 0:
-            grad, _ = clip_grad(grad, self.cfg.max_grad_norm)
-        if finite:
-            self.adam.step_(grad)
+        self.adam.averaged_step_(
+            total / k, self.rt.region_mean, self.cfg.max_grad_norm, None if self.scaler is None else self.unscale_
+        )
         return torch.stack(rows)
 
     def unscale_(self, grad: torch.Tensor) -> bool:
@@ -184,7 +180,7 @@ class UpdateStep:
         self.adam.sync_lr()
 
 
-def learn(rt: Any, update: UpdateStep, cfg: Any) -> dict[str, float]:
+def learn(rt: Runtime, update: UpdateStep, cfg: PPOConfig) -> dict[str, float]:
     """PPO's update phase on this rank's batch (``update.batch``); returns global means.
 
     ``epochs`` passes, each one ``randperm`` cut in ``batch_size`` minibatches, one optimizer

@@ -1,23 +1,18 @@
 """TD-MPC2's learner on one rank: world model + policy, their optimizers, the Q scale, and
 one update as ONE function of tensors (docs/references.md#losses).
 
-Why one function and not DDP + ``loss.backward()`` + ``optimizer.step()``: both of those
-break a compiled graph (DDP splits it at every gradient bucket, ``backward`` and
-``Optimizer.step`` break it on purpose), and an update of a 5M-parameter model is hundreds of
-small kernels, launch-bound on a GPU. So :class:`UpdateStep` computes gradients with
-``torch.func.grad`` and applies Adam itself (``ddprl.algos.graphs``); ``compile=true``
-captures the whole update, world model and policy, as one graph (a CUDA graph on one GPU).
-What DDP did is done by the runtime's two verbs: ``rt.broadcast_module`` (rank 0's weights
-at start) and ``rt.region_mean`` (one all-reduce of the flat gradient, traceable so
-it sits inside the region). N ranks on N batches still compute what one process computes
-on the joined batch (tests/test_tdmpc2_loop.py).
+:class:`UpdateStep` takes its gradients with ``torch.func`` (autograd when eager) and ends each
+half in :meth:`~ddprl.algos.graphs.FlatAdam.averaged_step_` (one all-reduce of the flat
+gradient, clip, Adam), so that ``compile=true`` captures the whole update as one graph, a CUDA
+graph on one GPU (docs/architecture.md, "How gradients are averaged"). N ranks on N batches
+compute what one process computes on the joined batch (tests/test_tdmpc2_loop.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch.func import functional_call
@@ -25,7 +20,6 @@ from torch.func import functional_call
 from ddprl.algos.common import autocast_context
 from ddprl.algos.graphs import (
     FlatAdam,
-    clip_grad,
     compile_region,
     grad_with_aux,
     keep,
@@ -40,8 +34,12 @@ from ddprl.algos.tdmpc2.networks import ModelDims, WorldModel, dims_for_model_si
 from ddprl.checkpoint import strip_prefixes
 from ddprl.errors import UsageError
 
+if TYPE_CHECKING:
+    from ddprl.algos.tdmpc2.config import TDMPC2Config
+    from ddprl.runtime.collectives import Runtime
 
-def model_dims(cfg: Any) -> ModelDims:
+
+def model_dims(cfg: TDMPC2Config) -> ModelDims:
     """The table's dims for ``model_size``, with any dim the config sets overriding it."""
     table = dims_for_model_size(cfg.model_size)
     return ModelDims(
@@ -84,12 +82,12 @@ class UpdateStep:
 
     def __init__(
         self,
-        rt: Any,
+        rt: Runtime,
         model: WorldModel,
         scale: RunningScale,
         wm_optim: torch.optim.Optimizer,
         pi_optim: torch.optim.Optimizer,
-        cfg: Any,
+        cfg: TDMPC2Config,
         functional: bool = True,
     ):
         self.rt, self.model, self.scale, self.cfg = rt, model, scale, cfg
@@ -164,10 +162,9 @@ class UpdateStep:
             latents.append(z)  # (H+1, B, d): the policy learns on these
             for name in ("loss", "consistency", "reward", "value"):
                 add(f"train/{name}", terms[name])
-        wm_grad = rt.region_mean(wm_grad)
-        if cfg.grad_clip_norm > 0:
-            wm_grad, metrics["train/grad_norm"] = clip_grad(wm_grad, cfg.grad_clip_norm)
-        self.wm_adam.step_(wm_grad)
+        norm = self.wm_adam.averaged_step_(wm_grad, rt.region_mean, cfg.grad_clip_norm)
+        if norm is not None:
+            metrics["train/grad_norm"] = norm
 
         # -- the Q scale, on the policy noise the loss below uses ---------------------------------
         eps = [
@@ -201,10 +198,9 @@ class UpdateStep:
             pi_grad = flat if pi_grad is None else pi_grad + flat
             for name in ("loss", "q", "entropy"):
                 add(f"train/pi_{name}", terms[name])
-        pi_grad = rt.region_mean(pi_grad)
-        if cfg.grad_clip_norm > 0:
-            pi_grad, metrics["train/pi_grad_norm"] = clip_grad(pi_grad, cfg.grad_clip_norm)
-        self.pi_adam.step_(pi_grad)
+        norm = self.pi_adam.averaged_step_(pi_grad, rt.region_mean, cfg.grad_clip_norm)
+        if norm is not None:
+            metrics["train/pi_grad_norm"] = norm
         model.soft_update_target(cfg.tau)
         metrics["train/pi_scale"] = self.scale.value.reshape(())
         return torch.stack([metrics[name].float().reshape(()) for name in self.names])
@@ -233,7 +229,9 @@ class Learner:
         }
 
 
-def build_learner(rt: Any, cfg: Any, obs_dim: int, action_dim: int, state: dict[str, Any] | None = None) -> Learner:
+def build_learner(
+    rt: Runtime, cfg: TDMPC2Config, obs_dim: int, action_dim: int, state: dict[str, Any] | None = None
+) -> Learner:
     """World model + policy on the rank's device, their optimizers, the Q scale, the update.
 
     Fresh: rank 0's weights are broadcast, then the target Qs are copied from them
@@ -266,8 +264,13 @@ def build_learner(rt: Any, cfg: Any, obs_dim: int, action_dim: int, state: dict[
 
 
 def update(
-    rt: Any, learner: Learner, batches: list[TrajectoryBatch], noises: list[UpdateNoise], cfg: Any, discount: float
-) -> dict[str, torch.Tensor]:
+    rt: Runtime,
+    learner: Learner,
+    batches: list[TrajectoryBatch],
+    noises: list[UpdateNoise],
+    cfg: TDMPC2Config,
+    discount: float,
+) -> torch.Tensor:
     """One optimizer step of world model, then policy, on k = len(batches) micro-batches
     (:class:`UpdateStep`); returns the terms averaged over micro-batches as ONE device tensor
     in ``learner.names`` order (no host sync here: ``dict(zip(learner.names, values))`` names them)."""

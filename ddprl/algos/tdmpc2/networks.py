@@ -106,11 +106,10 @@ def mish(x: torch.Tensor) -> torch.Tensor:
     """Mish, x * tanh(softplus(x)), TD-MPC2's activation.
 
     On a CPU, eager, float32 or float64, from one exp (:class:`_MishFromExp`): tanh and softplus
-    are the slow ops there, and torch's own CPU mish kernel is slower still (torch 2.13, one
-    thread, a 512 x 512 tensor, an Intel Xeon: F.mish 1.37 ms forward, x * tanh(softplus(x))
-    0.67; an AMD EPYC: docs/benchmarks.md, 'Mish from one exp'). It agrees with F.mish to within
-    1e-6. Elsewhere ``F.mish``: one kernel in eager CUDA, and what a compiled region fuses; on
-    half types too (n overflows float16 from x = 5.5)."""
+    are the slow ops there, and torch's own CPU mish kernel is slower still (measured with
+    torch 2.13 on one thread). It agrees with F.mish to within 1e-6. Elsewhere ``F.mish``: one
+    kernel in eager CUDA, and what a compiled region fuses; on half types too (n overflows
+    float16 from x = 5.5)."""
     if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling():
         return _MishFromExp.apply(x)[0]
     return F.mish(x)

@@ -16,8 +16,8 @@ tensor's value: :meth:`MPPI.start` (the policy prior's trajectories, the warm-st
 ``iterations`` times, and :meth:`MPPI.finish` (the executed elite and its exploration noise).
 ``torch.compile(fullgraph=True)`` captures each whole (``ddprl.algos.graphs``; a CUDA graph on
 a GPU) and :meth:`plan` too. Compiled, the iteration is ONE graph replayed I times rather than
-I unrolled copies: the graph compiler's time grows faster than the graph (measured on the CPU,
-docs/tdmpc2.md), and a replay costs microseconds.
+I unrolled copies: the graph compiler's time grows faster than the graph, and a replay costs
+microseconds.
 
 Randomness: every random number of a plan is one field of :class:`PlanNoise` (action
 samples, policy-prior noise, the terminal Q members, the elite draw, exploration noise). Each
