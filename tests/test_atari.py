@@ -341,3 +341,17 @@ def test_without_the_packages_an_atari_task_is_refused_in_one_line_before_any_pr
         "ddprl: error: task=ALE/Breakout-v5 is an Atari game: env_backend=auto needs EnvPool, or ale-py with "
         'opencv (missing: envpool, ale-py); pip install -e ".[atari]"'
     ]
+
+
+@pytest.mark.skipif(not HAS_ENVPOOL or importlib.util.find_spec("jax") is None, reason="needs envpool and jax")
+def test_an_envpool_game_is_made_without_importing_jax_which_still_imports_after():
+    code = (
+        "import sys\n"
+        "from ddprl.envs import make_env\n"
+        "env = make_env('Pong-v5', 2, seed=0, device='cpu', backend='envpool')\n"
+        "print(env.single_observation_space.shape, 'jax' in sys.modules)\n"
+        "import jax.numpy\n"
+        "print(int(jax.numpy.ones(2).sum()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.split("\n")[:2] == ["(4, 84, 84) False", "2"], out.stdout + out.stderr

@@ -12,7 +12,7 @@ from typing import Any
 import gymnasium as gym
 import torch
 
-from ddprl.envs import atari
+from ddprl.envs import atari, envpool_mujoco
 from ddprl.envs.base import VecEnv
 from ddprl.errors import UsageError
 from ddprl.runtime.seeding import env_seed
@@ -58,7 +58,8 @@ def check_task(task: str, backend: str = "auto") -> None:
 
     DMC names (``walker-run``, ``cup-catch``) and Atari games (``Breakout-v5``) are known
     without their packages; using one without them installed is a UsageError saying what to
-    install. ``backend``: the Atari back-end asked for (auto | envpool | gymnasium).
+    install. ``backend``: the back-end asked for (auto | envpool | gymnasium), Atari's or MuJoCo's
+    (``HalfCheetah-v5 env_backend=envpool``: v4 and v5 only, EnvPool installed).
     """
     from ddprl.envs import dmc
 
@@ -67,6 +68,9 @@ def check_task(task: str, backend: str = "auto") -> None:
         return
     if atari.atari_rom(task) is not None:
         atari.check_installed(task, backend)
+        return
+    if envpool_mujoco.uses_envpool(task, backend):
+        envpool_mujoco.check_envpool(task)
         return
     if task in BUILTIN_TASKS or task in gym.registry:
         return
@@ -100,18 +104,23 @@ def make_env(
     environment does not take (``env_kwargs``) is a UsageError naming those it takes.
     ``training=True``: the env as a learner sees it, where that differs from how it is scored
     (Atari: a lost life ends the episode, rewards clipped to their sign); False: as it is
-    scored (evaluation, play). ``backend``: Atari's auto | envpool | gymnasium (others: auto).
+    scored (evaluation, play). ``backend``: auto | envpool | gymnasium for Atari games and
+    Gymnasium's MuJoCo tasks (auto: EnvPool for Atari where installed, Gymnasium for MuJoCo);
+    others: auto.
     """
     check_task(task, backend)
-    if backend != "auto" and atari.atari_rom(task) is None:
-        raise UsageError(f"env_backend={backend} chooses how Atari games run; {task} has one way: use auto")
+    if backend != "auto" and atari.atari_rom(task) is None and envpool_mujoco.mujoco_task(task) is None:
+        raise UsageError(
+            f"env_backend={backend} chooses how Atari games run; {task} has one way: use auto "
+            "(MuJoCo tasks such as HalfCheetah-v5 have two as well)"
+        )
     try:
         return _make_env(task, num_envs, seed, device, training, backend, **kwargs)
     except TypeError as e:
         unknown = re.search(r"unexpected keyword argument '([^']+)'", str(e))
         if unknown is None or unknown.group(1) not in kwargs:
             raise
-        name, takes = unknown.group(1), env_kwarg_names(task)
+        name, takes = unknown.group(1), env_kwarg_names(task, backend)
         near = difflib.get_close_matches(name, takes, n=2, cutoff=0.6)
         raise UsageError(
             f"env_kwargs: {task} takes no {name!r}"
@@ -133,6 +142,9 @@ def _make_env(
         from ddprl.envs.snake import SnakeEnv
 
         return SnakeEnv(num_envs, device=device, seed=seed, **kwargs)
+    # MuJoCo on EnvPool; its frames (play, videos) drawn by Gymnasium, the same task (envpool_mujoco's docstring).
+    if envpool_mujoco.uses_envpool(task, backend) and _render_mode is None:
+        return envpool_mujoco.EnvPoolMujocoVecEnv(task, num_envs, seed=seed, device=device, **kwargs)
     from ddprl.envs.gym_vec import GymVecEnv
 
     return GymVecEnv(task, num_envs, seed=seed, device=device, frames=_render_mode, **kwargs)
@@ -149,13 +161,15 @@ def env_spaces(task: str, backend: str = "auto", **kwargs: Any) -> tuple[gym.Spa
         env.close()
 
 
-def env_kwarg_names(task: str) -> list[str]:
-    """The keywords ``env_kwargs`` may give ``task`` (empty when they cannot be told)."""
+def env_kwarg_names(task: str, backend: str = "auto") -> list[str]:
+    """The keywords ``env_kwargs`` may give ``task`` on ``backend`` (empty when they cannot be told)."""
     from ddprl.envs import dmc
 
     own: tuple[str, ...] = ("self", "task", "num_envs", "seed", "device")
     extra: list[str] = []
     try:
+        if envpool_mujoco.uses_envpool(task, backend):
+            return envpool_mujoco.kwarg_names(task)
         if atari.atari_rom(task) is not None:
             constructor: Any = atari.AtariVecEnv.__init__
             own += ("training", "backend")  # make_env's own keys

@@ -23,6 +23,7 @@ agent steps, reported where ``info["episode_end"]`` marks the end of a game.
 from __future__ import annotations
 
 import importlib.util
+import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -80,6 +81,22 @@ def atari_rom(task: Any) -> str | None:
 def task_names() -> list[str]:
     """Every Atari task name, as ``ddprl`` spells them (for near-match suggestions)."""
     return [f"{game_name(rom)}-v5" for rom in ROMS]
+
+
+def import_envpool() -> Any:
+    """``import envpool`` without JAX: EnvPool imports JAX, when installed, only for its XLA
+    interface (unused here), which takes seconds in every process that makes an Atari env.
+    A process that has imported JAX already keeps it."""
+    if "jax" in sys.modules:
+        import envpool
+
+        return envpool
+    sys.modules["jax"] = None  # type: ignore[assignment]  # `import jax` raises ImportError: EnvPool skips XLA
+    try:
+        import envpool
+    finally:
+        del sys.modules["jax"]
+    return envpool
 
 
 def missing_packages(backend: str, installed: Callable[[str], bool] | None = None) -> list[str]:
@@ -178,8 +195,7 @@ class EnvPoolAtari:
         self.action_space = gym.spaces.Discrete(int(self._pool.action_space.n))
 
     def _make(self, seed: int) -> Any:
-        import envpool
-
+        envpool = import_envpool()
         # EnvPool seeds are int32; derived ddprl seeds lie just below 2^31.
         seeds = [(seed + i) % 2**31 for i in range(self.num_envs)]
         return envpool.make(self._task_id, env_type="gymnasium", seed=seeds, **self._kwargs)

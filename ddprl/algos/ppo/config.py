@@ -52,7 +52,9 @@ class PPOConfig(RLConfig):
     policy_depth: int = key("CNN conv layers")
     env_kwargs: dict[str, Any] = key("extra keyword arguments for the environment constructor")
     env_backend: str = key(
-        "Atari tasks: auto (EnvPool where installed, else Gymnasium) | envpool | gymnasium (ale-py)", "auto"
+        "Atari and MuJoCo tasks: auto (Atari: EnvPool where installed, else Gymnasium; MuJoCo: Gymnasium) "
+        "| envpool | gymnasium",
+        "auto",
     )
     eval_deterministic: bool = key("evaluate (and play) with the most likely action; false: sample from the policy")
     autoscale: bool = key("choose num_envs, n_steps and batch_size from the device's memory (keys you set win)")
