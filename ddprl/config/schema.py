@@ -76,7 +76,8 @@ class JobConfig:
     )
     malloc: str = key(
         "keep | system: keep = the C library's malloc keeps the memory a rank frees for its next step "
-        "(CPU steps run faster without a page fault per fresh 4 kB page); system = its own defaults",
+        "(CPU steps run faster without a page fault per fresh 4 kB page; set for the whole process); "
+        "system = its own defaults",
         "keep",
     )
     nccl_preset: str = key(
