@@ -28,8 +28,9 @@ def timed(fn, n: int, device) -> float:
 
 def measure(rt, cfg, threads: int, updates: int, acts: int, result: dict, whole_act: bool = False) -> None:
     """Inside ``launch`` (world_size=1): fills ``result`` with the timings."""
-    from ddprl.algos.tdmpc2.acting import Acting, EpisodeRecorder, make_tdmpc2_env
+    from ddprl.algos.tdmpc2.acting import Acting, EpisodeRecorder
     from ddprl.algos.tdmpc2.buffer import EpisodeBuffer
+    from ddprl.algos.tdmpc2.env import make_tdmpc2_env
     from ddprl.algos.tdmpc2.learner import build_learner, draw_noise, update
 
     torch.set_num_threads(threads)

@@ -22,8 +22,9 @@ pytest.importorskip("dm_control")
 from conftest import TDMPC2_TINY, run_cli  # noqa: E402
 
 from ddprl.algos.graphs import training_step_unsupported  # noqa: E402
-from ddprl.algos.tdmpc2.acting import Acting, EpisodeRecorder, UnitBoxActions, episode_length_of, make_tdmpc2_env  # noqa: E402
+from ddprl.algos.tdmpc2.acting import Acting, EpisodeRecorder  # noqa: E402
 from ddprl.algos.tdmpc2.buffer import TrajectoryBatch  # noqa: E402
+from ddprl.algos.tdmpc2.env import UnitBoxActions, episode_length_of, make_tdmpc2_env  # noqa: E402
 from ddprl.algos.tdmpc2.learner import UpdateNoise, build_learner, draw_noise, model_dims, update  # noqa: E402
 from ddprl.algos.tdmpc2.loop import load_actor  # noqa: E402
 from ddprl.algos.tdmpc2.loss import policy_loss, rho_weights, world_model_loss  # noqa: E402

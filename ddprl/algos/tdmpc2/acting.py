@@ -1,6 +1,6 @@
 """TD-MPC2 on one rank's environments: the env it needs, recording episodes, choosing actions.
 
-- :func:`make_tdmpc2_env` (from ``ddprl.algos.tdmpc2.env``): any ``make_env`` task with a
+- the env it needs is :func:`ddprl.algos.tdmpc2.env.make_tdmpc2_env`: any ``make_env`` task with a
   continuous 1-D action box and flat observations, actions presented to the agent in [-1, 1].
 - :class:`EpisodeRecorder`: keeps each env's transitions until its episode ends, then hands
   the whole episode to the replay buffer (as in TD-MPC2: episodes enter the buffer when they end).
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from ddprl.algos.graphs import compile_region, keep, step_begin
-from ddprl.algos.tdmpc2.env import EnvWrapper, UnitBoxActions, episode_length_of, make_tdmpc2_env
+from ddprl.algos.tdmpc2.env import EnvWrapper
 from ddprl.algos.tdmpc2.networks import WorldModel
 from ddprl.algos.tdmpc2.planner import MPPI, MPPIConfig, PlanNoise, PlanStart, mppi_iterations
 
@@ -196,17 +196,3 @@ class NotifyEpisodeEnds(EnvWrapper):
         out = self.env.step(actions)
         self.acting.episode_ended(out[2] | out[3])
         return out
-
-
-# The env's pieces (ddprl.algos.tdmpc2.env) are importable from here too, beside the acting.
-__all__ = [
-    "Acting",
-    "Episode",
-    "EpisodeRecorder",
-    "NotifyEpisodeEnds",
-    "mppi_config",
-    "EnvWrapper",
-    "UnitBoxActions",
-    "episode_length_of",
-    "make_tdmpc2_env",
-]
