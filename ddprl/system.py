@@ -57,7 +57,7 @@ def autoscale_ppo(
     fixed: dict[str, int] | None = None,
     device: str | None = None,
 ) -> dict[str, int]:
-    """Sizes for PPO from the device (the rule of docs/snake.md "autoscale").
+    """Sizes for PPO from the device (the rule of docs/ppo.md, Snake, `autoscale=true`).
 
     CUDA, per rank, with M = 0.3 x the GPU's *total* memory / ranks sharing it (total, not
     free, so every rank of a job computes the same numbers):
