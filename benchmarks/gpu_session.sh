@@ -6,13 +6,13 @@
 #   all2     smoke runs: Snake, TD-MPC2 eager and compiled, the JAX engine (brax, gymnax)
 #   all3     speed tables: Snake (compile off/on), TD-MPC2 (off/on), QMIX on VMAS
 #   all      all1, all2, all3 (a machine with no limit a command); each stops within PHASE_BUDGET (460 s)
-#   snake | tdmpc2 | vmas | jax     longer speed runs; returns: TD-MPC2 walker-run learning, as far as time allows
+#   jax      all2's JAX engine steps with brax/humanoid at 1,024 and 4,096 envs, within PHASE_BUDGET too
 #   results  the results page's GPU rows: their next seeds (RESULTS_S s, RESULTS_JOBS at once, RESULTS_ROWS)
 #   regions  compiled regions: their GPU tests, TD-MPC2 walker-run twice (warm caches; the act as one graph), dog-run
 #
 # GPU_SESSION_DRY=1: all1..all3 on the CPU with tiny sizes, to check this script without a GPU.
 set -uo pipefail
-phase=${1:?phase: all | all1 | all2 | all3 | results | snake | tdmpc2 | returns | vmas | jax | regions}
+phase=${1:?phase: all | all1 | all2 | all3 | results | jax | regions}
 if [ "$phase" = all ]; then
   failed=0
   for p in all1 all2 all3; do bash "$0" "$p" || failed=1; done
@@ -97,8 +97,24 @@ train() {
 export -f train fps pick
 export DEV RUNS
 
-jax_ready() {
-  python3 -c "import jax, brax, gymnax, optax; assert '$DEV' == 'cpu' or jax.default_backend() == 'gpu'"
+# jax_steps ENVS...: the JAX engine's doctor, brax/humanoid at each ENVS, gymnax/CartPole-v1 to its final evaluation
+jax_steps() {
+  if ! python3 -c "import jax, brax, gymnax, optax; assert '$DEV' == 'cpu' or jax.default_backend() == 'gpu'" \
+    >>"$log" 2>&1; then
+    summary+=("jax                          skipped: no CUDA JAX with brax, gymnax and optax here (see the log)")
+    return
+  fi
+  step "jax doctor" 45 python3 -m ddprl doctor engine=jax
+  local runs=("$RUNS/jax-cartpole")
+  for n in "$@"; do
+    runs+=("$RUNS/jax-humanoid-$n")
+    step "jax brax/humanoid x$n" 180 train jax-humanoid-$n engine=jax task=brax/humanoid num_envs=$n n_steps=20 \
+      batch_size=$((n * $(pick 5 10))) epochs=4 steps=$((n * $(pick 240 60))) eval_episodes=0 norm_obs=true \
+      norm_reward=true
+  done
+  step "jax gymnax/CartPole" 60 train jax-cartpole engine=jax task=gymnax/CartPole-v1 num_envs=$(pick 2048 8) \
+    n_steps=32 batch_size=$(pick 8192 64) epochs=4 steps=$(pick 1048576 1024) eval_episodes=$(pick 16 2)
+  step "jax fps" 15 fps "${runs[@]}"
 }
 
 case "$phase" in
@@ -119,24 +135,13 @@ case "$phase" in
     step "snake" 60 train snake task=snake num_envs=$(pick 4096 16) n_steps=$(pick 64 8) batch_size=$(pick 65536 64) \
       steps=$(pick 1048576 256) eval_freq=0 eval_episodes=$(pick 64 2)
     # walker-run: 1000 random steps, the 1000-update burst, 200 steps with an update each, one eval episode
-    step "tdmpc2 eager" 120 train tdmpc2 algo=tdmpc2 task=walker-run model_size=1 steps=$(pick 1200 60) \
-      seed_steps=$(pick 1000 40) eval_freq=0 eval_episodes=1 log_freq=$(pick 400 20) $(pick "" "episode_length=20")
-    step "tdmpc2 compiled" 180 train tdmpc2-compiled algo=tdmpc2 task=walker-run model_size=1 compile=true \
-      steps=$(pick 1200 60) seed_steps=$(pick 1000 40) eval_freq=0 eval_episodes=1 log_freq=$(pick 400 20) \
-      $(pick "" "episode_length=20 horizon=2 iterations=1 num_samples=32 num_elites=4 num_pi_trajs=4 batch_size=8")
+    walker="algo=tdmpc2 task=walker-run model_size=1 steps=$(pick 1200 60) seed_steps=$(pick 1000 40) eval_freq=0
+      eval_episodes=1 log_freq=$(pick 400 20) $(pick "" "episode_length=20")"
+    step "tdmpc2 eager" 120 train tdmpc2 $walker
+    step "tdmpc2 compiled" 180 train tdmpc2-compiled $walker compile=true \
+      $(pick "" "horizon=2 iterations=1 num_samples=32 num_elites=4 num_pi_trajs=4 batch_size=8")
     step "snake, tdmpc2 fps" 15 fps $RUNS/snake $RUNS/tdmpc2 $RUNS/tdmpc2-compiled
-    if jax_ready >>"$log" 2>&1; then
-      step "jax doctor" 45 python3 -m ddprl doctor engine=jax
-      step "jax brax/humanoid" 180 train jax-humanoid engine=jax task=brax/humanoid num_envs=$(pick 1024 4) \
-        n_steps=20 batch_size=$(pick 5120 40) epochs=4 steps=$(pick 245760 240) eval_episodes=0 \
-        norm_obs=true norm_reward=true
-      step "jax gymnax/CartPole" 60 train jax-cartpole engine=jax task=gymnax/CartPole-v1 \
-        num_envs=$(pick 2048 8) n_steps=32 batch_size=$(pick 8192 64) epochs=4 steps=$(pick 1048576 1024) \
-        eval_episodes=$(pick 16 2)
-      step "jax fps" 15 fps $RUNS/jax-humanoid $RUNS/jax-cartpole
-    else
-      summary+=("jax                          skipped: no CUDA JAX with brax, gymnax and optax here (see the log)")
-    fi
+    jax_steps $(pick 1024 4)
     finish
     ;;
   all3)  # targets: Snake >= 1M steps/s; TD-MPC2 walker-run size 5 >= 183 agent steps/s, warm-up <= 60 s
@@ -148,14 +153,6 @@ case "$phase" in
     step "qmix vmas speed" 150 python3 benchmarks/qmix_vmas.py --device $DEV --num-envs $(pick 4096 8) \
       --steps $(pick 409600 1600)
     finish
-    ;;
-  snake)
-    python3 benchmarks/snake_throughput.py --devices cuda --num-envs 4096 16384 65536 262144 --gym-max-envs 0 \
-      --precisions fp32 bf16 --compile both --iterations 3 2>&1 | tee -a "$log"
-    ;;
-  tdmpc2)
-    python3 benchmarks/tdmpc2_speed.py --devices cuda --sizes 1 5 19 --compile off on --updates 50 --acts 50 2>&1 |
-      tee -a "$log"
     ;;
   results)
     # Each row's missing seeds until RESULTS_S (550: a seed took 549 s on an H200); SIGTERM at the limit checkpoints
@@ -172,42 +169,19 @@ case "$phase" in
     kept=$(cd benchmarks/results && for row in $rows; do [ -d "runs/$row" ] && echo "runs/$row"; done)
     [ -n "$kept" ] && tar czf "$out/results-runs.tgz" --exclude=in_progress -C benchmarks/results $kept
     ;;
-  returns)  # 100k env steps (50k agent steps) of walker-run: what fits, then the evaluations reached
-    timeout 540 python3 -m ddprl train algo=tdmpc2 task=walker-run steps=50000 num_envs=1 run_dir=/tmp/returns/run \
-      device=cuda compile=true eval_freq=10000 eval_episodes=2 2>&1 | tee -a "$log"
-    python3 -c "
-from ddprl.metrics import read_metrics
-for r in read_metrics('/tmp/returns/run'):
-    if 'eval/return_mean' in r: print(r['step'], round(r['wall_time']), r['eval/return_mean'])" 2>&1 | tee -a "$log"
-    ;;
-  vmas)
-    timeout 560 python3 benchmarks/qmix_vmas.py --device cuda --num-envs 1024 4096 --steps 819200 2>&1 | tee -a "$log"
-    ;;
   jax)
-    if ! jax_ready 2>>"$log"; then
-      echo "jax phase: no CUDA JAX with brax/gymnax/optax here; nothing measured" | tee -a "$log"; exit 0
-    fi
-    python3 -m ddprl doctor engine=jax 2>&1 | tee -a "$log"
-    for n in 1024 4096; do
-      timeout 280 python3 -m ddprl train engine=jax task=brax/humanoid num_envs=$n n_steps=20 \
-        batch_size=$((n * 5)) epochs=4 steps=$((n * 20 * 12)) eval_episodes=0 norm_obs=true norm_reward=true \
-        run_dir=/tmp/jaxh$n progress=false 2>&1 | tail -3 | tee -a "$log"
-      fps /tmp/jaxh$n 2>&1 | tee -a "$log"
-    done
-    XLA_FLAGS= timeout 200 python3 -m ddprl train engine=jax task=gymnax/CartPole-v1 num_envs=2048 n_steps=32 \
-      batch_size=8192 epochs=4 steps=2000000 eval_freq=262144 run_dir=/tmp/jaxcp progress=false 2>&1 | tail -2 |
-      tee -a "$log"
+    rm -rf "$RUNS"/jax-* && mkdir -p "$RUNS"
+    jax_steps 1024 4096
+    finish
     ;;
   regions)  # targets as all3's; the official compiled plan: 2.77 ms an act
     timeout 150 python3 -m pytest -q -x -m gpu tests/test_tdmpc2_regions.py tests/test_ppo_regions.py \
       tests/test_compat.py 2>&1 | tail -5 | tee -a "$log"
-    timeout 110 python3 benchmarks/tdmpc2_speed.py --devices cuda --sizes 5 --compile on --updates 100 --acts 100 \
-      --task walker-run 2>&1 | tee -a "$log"
+    speed="python3 benchmarks/tdmpc2_speed.py --devices cuda --sizes 5 --updates 100 --acts 100 --compile on"
+    timeout 110 $speed --task walker-run 2>&1 | tee -a "$log"
     echo "=== the same, a second process (warm compile caches), then the act as one graph" | tee -a "$log"
-    timeout 200 python3 benchmarks/tdmpc2_speed.py --devices cuda --sizes 5 --compile on whole --updates 100 \
-      --acts 100 --task walker-run 2>&1 | tee -a "$log"
-    timeout 90 python3 benchmarks/tdmpc2_speed.py --devices cuda --sizes 5 --compile on --updates 100 --acts 100 \
-      --task dog-run 2>&1 | tee -a "$log"
+    timeout 200 $speed whole --task walker-run 2>&1 | tee -a "$log"
+    timeout 90 $speed --task dog-run 2>&1 | tee -a "$log"
     ;;
   *)
     echo "unknown phase $phase" >&2; exit 2 ;;

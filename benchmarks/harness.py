@@ -1,16 +1,14 @@
 """What the benchmark scripts share: the machine, the load other processes put on it, a subprocess (``ddprl train``)
-and its metrics, alternated repeats, the markdown report. ``python benchmarks/X.py`` puts this folder on sys.path."""
+and its metrics, alternated repeats, markdown tables. ``python benchmarks/X.py`` puts this folder on sys.path."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -22,6 +20,17 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+QUIET = ("progress=false", "checkpoint_freq=0", "eval_freq=0", "eval_episodes=0")  # a timed run does nothing else
+
+
+def jax_cpu(devices: int = 1) -> dict[str, str]:
+    """The environment of a JAX run on the CPU, split into ``devices`` host devices."""
+    return {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
+
+
+def git_head(tree) -> str:
+    """The commit checked out in ``tree`` ("" where it is no git checkout)."""
+    return subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
 
 
 def cpu_model() -> str:
@@ -64,18 +73,6 @@ def foreign_load(before: tuple, after: tuple, tree_cpu: float | None = None) -> 
     return ((after[0] - before[0]) - (after[1] - before[1]) - children) / (after[3] - before[3])
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def read_rows(path: Path) -> list[dict]:
-    """The complete JSON lines of ``path`` (none when absent)."""
-    text = path.read_text() if path.exists() else ""
-    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
-
-
 def column(rows: list[dict], key: str) -> list:
     return [r[key] for r in rows if key in r]
 
@@ -86,6 +83,11 @@ def run(cmd, *, env=None, cwd=REPO, timeout=None, metrics: Path | None = None, s
     the stop (None), other processes' load; a failure or ``timeout`` raises RuntimeError with the output's tail."""
     env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "disable"), "PYTHONUNBUFFERED": "1", **(env or {})}
     before, start, lines, stop_s = cpu_counters(), time.perf_counter(), [], None
+
+    def rows() -> list[dict]:  # the complete lines of ``metrics`` so far
+        text = metrics.read_text() if metrics and metrics.exists() else ""
+        return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
+
     pipe = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, **pipe)
     reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), s.rstrip("\n")) for s in proc.stdout))
@@ -94,7 +96,7 @@ def run(cmd, *, env=None, cwd=REPO, timeout=None, metrics: Path | None = None, s
         while proc.poll() is None:
             if timeout and time.perf_counter() - start > timeout:
                 raise RuntimeError(f"{cmd[-1]}: timed out after {timeout:.0f} s")
-            if stop and stop_s is None and stop(read_rows(metrics)):
+            if stop and stop_s is None and stop(rows()):
                 stop_s = time.perf_counter() - start
                 os.killpg(proc.pid, signal.SIGTERM)
             time.sleep(0.05)
@@ -108,20 +110,16 @@ def run(cmd, *, env=None, cwd=REPO, timeout=None, metrics: Path | None = None, s
     if proc.returncode != 0 and stop_s is None:
         tail = "\n".join(s for _, s in lines[-15:])
         raise RuntimeError(f"{' '.join(map(str, cmd))}: exit {proc.returncode}\n{tail}")
-    rows = read_rows(metrics) if metrics else []
-    return dict(lines=lines, rows=rows, wall=wall, stop_s=stop_s, other=foreign_load(before, cpu_counters()))
+    return dict(lines=lines, rows=rows(), wall=wall, stop_s=stop_s, other=foreign_load(before, cpu_counters()))
 
 
-def train(keys, run_dir: Path, prefix=(), **kw) -> dict:
-    """``ddprl train KEYS run_dir=RUN_DIR`` through :func:`run`, its metrics rows read."""
-    cmd = [*prefix, sys.executable, "-m", "ddprl", "train", *keys, f"run_dir={run_dir}"]
-    return run(cmd, metrics=Path(run_dir) / "metrics.jsonl", **kw)
-
-
-def in_tmp(fn: Callable, *args):
-    """``fn(*args, a temporary directory)``, the directory removed after."""
+def train(keys: str | list[str], prefix=(), **kw) -> dict:
+    """``ddprl train KEYS`` (a list, or one string of them) in a temporary run directory through :func:`run`, its
+    metrics rows read."""
+    keys = keys.split() if isinstance(keys, str) else keys
     with tempfile.TemporaryDirectory() as tmp:
-        return fn(*args, Path(tmp))
+        cmd = [*prefix, sys.executable, "-m", "ddprl", "train", *keys, f"run_dir={tmp}/run"]
+        return run(cmd, metrics=Path(tmp, "run", "metrics.jsonl"), **kw)
 
 
 def alternate(plan: dict[str, Callable[[int], dict]], repeats: int, rotate=True, max_other=None, retries=0) -> dict:
@@ -130,8 +128,8 @@ def alternate(plan: dict[str, Callable[[int], dict]], repeats: int, rotate=True,
     that raised is kept as ``{"error": ...}``."""
     out: dict[str, list[dict]] = {name: [] for name in plan}
     for r in range(repeats):
-        names = list(plan)[r % len(plan) :] + list(plan)[: r % len(plan)] if rotate else list(plan)
-        for name in names:
+        shift = r % len(plan) if rotate else 0
+        for name in list(plan)[shift:] + list(plan)[:shift]:
             kept = None
             for _ in range(retries + 1):
                 try:
@@ -168,26 +166,32 @@ def row(cells: list) -> None:
     print("| " + " | ".join(map(str, cells)) + " |", flush=True)
 
 
-def sync(device) -> None:
-    """Wait for the GPU's queued work (nothing on a CPU)."""
-    if str(device).startswith("cuda"):
-        import torch
+def calls_per_s(fn: Callable, device="cpu", calls: int | None = None, seconds=0.0, warmup=0) -> float:
+    """Calls of ``fn`` a second after ``warmup`` untimed ones: ``calls`` of them, else as many as ``seconds`` allow
+    (then the GPU waited for after each; at the end either way)."""
+    import torch
 
-        torch.cuda.synchronize()
+    sync = torch.cuda.synchronize if str(device).startswith("cuda") else lambda: None
+    for _ in range(warmup):
+        fn()
+    sync()
+    n, start = 0, time.perf_counter()
+    while n < calls if calls is not None else time.perf_counter() - start < seconds:
+        fn()
+        n += 1
+        if calls is None:
+            sync()
+    sync()
+    return n / (time.perf_counter() - start)
 
 
-def parser(doc: str, report: bool = True) -> argparse.ArgumentParser:
+def parser(doc: str, repeats=0, contention: tuple[float, int] | None = None) -> argparse.ArgumentParser:
+    """The flags of a script: ``--repeats`` (its default); ``contention``: :func:`alternate`'s ``--max-other`` and
+    ``--retries`` (their defaults)."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    if report:
-        p.add_argument("--report", metavar="FILE", help="also write the report (markdown) to FILE")
+    if repeats:
+        p.add_argument("--repeats", type=int, default=repeats, help="runs of each row, alternated (medians kept)")
+    if contention:
+        p.add_argument("--max-other", type=float, default=contention[0], help="redo a run while others used more cores")
+        p.add_argument("--retries", type=int, default=contention[1], help="redos of a run (the least contended kept)")
     return p
-
-
-def report(print_report: Callable[[], None], path: str | None) -> None:
-    """Run ``print_report`` once: its output to stdout and, with ``path``, to that file."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        print_report()
-    print(out.getvalue(), end="")
-    if path:
-        Path(path).write_text(out.getvalue())

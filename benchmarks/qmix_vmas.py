@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-import tempfile
-import time
-from pathlib import Path
 
 import harness as h
 import torch
@@ -21,14 +18,10 @@ from ddprl.envs.marl import make_marl_env
 
 def env_only(scenario: str, num_envs: int, device: str, seconds: float = 10.0) -> float:
     env = make_marl_env(f"vmas/{scenario}", num_envs, seed=0, device=device)
-    obs = env.reset(seed=0)
-    zeros, steps, start = torch.zeros(obs.avail.shape, device=device), -5, 0.0  # 5 steps of warm-up
-    while steps <= 0 or time.perf_counter() - start < seconds:
-        obs, *_ = env.step(select_actions(zeros, obs.avail, 1.0))
-        if device == "cuda":
-            torch.cuda.synchronize()
-        steps, start = steps + 1, time.perf_counter() if steps == -1 else start
-    return steps * num_envs / (time.perf_counter() - start)
+    avail = env.reset(seed=0).avail  # the same at every step on VMAS
+    zeros = torch.zeros(avail.shape, device=device)
+    rate = h.calls_per_s(lambda: env.step(select_actions(zeros, avail, 1.0)), device, seconds=seconds, warmup=5)
+    return rate * num_envs
 
 
 def main() -> None:
@@ -39,22 +32,17 @@ def main() -> None:
     p.add_argument("--scenario", default="balance")
     p.add_argument("--world-size", type=int, default=1)
     args, rows = p.parse_args(), []
-    n_ranks = args.world_size
-    for n in args.num_envs:
-        raw, steps = env_only(args.scenario, n, args.device) * n_ranks, max(args.steps, n * 200)  # a few rows
-        keys = f"algo=qmix task=vmas/{args.scenario} steps={steps} num_envs={n * n_ranks} world_size={n_ranks} "
-        keys += f"device={args.device} log_freq={steps // 10} eval_freq=0 eval_episodes=0 checkpoint_freq=0"
-        with tempfile.TemporaryDirectory() as tmp:
-            fps = h.column(h.train([*keys.split(), "progress=false"], Path(tmp) / "run")["rows"], "time/global_fps")
+    n = args.world_size
+    for envs in args.num_envs:
+        raw, steps = env_only(args.scenario, envs, args.device) * n, max(args.steps, envs * 200)  # a few rows
+        keys = f"algo=qmix task=vmas/{args.scenario} steps={steps} num_envs={envs * n} world_size={n} "
+        keys += f"device={args.device} log_freq={steps // 10} " + " ".join(h.QUIET)
+        fps = h.column(h.train(keys)["rows"], "time/global_fps")
         full = statistics.mean(fps[1:] or fps)
-        rows.append([f"{n * n_ranks:,}", f"{raw:,.0f}", f"{full:,.0f}", f"{full / raw:.2f}"])
+        rows.append([f"{envs * n:,}", f"{raw:,.0f}", f"{full:,.0f}", f"{full / raw:.2f}"])
         print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
-
-    def report() -> None:
-        print(f"### QMIX on vmas/{args.scenario}: {h.machine()}, {args.device}, world_size {n_ranks}\n")
-        h.table(["envs", "env only (steps/s)", "QMIX end to end (steps/s)", "QMIX / env only"], rows)
-
-    h.report(report, args.report)
+    print(f"### QMIX on vmas/{args.scenario}: {h.machine()}, {args.device}, world_size {n}\n")
+    h.table(["envs", "env only (steps/s)", "QMIX end to end (steps/s)", "QMIX / env only"], rows)
 
 
 if __name__ == "__main__":

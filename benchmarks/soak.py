@@ -10,9 +10,9 @@ exit 75 and no process left. Writes samples.json and report.md to --out; exits 1
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import filecmp
+import io
 import json
 import os
 import signal
@@ -28,6 +28,7 @@ from ddprl.checkpoint import STEP_FILE
 from ddprl.metrics import metrics_path, read_metrics
 
 SAMPLE_S, REFERENCE_S, REFERENCE_CPU_S, WINDOW_S, STOP_GRACE_S, KEEP_LAST = 5.0, 60.0, 60.0, 30.0, 300.0, 3
+TICKS_A_SECOND = os.sysconf("SC_CLK_TCK")
 COMMON = f"world_size=2 device=cpu progress=false keep_last={KEEP_LAST}"
 WORKLOADS = {  # steps (epochs) never reached
     "ppo": "algo=ppo task=CartPole-v1 steps=1000000000 checkpoint_freq=100000 eval_freq=100000",
@@ -38,49 +39,45 @@ WORKLOADS = {  # steps (epochs) never reached
     "supervised": "algo=supervised task=digits epochs=1000000000 patience=0 checkpoint_freq=300 eval_freq=5",
     "jax": "engine=jax task=gymnax/CartPole-v1 num_envs=32 steps=1000000000 checkpoint_freq=40960 eval_freq=24576",
 }
-JAX_ENV = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
 
 
-def processes() -> dict[int, tuple[int, int, int]]:
-    """Every live process: pid -> (parent, start time in ticks, process group)."""
+def processes() -> dict[int, tuple[int, int, int, float]]:
+    """Every live process: pid -> (parent, start time in ticks, process group, CPU-seconds used; man 5 proc)."""
     table = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         with contextlib.suppress(OSError, ValueError):
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            f = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, ...
-            if f[0] not in "ZX":
-                table[int(pid)] = (int(f[1]), int(f[19]), int(f[2]))
+            text = Path(f"/proc/{pid}/stat").read_text()
+            if (f := text[text.rindex(")") + 2 :].split())[0] not in "ZX":  # from the state on
+                table[int(pid)] = (int(f[1]), int(f[19]), int(f[2]), (int(f[11]) + int(f[12])) / TICKS_A_SECOND)
     return table
 
 
-def measures(pid: int) -> dict | None:
+def measures(pid: int, cpu_s: float) -> dict | None:
     with contextlib.suppress(OSError):
         status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        ticks = stat[stat.rindex(")") + 2 :].split()[11:13]  # utime, stime
         values = {"rss_kb": int(status["VmRSS"].split()[0]), "threads": int(status["Threads"])}
-        cpu = round(sum(map(int, ticks)) / os.sysconf("SC_CLK_TCK"), 2)
-        return {**values, "fds": len(os.listdir(f"/proc/{pid}/fd")), "cpu_s": cpu}
+        return {**values, "fds": len(os.listdir(f"/proc/{pid}/fd")), "cpu_s": round(cpu_s, 2)}
 
 
 class Job:
     def __init__(self, name: str, out: Path):
-        self.name, self.run_dir, self.seen, self.left = name, out / name, {}, []
+        self.name, self.run_dir, self.seen, self.started = name, out / name, {}, time.monotonic()
         keys = f"{WORKLOADS[name]} {COMMON}".split()
         self.record = {"command": f"ddprl train {' '.join(keys)}", "roles": {}, "samples": [], "listings": []}
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(JAX_ENV if name == "jax" else {})}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(h.jax_cpu() if name == "jax" else {})}
         with open(out / f"{name}.log", "w") as log:
             cmd = [sys.executable, "-m", "ddprl", "train", *keys, f"run_dir={self.run_dir}"]
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        self.started = time.monotonic()
+
+    def now(self) -> float:
+        return round(time.monotonic() - self.started, 1)
 
     def role(self, pid: int, parent: int) -> str:
         """launcher; tracker; rank K (the launcher's other Python children, in the order they started); launcher
         child K; or the parent's role + worker K."""
-        roles = self.record["roles"]
+        roles, argv = self.record["roles"], [b""]
         if pid == self.proc.pid:
             return "launcher"
-        argv = [b""]
         with contextlib.suppress(OSError):
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if parent == self.proc.pid else argv
         if any(b"resource_tracker" in a for a in argv):
@@ -92,33 +89,32 @@ class Job:
     def sample(self, table: dict) -> None:
         """Every process of the job's tree, parents first (by start time)."""
         tree, procs = [self.proc.pid], {}
-        for pid, (parent, _, _) in sorted(table.items(), key=lambda p: p[1][1]):
+        for pid, (parent, *_) in sorted(table.items(), key=lambda p: p[1][1]):
             tree += [pid] if parent in tree else []
         for pid in (pid for pid in tree if pid in table):
             if self.seen.get(pid) != table[pid][1]:  # new, or a reused pid
                 self.seen[pid], self.record["roles"][str(pid)] = table[pid][1], self.role(pid, table[pid][0])
-            if (values := measures(pid)) is not None:
+            if (values := measures(pid, table[pid][3])) is not None:
                 procs[str(pid)] = values
-        self.record["samples"].append({"t": round(time.monotonic() - self.started, 1), "procs": procs})
+        self.record["samples"].append({"t": self.now(), "procs": procs})
 
     def list_checkpoints(self) -> None:
         with contextlib.suppress(OSError):
             steps = sorted(int(m[1]) for f in os.listdir(self.run_dir / "checkpoints") if (m := STEP_FILE.fullmatch(f)))
             if not self.record["listings"] or self.record["listings"][-1]["steps"] != steps:
-                self.record["listings"].append({"t": round(time.monotonic() - self.started, 1), "steps": steps})
+                self.record["listings"].append({"t": self.now(), "steps": steps})
 
-    def kill_left(self) -> None:
-        """SIGKILL what is left of the job: the processes seen (the same ones) and its process group."""
-        table = processes()
-        left = {p for p, start in self.seen.items() if table.get(p, (0, -1))[1] == start}
-        for pid in left | {p for p, (_, _, group) in table.items() if group == self.proc.pid}:
+    def end(self) -> None:
+        """SIGKILL what is left of the job (the processes seen, the same ones, and its process group); its record."""
+        table, left = processes(), []
+        seen = {p for p, start in self.seen.items() if table.get(p, (0, -1))[1] == start}
+        for pid in seen | {p for p, (_, _, group, _) in table.items() if group == self.proc.pid}:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-                self.left.append(f"{self.record['roles'].get(str(pid), 'unsampled')} ({pid})")
-
-    def cpu_s(self) -> float:
-        last = {pid: v["cpu_s"] for s in self.record["samples"] for pid, v in s["procs"].items()}
-        return sum(last.values())
+                left.append(f"{self.record['roles'].get(str(pid), 'unsampled')} ({pid})")
+        self.proc.wait()
+        self.list_checkpoints()
+        self.record |= {"exit_code": self.proc.returncode, "left_behind": left}
 
 
 def soak(jobs: list[Job], seconds: float) -> None:
@@ -135,7 +131,6 @@ def soak(jobs: list[Job], seconds: float) -> None:
             time.sleep(1.0)
         sent, running = time.monotonic(), [job for job in jobs if job.proc.poll() is None]
         for job in running:
-            job.record["sigterm_at_s"] = sent - job.started
             job.proc.send_signal(signal.SIGTERM)
         while time.monotonic() - sent < STOP_GRACE_S and any("stop_s" not in job.record for job in running):
             for job in (job for job in running if job.proc.poll() is not None):
@@ -144,10 +139,7 @@ def soak(jobs: list[Job], seconds: float) -> None:
         time.sleep(5.0)  # for an ended launcher's children to end too
     finally:
         for job in jobs:
-            job.kill_left()
-            job.proc.wait()
-            job.list_checkpoints()
-            job.record |= {"exit_code": job.proc.returncode, "left_behind": job.left}
+            job.end()
 
 
 def window(samples: list, pid: str, start: float) -> list[float | None]:
@@ -156,18 +148,19 @@ def window(samples: list, pid: str, start: float) -> list[float | None]:
     return [statistics.median(v[k] for v in got) if got else None for k in ("rss_kb", "fds", "threads")]
 
 
-def keep_last_problem(listings: list, folder: Path) -> str | None:
+def checkpoints(listings: list, folder: Path) -> tuple[str, str | None]:
+    """The step files written / kept, and what keep_last, latest.pt or best.pt got wrong (None: nothing)."""
     written, kept = sorted(set().union(*(x["steps"] for x in listings))), listings[-1]["steps"] if listings else []
+    latest, count = folder / "latest.pt", f"{len(written)} / {', '.join(map(str, kept))}"
     if len(written) <= KEEP_LAST:
-        return f"only {len(written)} written: pruning untested"
+        return count, f"only {len(written)} written: pruning untested"
     if max(len(x["steps"]) for x in listings) > KEEP_LAST + 1:
-        return "too many step files at once"
+        return count, "too many step files at once"
     if kept != written[-KEEP_LAST:]:
-        return f"kept {kept}, the newest written are {written[-KEEP_LAST:]}"
-    latest = folder / "latest.pt"
+        return count, f"kept {kept}, the newest written are {written[-KEEP_LAST:]}"
     if not latest.is_file() or not filecmp.cmp(latest, folder / f"step_{kept[-1]}.pt", shallow=False):
-        return "latest.pt is not the newest step file"
-    return None if (folder / "best.pt").is_file() else "no best.pt"
+        return count, "latest.pt is not the newest step file"
+    return count, None if (folder / "best.pt").is_file() else "no best.pt"
 
 
 def results(name: str, job: dict, out: Path) -> tuple[list, list, bool]:
@@ -183,18 +176,15 @@ def results(name: str, job: dict, out: Path) -> tuple[list, list, bool]:
         checks = [end[0] <= ref[0] * 1.05, end[1] <= ref[1], end[2] <= ref[2]]
         rss = f"{ref[0] / 1024:.1f} → {end[0] / 1024:.1f} ({100 * (end[0] / ref[0] - 1):+.1f} %)"
         fds = f"{ref[1]:.0f} → {end[1]:.0f}, {ref[2]:.0f} → {end[2]:.0f}"
-        rows.append(
-            [name, f"{role} ({pid})", f"{start:.0f}", rss, fds, " ".join("PASS" if c else "**FAIL**" for c in checks)]
-        )
+        verdict = " ".join("PASS" if c else "**FAIL**" for c in checks)
+        rows.append([name, f"{role} ({pid})", f"{start:.0f}", rss, fds, verdict])
         ok &= all(checks)
-    problem = keep_last_problem(job["listings"], out / name / "checkpoints")
+    count, problem = checkpoints(job["listings"], out / name / "checkpoints")
     metrics = read_metrics(out / name) if metrics_path(out / name).is_file() else []
-    written = len(set().union(*(x["steps"] for x in job["listings"])))
-    kept = ", ".join(map(str, job["listings"][-1]["steps"])) if job["listings"] else ""
     stop = "n/a" if job.get("stop_s") is None else f"{job['stop_s']:.1f} s"
     evals = sum(any(k.startswith(("eval/", "val/")) for k in r) for r in metrics)
     row = [name, f"{job['exit_code']} in {stop}", max((r["step"] for r in metrics), default=None), evals]
-    row += [f"{written} / {kept}", problem or "PASS", ", ".join(job["left_behind"]) or "none"]
+    row += [count, problem or "PASS", ", ".join(job["left_behind"]) or "none"]
     return row, rows, ok and problem is None and job["exit_code"] == 75 and not job["left_behind"]
 
 
@@ -202,20 +192,20 @@ def report(out: Path) -> int:
     record = json.loads((out / "samples.json").read_text())
     done = {name: results(name, job, out) for name, job in record["jobs"].items()}
 
-    def tables() -> None:
+    with contextlib.redirect_stdout(io.StringIO()) as text:  # printed, and written to report.md
         print(record["header"] + "\n")
         head = ["workload", "exit, SIGTERM to exit", "step reached", "evaluations", "checkpoints written / kept"]
         h.table([*head, f"keep_last={KEEP_LAST}", "left running (killed here)"], [row for row, _, _ in done.values()])
         print()
         head = ["workload", "process (pid)", "reference at s", "RSS MB reference → end", "fds, threads", "checks"]
         h.table(head, [p for _, procs, _ in done.values() for p in procs])
-
-    h.report(tables, str(out / "report.md"))
+    print(text.getvalue(), end="")
+    (out / "report.md").write_text(text.getvalue())
     return 0 if all(ok for _, _, ok in done.values()) else 1
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = h.parser(__doc__)
     p.add_argument("--minutes", type=float, default=30.0, help="training time of each workload")
     p.add_argument("--only", default=",".join(WORKLOADS), help=f"comma-separated workloads: {','.join(WORKLOADS)}")
     p.add_argument("--parallel", action="store_true", help="the workloads side by side, not one by one")
@@ -237,8 +227,9 @@ def main() -> None:
         jobs += (started := [Job(name, args.out) for name in group])
         soak(started, args.minutes * 60)
     how = "side by side" if args.parallel else "one after the other"
+    last = {(job.name, pid): v["cpu_s"] for job in jobs for s in job.record["samples"] for pid, v in s["procs"].items()}
     header = f"{h.machine()}; {time.strftime('%Y-%m-%d')}; {args.minutes:g} min of each, {how}; other load "
-    header += f"{h.foreign_load(before, h.cpu_counters(), sum(job.cpu_s() for job in jobs)):.2f} cores"
+    header += f"{h.foreign_load(before, h.cpu_counters(), sum(last.values())):.2f} cores"
     record = {"header": header, "jobs": {job.name: job.record for job in jobs}}
     (args.out / "samples.json").write_text(json.dumps(record, indent=1))
     sys.exit(report(args.out))

@@ -17,23 +17,14 @@ import harness as h
 import torch
 
 
-def timed(fn, n: int, device) -> float:
-    """ms per call of ``fn`` over ``n`` calls."""
-    start = time.perf_counter()
-    for _ in range(n):
-        fn()
-    h.sync(device)
-    return (time.perf_counter() - start) / max(n, 1) * 1000
-
-
-def measure(rt, cfg, threads: int, updates: int, acts: int, result: dict, whole_act: bool = False) -> None:
-    """Inside ``launch`` (world_size=1): fills ``result`` with the timings."""
+def measure(rt, cfg, args, result: dict, whole_act: bool) -> None:
+    """Inside ``launch`` (world_size=1): fills ``result`` with the timings (``whole_act``: ``--compile whole``)."""
     from ddprl.algos.tdmpc2.acting import Acting, EpisodeRecorder
     from ddprl.algos.tdmpc2.buffer import EpisodeBuffer
     from ddprl.algos.tdmpc2.env import make_tdmpc2_env
     from ddprl.algos.tdmpc2.learner import build_learner, draw_noise, update
 
-    torch.set_num_threads(threads)
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     env = make_tdmpc2_env(cfg, 1, seed=0, device=rt.device)
     obs_dim, action_dim = env.single_observation_space.shape[0], env.single_action_space.shape[0]
@@ -64,14 +55,15 @@ def measure(rt, cfg, threads: int, updates: int, acts: int, result: dict, whole_
         acting(obs)
         acting.episode_ended(torch.zeros(1, dtype=torch.bool))
 
-    result["warmup_s"] = timed(lambda: (one_update(), acting(obs)), 2, rt.device) * 2 / 1000  # compiling, first calls
-    result["update_ms"], result["act_ms"] = timed(one_update, updates, rt.device), timed(one_act, acts, rt.device)
+    result["warmup_s"] = 2 / h.calls_per_s(lambda: (one_update(), acting(obs)), rt.device, calls=2)  # compiling
+    ms = [1000 / h.calls_per_s(fn, rt.device, calls=n) for fn, n in ((one_update, args.updates), (one_act, args.acts))]
+    result["update_ms"], result["act_ms"] = ms
     result["params"] = sum(p.numel() for p in learner.model.parameters())
     env.close()
 
 
 def main() -> None:
-    p = h.parser(__doc__, report=False)
+    p = h.parser(__doc__)
     p.add_argument("--task", default="walker-run")
     p.add_argument("--sizes", type=int, nargs="+", default=[1, 5])
     p.add_argument("--devices", nargs="+", default=["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
@@ -94,8 +86,7 @@ def main() -> None:
         keys = f"algo=tdmpc2 task={args.task} world_size=1 num_envs=1 device={device} model_size={size} "
         keys += f"compile={comp != 'off'} precision={args.precision} progress=false"
         r = {}
-        measure_it = functools.partial(measure, threads=args.threads, updates=args.updates, acts=args.acts, result=r)
-        launch(functools.partial(measure_it, whole_act=comp == "whole"), load_config(keys.split()))
+        launch(functools.partial(measure, args=args, result=r, whole_act=comp == "whole"), load_config(keys.split()))
         sps = 1000 / (r["update_ms"] + r["act_ms"] + r["env_ms"])
         cells = [f"{r['update_ms']:.1f}", f"{r['act_ms']:.1f}", f"{r['env_ms']:.2f}", f"{sps:.2f}"]
         h.row([device, size, f"{r['params']:,}", comp, *cells, f"{r['warmup_s']:.1f}"])  # a time limit keeps it

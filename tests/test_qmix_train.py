@@ -119,6 +119,7 @@ def test_resume_with_the_saved_replays_needs_no_warm_up(tmp_path):
     assert read_metrics(tmp_path)[-1]["train/updates"] == saved["counters"]["updates"] + 4
 
 
+@pytest.mark.slow
 def test_staged_pretrain_then_frozen_then_fine_tuned(tmp_path):
     stage1, stage2, stage3 = tmp_path / "pretrain", tmp_path / "frozen", tmp_path / "finetune"
     common = [*FAST, "encoder_dim=8", "eval_freq=0", "checkpoint_freq=0"]

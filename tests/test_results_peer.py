@@ -21,7 +21,7 @@ from ddprl.config import load_config
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 sys.path.insert(0, str(RESULTS.parent))  # the results package, and the benchmarks' modules it imports
-from results import page, peers, rows, stats, store, training  # noqa: E402 (the path above first)
+from results import page, peers, rows, store, training  # noqa: E402 (the path above first)
 
 EVAL, TRAIN = rows.EVAL, rows.TRAIN
 
@@ -85,12 +85,12 @@ def test_every_row_is_a_valid_configuration_and_its_kept_runs_ran_it():
 
 def test_statistics():
     points = [(1000, 1.0), (9600, 2.0), (10_000, 4.0), (10_200, 6.0), (11_000, 8.0)]
-    assert stats.at_steps(points, 10_000) == 6.0  # the last evaluation within 2.5 % past the budget
-    assert stats.window_mean(points, 10_000) == 4.0  # the last 5 %: 9,600, 10,000 and 10,200
-    assert stats.mean_std([1.0, 2.0, 3.0], 2) == "2.00 ± 1.00" and stats.mean_std([1.0], 1) == "1.0 (1 seed)"
-    assert stats.gap([1.0, 3.0], 4.0, 2.0) == "-1.00" and stats.gap([4.0], 4.0, 0.0) == "0"
-    assert stats.gap([5.0], 4.0, 0.0) == "— (ref. std 0)" and stats.gap([], 4.0, 1.0) == "—"
-    assert stats.welch([0.1, 0.2, 0.3], [0.5, 0.6, 0.7]) == pytest.approx(0.00805, abs=1e-5)  # t = -4.90, 4 dof
+    assert store.at_steps(points, 10_000) == 6.0  # the last evaluation within 2.5 % past the budget
+    assert store.window_mean(points, 10_000) == 4.0  # the last 5 %: 9,600, 10,000 and 10,200
+    assert store.mean_std([1.0, 2.0, 3.0], 2) == "2.00 ± 1.00" and store.mean_std([1.0], 1) == "1.0 (1 seed)"
+    assert store.gap([1.0, 3.0], 4.0, 2.0) == "-1.00" and store.gap([4.0], 4.0, 0.0) == "0"
+    assert store.gap([5.0], 4.0, 0.0) == "— (ref. std 0)" and store.gap([], 4.0, 1.0) == "—"
+    assert store.welch([0.1, 0.2, 0.3], [0.5, 0.6, 0.7]) == pytest.approx(0.00805, abs=1e-5)  # t = -4.90, 4 dof
 
 
 def test_the_tables_and_the_csv_are_computed_from_the_kept_runs(tmp_store):
@@ -230,16 +230,14 @@ def test_purejaxrl_curve_and_its_gymnax_adapter():
 
 
 def test_epymarl_tests_are_read_from_sacred_and_kept_on_the_grid(tmp_store, monkeypatch):
-    qmix_speed = load_module("qmix_speed")
     info = tmp_store / "sacred" / "qmix" / "lbforaging:Foraging-8x8-2p-2f-coop-v3" / "1" / "info.json"
     info.parent.mkdir(parents=True)
     pickled = [{"dtype": "float64", "py/object": "numpy.float64", "value": v} for v in (0.0, 0.25, 0.5)]
     info.write_text(json.dumps({"test_return_mean": pickled, "test_return_mean_T": [50, 50_062, 100_101]}))
-    assert qmix_speed.epymarl_tests(tmp_store / "sacred") == {50: 0.0, 50_062: 0.25, 100_101: 0.5}
+    assert peers.epymarl_tests(tmp_store / "sacred") == {50: 0.0, 50_062: 0.25, 100_101: 0.5}
     mpe = peers.epymarl_row_command("simple_spread_v3")
     assert " env_args.key=pz-mpe-simple-spread-v3 env_args.time_limit=25 " in mpe and "seed=" not in mpe
-    monkeypatch.setattr(qmix_speed, "run_epymarl", lambda args, tmp: ({50: 0.0, 50_049: 0.1 * args.seed}, 120.0))
-    monkeypatch.setitem(sys.modules, "qmix_speed", qmix_speed)
+    monkeypatch.setattr(peers, "run_epymarl", lambda args, tmp: ({50: 0.0, 50_049: 0.1 * args.seed}, 120.0))
     checkout = tmp_store / "epymarl"
     with pytest.raises(SystemExit, match="not an EPyMARL tree"):
         peers.run_epymarl_row("epymarl-lbf-8x8-2p-2f-coop", 2, checkout, sys.executable)
@@ -363,3 +361,28 @@ def test_cleanrl_runs_its_script_unchanged_and_keeps_each_seed_that_ran(tmp_stor
     summary = store.kept_summary("cleanrl-humanoid-v4")
     assert [(s["train_return"], s["sps"]) for s in summary["seeds"]] == [(20.0, 100), (40.0, 100), (60.0, 100)]
     assert (summary["steps"], summary["cleanrl_commit"]) == (1000, rows.CLEANRL_COMMIT)
+
+
+FAKE_JAXMARL_PYTHON = """#!/bin/sh
+# stands in for JaxMARL's python running jaxmarl_qmix.py: seed K's one greedy test, won 0.K of its battles
+while [ $# -gt 0 ]; do case $1 in --out) out=$2;; --seed) seed=$2;; esac; shift; done
+[ -n "$out" ] || exit 0
+printf '{"step": 24576, "eval/won_mean": 0.%s, "eval/return_mean": 1.0}\\n' "$seed" > "$out/metrics.jsonl"
+echo '{"jaxmarl_commit": "c793d09", "seconds": 1.0}' > "$out/result.json"
+"""
+
+
+def test_jaxmarl_qmix_on_smax_is_kept_per_seed_and_tabled_as_a_win_rate(tmp_store, monkeypatch):
+    python = tmp_store / "python"
+    python.write_text(FAKE_JAXMARL_PYTHON)
+    python.chmod(0o755)
+    monkeypatch.setattr(peers, "check_checkout", lambda *args: None)
+    peers.run_jaxmarl_row("jaxmarl-smax-3m", 2, tmp_store, str(python))
+    won = rows.WON
+    assert store.read_rows(store.RUNS / "jaxmarl-smax-3m" / "seed2") == [{"step": 24576, won: 0.2, EVAL: 1.0}]
+    summary = store.kept_summary("jaxmarl-smax-3m")
+    assert [s["final"] for s in summary["seeds"]] == [0.1, 0.2] and summary["jaxmarl_commit"] == rows.JAXMARL_COMMIT
+    keep("qmix-smax-3m", {f"seed{s}": [{"step": 500_000, won: 0.8 + s / 10, EVAL: 1.5}] for s in (1, 2)})
+    text = page.page()
+    where = "JaxMARL `c793d09` run here, smax/3m | win rate, final greedy test at 500k (JaxMARL's at 24.6k)"
+    assert f"| `qmix-smax-3m` | 0.95 ± 0.07 | 0.15 ± 0.07 | {where} | std over 2 seeds, both | +11.31 | 2 |" in text

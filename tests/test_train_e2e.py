@@ -267,6 +267,7 @@ def test_bad_checkpoints(tmp_path, two_rank_run):
     _bad(tmp_path, ["train", "resume=auto"], r"resume=auto needs run_dir")
 
 
+@pytest.mark.slow
 def test_default_job_learns_cartpole(tmp_path):
     """The default job (PPO, CartPole-v1, world_size=2) reaches eval return >= 475."""
     res = run_cli(["train", f"run_dir={tmp_path / 'd'}", "progress=false"], cwd=tmp_path, timeout=800)

@@ -13,7 +13,7 @@ import textwrap
 
 from . import rows as R
 from . import store
-from .stats import at_steps, curve, gap, mean_std, welch, window_mean
+from .store import at_steps, curve, gap, mean_std, welch, window_mean
 
 RUN = "python benchmarks/results/run.py"
 HEADER = f"""# Results: published numbers, reproduced
@@ -37,7 +37,11 @@ NOTES = {
     "Papoudakis et al. 2021 (arXiv 2006.07869) Table 3 not being transcribed (no copy was reachable). `-epymarl` "
     "rows run EPyMARL's QMIX settings (raw mixer states, unbootstrapped time limits, 32 episodes an update).\n"
     "simple_spread: returns per agent (team return / 3), as Papoudakis et al. report; EPyMARL steps PettingZoo "
-    "1.24.3's simple_spread_v3, whose wrapper reports 0 for an episode's 25th step.",
+    "1.24.3's simple_spread_v3, whose wrapper reports 0 for an episode's 25th step.\n"
+    "SMAX rows: the share of greedy test battles won (32 a test), against JaxMARL's QMIX run here "
+    f"({R.JAXMARL_REPO} `baselines/QLearning/qmix_rnn.py` with its `ql_rnn_smax` configuration) on the same battle "
+    "and budget; JaxMARL's own runs of that configuration go to 10M steps, and its published SMAX curves are not "
+    "transcribed here.",
     "TD-MPC2": "CPU rows: model_size 1 (1M parameters), 4 evaluation episodes; GPU rows: the CSVs' model_size 5, "
     "compiled, the official 10 (`bash benchmarks/gpu_session.sh results`, about a seed a session). Agent steps "
     "(action repeat 2). Attempts whose checkpoint was lost are kept in runs/ROW/lost/, counting for nothing.",
@@ -106,6 +110,11 @@ class Page:
             self.panels.append((title, metric, curves, ref))
 
 
+def metric_of(row: R.Row) -> str:
+    """What a row's table and panel measure: the win rate on SMAX, else its first reference's metric."""
+    return R.WON if row.jaxmarl else row.references[0].metric if row.references else R.EVAL
+
+
 def rl_tables(p: Page) -> dict[str, list[str]]:
     tables: dict[str, list[str]] = {"PPO": [], "QMIX": [], "TD-MPC2": []}
     qmix = k(R.QMIX_STEPS)
@@ -117,18 +126,21 @@ def rl_tables(p: Page) -> dict[str, list[str]]:
             ours = p.values(name, algo, task, ref.metric, ref.steps, what=what)
             cell = f"{ref.value!r} ± {ref.std!r}"
             tables[algo].append(p.line(f"`{name}`", ours, (cell, ref.value, ref.std, ref.spread), where, what))
-        for peer, library in ((row.cleanrl, "CleanRL"), (row.epymarl, "EPyMARL")):
+        for peer, library in ((row.cleanrl, "CleanRL"), (row.epymarl, "EPyMARL"), (row.jaxmarl, "JaxMARL")):
             if not (kept := peer and store.kept_summary(peer)):
                 continue
-            metric, steps = (R.TRAIN, kept["steps"]) if library == "CleanRL" else (R.EVAL, None)
+            metric, steps = (R.TRAIN, kept["steps"]) if library == "CleanRL" else (metric_of(row), None)
             theirs = p.values(peer, f"{algo} ({library})", task, metric, steps, row.agents)
             ours = p.values(name, algo, task, metric, steps, row.agents)
-            last = "/".join(sorted({k(curve(rows)[-1][0]) for _, rows in seed_runs(peer) if curve(rows)}))
-            what = described(metric, steps) if steps else f"final greedy test at {qmix} (EPyMARL's at {last})"
+            ends = {k(points[-1][0]) for _, rows in seed_runs(peer) if (points := curve(rows, metric))}
+            last = "/".join(sorted(ends))
+            what = f"final greedy test at {k(R.SMAX_STEPS) if row.jaxmarl else qmix} ({library}'s at {last})"
+            what = described(metric, steps) if steps else ("win rate, " if row.jaxmarl else "") + what
             where = f"{library} `{kept[library.lower() + '_commit'][:7]}` run here, {task}"
             tables[algo].append(p.line(f"`{name}`", ours, reference(theirs, row.digits), where, what, row.digits))
-        metric = row.references[0].metric if row.references else R.EVAL
-        series = [("C0", name, "seed")] + [("C1", peer, "seed") for peer in (row.cleanrl, row.epymarl) if peer]
+        metric = metric_of(row)
+        peers = (row.cleanrl, row.epymarl, row.jaxmarl)
+        series = [("C0", name, "seed")] + [("C1", peer, "seed") for peer in peers if peer]
         ref = (row.references[0].value, row.references[0].std) if row.references else None
         p.panel(name, metric, series if metric == R.TRAIN or not row.cleanrl else series[:1], row.agents, ref)
     return tables
@@ -249,7 +261,8 @@ def page() -> str:
     text += [
         f"`{RUN} ROW --seeds 3` reruns a row; `{RUN} --list` prints every row's command. The peer libraries run "
         f"from checkouts and environments of their own: `{RUN} ROW --purejaxrl DIR --purejaxrl-python PY` "
-        "(likewise `--cleanrl`, `--epymarl`); rows.py's `*_CLONE` and `*_VENV` make them (EPyMARL's: qmix_speed.py).",
+        "(likewise `--cleanrl`, `--epymarl`, `--jaxmarl`); rows.py's `*_CLONE` and `*_VENV` make them (EPyMARL's: "
+        "qmix_speed.py).",
         "\n| row | command |\n|---|---|",
         *(f"| `{name}` | `{row.command()}` |" for name, row in {**R.ROWS, **R.SUPERVISED_ROWS}.items()),
     ]

@@ -1,6 +1,6 @@
 """What runs beside ddprl on the same machine, each from a checkout and an environment of its own: EPyMARL's
-QMIX (the QMIX rows' reference), CleanRL's PPO (beside its published number), PureJaxRL's PPO with ddprl's two
-engines (the peer rows), and random actions (a QMIX task's floor)."""
+QMIX (the QMIX rows' reference), JaxMARL's QMIX (the SMAX rows'), CleanRL's PPO (beside its published number),
+PureJaxRL's PPO with ddprl's two engines (the peer rows), and random actions (a QMIX task's floor)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import harness as h
+
 from . import rows as R
 from . import store, training
-from .stats import curve, window_mean
+from .store import curve, window_mean
 
 
 def random_baseline(name: str, episodes: int = 400, seed: int = 0) -> dict:
@@ -60,39 +62,62 @@ def run_library_row(name, seeds, resume, jobs, command, metric, one: Callable, *
     training.run_seeds(name, missing, min(jobs, len(missing)), one, keep)
 
 
+EPYMARL_TESTS = [f"test_nepisode={R.QMIX_EVAL_EPISODES}", f"test_interval={R.QMIX_EVAL_FREQ}"]
+EPYMARL_TESTS += [f"log_interval={R.QMIX_EVAL_FREQ}"]  # EPyMARL's protocol: 100 greedy episodes every 50k steps
+
+
 def epymarl_settings(task: str, seed: int, checkout: Path, python: str) -> argparse.Namespace:
-    """``qmix_speed.py --learning``'s settings of an EPyMARL run on ``task``: EPyMARL's protocol."""
-    protocol = dict(task=task, steps=R.QMIX_STEPS, eval_freq=R.QMIX_EVAL_FREQ, eval_episodes=R.QMIX_EVAL_EPISODES)
-    return argparse.Namespace(**protocol, seed=seed, epymarl=str(checkout), epymarl_python=python)
+    """The settings ``qmix_speed.epymarl_command`` reads, for EPyMARL's protocol on ``task``."""
+    protocol = dict(task=task, steps=R.QMIX_STEPS, seed=seed, timeout=None)
+    return argparse.Namespace(**protocol, epymarl=str(checkout), epymarl_python=python)
 
 
 def epymarl_row_command(task: str) -> str:
     """The EPyMARL command line of a row, as one types it in EPyMARL's tree (``seed=K`` apart)."""
     from qmix_speed import epymarl_command
 
-    args = epymarl_command(epymarl_settings(task, 0, Path("epymarl"), "python"))[3:]
+    args = epymarl_command(epymarl_settings(task, 0, Path("epymarl"), "python"), *EPYMARL_TESTS)[3:]
     return "python src/main.py " + " ".join(a for a in args if not a.startswith("seed="))
+
+
+def epymarl_tests(sacred_dir: Path) -> dict[int, float]:
+    """``{t_env: mean return}`` of every greedy test, from sacred's ``info.json`` (its console's lags: a mean of 5)."""
+    infos = list(sacred_dir.rglob("info.json"))
+    if len(infos) != 1:
+        raise RuntimeError(f"expected one sacred info.json under {sacred_dir}, found {len(infos)}")
+    info = json.loads(infos[0].read_text())
+    values = [v["value"] if isinstance(v, dict) else v for v in info.get("test_return_mean", [])]  # jsonpickled
+    return {int(t): float(v) for t, v in zip(info.get("test_return_mean_T", []), values, strict=True)}
+
+
+def run_epymarl(args: argparse.Namespace, tmp: Path) -> tuple[dict[int, float], float]:
+    """EPyMARL's QMIX with its tests (``args``: :func:`epymarl_settings`): the tests by ``t_env``, and its wall s."""
+    from qmix_speed import epymarl_command, run_probe
+
+    wall = run_probe(args, epymarl_command(args, *EPYMARL_TESTS), tmp)[1]["wall"]
+    return epymarl_tests(tmp / "sacred"), wall
 
 
 def run_epymarl_row(name: str, seeds: int, checkout: Path, python: str | None, resume=False, jobs=1) -> None:
     """EPyMARL's QMIX on the row's task (``benchmarks/epymarl_probe.py`` runs its unchanged ``src/main.py``);
-    each seed's tests kept with ``step`` on the 50k grid and ``t_env`` the step each ran at."""
-    from qmix_speed import EPYMARL_VENV, epymarl_commit, grid_step, run_epymarl, versions
+    each seed's tests kept with ``step`` on the 50k grid (EPyMARL tests at the first ``t_env`` past each interval,
+    drifting by up to an episode a test) and ``t_env`` the step each ran at."""
+    from qmix_speed import EPYMARL_VENV, PACKAGES, epymarl_commit
 
     if not python or not Path(python).exists():
         raise SystemExit(f"{name} runs EPyMARL: --epymarl-python, the python of its environment ({EPYMARL_VENV})")
     if not (checkout / "src" / "main.py").is_file():
         raise SystemExit(f"{name}: {checkout} is not an EPyMARL tree (no src/main.py)")
-    task, command = R.EPYMARL_ROWS[name], epymarl_row_command(R.EPYMARL_ROWS[name])
+    task, command, every = R.EPYMARL_ROWS[name], epymarl_row_command(R.EPYMARL_ROWS[name]), R.QMIX_EVAL_FREQ
 
     def one(seed: int) -> tuple[list[dict], float, dict]:
         print(f"$ {command} seed={seed}  (in {checkout})", flush=True)
         with tempfile.TemporaryDirectory() as scratch:
             tests, wall = run_epymarl(epymarl_settings(task, seed, checkout, python), Path(scratch))
-        tests = [{"step": grid_step(t, R.QMIX_EVAL_FREQ), "t_env": t, R.EVAL: r} for t, r in sorted(tests.items())]
+        tests = [{"step": round(t / every) * every, "t_env": t, R.EVAL: r} for t, r in sorted(tests.items())]
         return tests, round(wall, 1), {}
 
-    peer = {"epymarl_commit": epymarl_commit(str(checkout)), "epymarl_versions": versions(python)}
+    peer = {"epymarl_commit": epymarl_commit(str(checkout)), "epymarl_versions": h.versions(python, PACKAGES)}
     run_library_row(name, seeds, resume, jobs, command, R.EVAL, one, **peer)
 
 
@@ -114,41 +139,38 @@ def cleanrl_row_command(name: str, steps: int | None = None) -> str:
     return "OMP_NUM_THREADS=1 python " + " ".join(cleanrl_argv(name, steps=steps))
 
 
-def check_checkout(library: str, checkout: Path, commit: str, clone: str, python: str | None, venv: str) -> None:
-    """Refuse no python to run ``library`` with (``venv``: how to make one), or a checkout at another commit."""
+def check_checkout(library: str, checkout: Path, commit: str, clone: str, python, venv: str, script="") -> None:
+    """Refuse no python to run ``library`` with (``venv``: how to make one), a checkout at another commit, or one
+    whose ``script`` was changed."""
+    flag = f"--{library.lower()}"
     if not python or not Path(python).exists():
-        raise SystemExit(f"{library} runs with its own environment's python: --{library.lower()}-python PATH; {venv}")
-    head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
-    if head.returncode != 0 or head.stdout.strip() != commit:
-        found = head.stdout.strip() or "no git checkout"
-        raise SystemExit(f"--{library.lower()} {checkout}: {found}, not {library} at {commit}; {clone}")
+        raise SystemExit(f"{library} runs with its own environment's python: {flag}-python PATH; {venv}")
+    if (head := h.git_head(checkout)) != commit:
+        raise SystemExit(f"{flag} {checkout}: {head or 'no git checkout'}, not {library} at {commit}; {clone}")
+    if script and subprocess.run(["git", "-C", str(checkout), "diff", "--quiet", "HEAD", "--", script]).returncode:
+        raise SystemExit(f"{flag} {checkout}: {script} differs from {library}'s at {commit[:7]}")
 
 
 def run_cleanrl_row(name, seeds, checkout: Path, python, resume=False, jobs=1, steps: int | None = None) -> None:
     """CleanRL's PPO on the row's task (its unchanged script, in a scratch directory: it writes ``runs/`` where
     it runs); each seed's training episodes kept as ddprl's ``train/episode_return`` at the step each ended,
     the summary with their return over the last 5 % of the steps, the measure set beside ddprl's."""
-    check_checkout("CleanRL", checkout, R.CLEANRL_COMMIT, R.CLEANRL_CLONE, python, R.CLEANRL_VENV)
-    if subprocess.run(["git", "-C", str(checkout), "diff", "--quiet", "HEAD", "--", R.CLEANRL_SCRIPT]).returncode:
-        raise SystemExit(f"--cleanrl {checkout}: {R.CLEANRL_SCRIPT} differs from CleanRL's at {R.CLEANRL_COMMIT[:7]}")
+    check_checkout("CleanRL", checkout, R.CLEANRL_COMMIT, R.CLEANRL_CLONE, python, R.CLEANRL_VENV, R.CLEANRL_SCRIPT)
     budget, command = steps or R.CLEANRL_ROWS[name][1], cleanrl_row_command(name, steps)
-    code = "import importlib.metadata as m\nfor p in ('torch', 'gymnasium', 'mujoco', 'numpy'):\n"
-    code += " try: print(p, m.version(p))\n except Exception: pass"
-    versions = ", ".join(subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.splitlines())
 
     def one(seed: int) -> tuple[list[dict], float, dict]:
         print(f"$ {command} --seed {seed}  (in {checkout})", flush=True)
-        start, env = time.time(), {**os.environ, "OMP_NUM_THREADS": "1", "MUJOCO_GL": "disable"}
         with tempfile.TemporaryDirectory() as scratch:
             argv = [python, str(checkout / R.CLEANRL_SCRIPT), *cleanrl_argv(name, seed, steps)[1:]]
-            proc = subprocess.run(argv, cwd=scratch, env=env, capture_output=True, text=True)
-        episodes = [e for line in proc.stdout.splitlines() if (e := cleanrl_episode(line))]
-        if proc.returncode != 0 or not episodes:
-            raise RuntimeError(f"exit {proc.returncode}, {len(episodes)} episodes; stderr ends:\n{proc.stderr[-2000:]}")
-        sps = re.findall(r"SPS: (\d+)", proc.stdout)
+            run = h.run(argv, env={"OMP_NUM_THREADS": "1"}, cwd=scratch)
+        lines = [line for _, line in run["lines"]]
+        if not (episodes := [e for line in lines if (e := cleanrl_episode(line))]):
+            raise RuntimeError("no episodes; its output ends:\n" + "\n".join(lines[-15:]))
+        sps = [int(line.split()[1]) for line in lines if line.startswith("SPS: ")]
         more = {"train_return": window_mean(curve(episodes, R.TRAIN), budget), "episodes": len(episodes)}
-        return episodes, round(time.time() - start, 1), {**more, "sps": int(sps[-1]) if sps else None}
+        return episodes, round(run["wall"], 1), {**more, "sps": sps[-1] if sps else None}
 
+    versions = h.versions(python, ("torch", "gymnasium", "mujoco", "numpy"))
     peer = {"steps": budget, "cleanrl_commit": R.CLEANRL_COMMIT, "cleanrl_versions": versions}
     run_library_row(name, seeds, resume, jobs, command, R.TRAIN, one, **peer)
 
@@ -178,8 +200,6 @@ def peer_measures(keep: Path, impl: str, wall: float, steps: int) -> dict:
 def run_peer_row(name: str, seeds: int, checkout: Path, python, steps: int | None = None, resume=False) -> dict:
     """Each seed: PureJaxRL, then ddprl jax (1, then 2 devices), then ddprl torch, one at a time; the summary
     rewritten after each. ``resume``: keep the seeds the summary holds when it ran the same commands."""
-    from harness import cpu_model
-
     check_checkout("PureJaxRL", checkout, R.PUREJAXRL_COMMIT, R.PUREJAXRL_CLONE, python, R.PUREJAXRL_VENV)
     row, out, config = R.PEER_ROWS[name], store.RUNS / name, R.PEER_ROWS[name].config(steps)
     rollout = config["NUM_ENVS"] * config["NUM_STEPS"]
@@ -198,14 +218,11 @@ def run_peer_row(name: str, seeds: int, checkout: Path, python, steps: int | Non
         for impl in row.impls:  # PureJaxRL's run first
             keep, what = out / f"{impl}-seed{seed}", f"{name} {impl} seed {seed}"
             if impl == "purejaxrl":  # make_train(config) with PRNGKey(seed) in its own environment: purejaxrl_ppo.py
-                cmd = [python, str(store.HERE / "purejaxrl_ppo.py"), "--purejaxrl", str(checkout), "--seed", str(seed)]
                 print("$ purejaxrl_ppo.py --seed", seed, json.dumps(config), flush=True)
-                start, env = time.time(), {**os.environ, **impl_env("purejaxrl")}
+                cmd = [python, str(store.HERE / "purejaxrl_ppo.py"), "--purejaxrl", str(checkout), "--seed", str(seed)]
                 cmd += ["--out", str(keep), "--config", json.dumps(config)]
-                if code := subprocess.run(cmd, cwd=store.ROOT, env=env).returncode:
-                    raise SystemExit(f"PureJaxRL seed {seed}: exited {code}")
+                wall = round(h.run(cmd, cwd=store.ROOT, env=impl_env("purejaxrl"))["wall"], 1)
                 store.pack(keep)
-                wall = round(time.time() - start, 1)
             else:
                 wall = training.train_and_keep(row.keys(impl, steps), seed, keep, what, impl_env(impl))
             result[impl] = peer_measures(keep, impl, wall, budget)
@@ -214,7 +231,34 @@ def run_peer_row(name: str, seeds: int, checkout: Path, python, steps: int | Non
         versions = json.loads((out / f"purejaxrl-seed{results[0]['seed']}" / "result.json").read_text())["versions"]
         purejaxrl = {"commit": R.PUREJAXRL_COMMIT, "config": config, "versions": versions}
         summary = {"row": name, "steps": budget, "commands": commands, "purejaxrl": purejaxrl}
-        summary |= {"machine": f"{cpu_model()}, {os.cpu_count()} cores", "date": time.strftime("%Y-%m-%d")}
+        summary |= {"machine": f"{h.cpu_model()}, {os.cpu_count()} cores", "date": time.strftime("%Y-%m-%d")}
         summary["seeds"] = results
         (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return json.loads((out / "summary.json").read_text())
+
+
+def jaxmarl_row_command(name: str) -> str:
+    """JaxMARL's QMIX on the row's battle, as ``jaxmarl_qmix.py`` runs it (its ``+alg=ql_rnn_smax`` config)."""
+    overrides = {**R.JAXMARL_QMIX, "MAP_NAME": R.JAXMARL_ROWS[name]}
+    settings = " ".join(f"alg.{key}={value}" for key, value in overrides.items())
+    return f"python baselines/QLearning/qmix_rnn.py +alg=ql_rnn_smax {settings}"
+
+
+def run_jaxmarl_row(name: str, seeds: int, checkout: Path, python, resume=False, jobs=1) -> None:
+    """JaxMARL's QMIX on the row's SMAX battle, a seed a program (``jaxmarl_qmix.py``, in JaxMARL's environment):
+    each seed's greedy tests kept as ddprl's ``eval/won_mean`` and ``eval/return_mean``."""
+    check_checkout("JaxMARL", checkout, R.JAXMARL_COMMIT, R.JAXMARL_CLONE, python, R.JAXMARL_VENV)
+    command, overrides = jaxmarl_row_command(name), {**R.JAXMARL_QMIX, "MAP_NAME": R.JAXMARL_ROWS[name]}
+
+    def one(seed: int) -> tuple[list[dict], float, dict]:
+        print(f"$ {command} alg.SEED={seed}  (in {checkout})", flush=True)
+        with tempfile.TemporaryDirectory() as scratch:
+            cmd = [python, str(store.HERE / "jaxmarl_qmix.py"), "--jaxmarl", str(checkout), "--seed", str(seed)]
+            cmd += ["--out", scratch, "--overrides", json.dumps(overrides)]
+            wall = h.run(cmd, cwd=checkout, env={"JAX_PLATFORMS": "cpu"})["wall"]
+            result = json.loads((Path(scratch) / "result.json").read_text())
+            tests = store.read_rows(Path(scratch))
+        return tests, round(wall, 1), {"jaxmarl_commit": result["jaxmarl_commit"]}
+
+    peer = {"jaxmarl_commit": R.JAXMARL_COMMIT, "jaxmarl_versions": h.versions(python, ("jax", "jaxmarl", "flax"))}
+    run_library_row(name, seeds, resume, jobs, command, R.WON, one, **peer)

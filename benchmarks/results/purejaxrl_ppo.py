@@ -56,17 +56,11 @@ def curve_rows(metrics: dict[str, Any], steps_per_update: int, train_s: float) -
     import numpy as np
 
     returns = np.asarray(metrics["returned_episode_returns"], np.float64)  # (updates, steps, envs)
-    ended = np.asarray(metrics["returned_episode"], bool)
-    return [
-        {
-            "step": (i + 1) * steps_per_update,
-            "train/episode_return": float(returns[i][ended[i]].mean()),
-            "train/episodes": float(ended[i].sum()),
-            "wall_time": round(train_s * (i + 1) / len(returns), 4),
-        }
-        for i in range(len(returns))
-        if ended[i].any()
-    ]
+    ended, rows, n = np.asarray(metrics["returned_episode"], bool), [], len(returns)
+    for i in (i for i in range(n) if ended[i].any()):
+        row = {"step": (i + 1) * steps_per_update, "train/episode_return": float(returns[i][ended[i]].mean())}
+        rows.append({**row, "train/episodes": float(ended[i].sum()), "wall_time": round(train_s * (i + 1) / n, 4)})
+    return rows
 
 
 def main() -> int:
@@ -87,8 +81,8 @@ def main() -> int:
 
     metrics = jax.device_get({k: out["metrics"][k] for k in ("returned_episode_returns", "returned_episode")})
     steps_per_update = config["NUM_STEPS"] * config["NUM_ENVS"]
-    rows = curve_rows(metrics, steps_per_update, train_s)
     args.out.mkdir(parents=True, exist_ok=True)
+    rows = curve_rows(metrics, steps_per_update, train_s)
     (args.out / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     updates = int(metrics["returned_episode"].shape[0])
     head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)

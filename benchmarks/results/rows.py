@@ -7,6 +7,7 @@ import statistics
 from dataclasses import dataclass
 
 EVAL = "eval/return_mean"  # greedy actions, separate evaluation episodes
+WON = "eval/won_mean"  # the share of greedy evaluation battles won (SMAX)
 TRAIN = "train/episode_return"  # the training episodes' return (sampled actions), as CleanRL and PureJaxRL log it
 
 
@@ -29,6 +30,7 @@ class Row:
     digits: int = 1
     agents: int = 1  # the page divides returns by this (MPE: per agent, as Papoudakis et al.)
     epymarl: str = ""  # the EPyMARL row run here on the same task: a QMIX row's reference
+    jaxmarl: str = ""  # the JaxMARL row run here on the same battle: a QMIX-on-SMAX row's reference (win rate)
     cleanrl: str = ""  # the CleanRL row run here on the same task, beside CleanRL's published number
     long: bool = False  # hours per seed: trained in WORK across sittings, from checkpoints
     dataset: str = ""  # a supervised row's task, against baselines fitted on the same split (baselines.py) ...
@@ -195,6 +197,21 @@ for name, (task, agents) in QMIX_TASKS.items():
     for suffix, extra in {**VARIANTS, **({"-bootstrap": "bootstrap_truncated=true"} if agents > 1 else {})}.items():
         keys, epymarl = f"algo=qmix task={task} world_size=2 {extra}", "epymarl-" + name.removeprefix("qmix-")
         ROWS[name + suffix] = row(keys, digits=2, agents=agents, epymarl=epymarl)
+
+# QMIX on SMAX battles against JaxMARL's own QMIX run here (JAXMARL_ROWS): its baselines/QLearning/qmix_rnn.py with
+# its ql_rnn_smax configuration, at this budget and with 32 greedy test battles, as ddprl evaluates
+JAXMARL_REPO, JAXMARL_COMMIT = "https://github.com/FLAIROx/JaxMARL", "c793d095618c6d3edfb5632802348f57b70a4b94"
+JAXMARL_CLONE = f"git clone {JAXMARL_REPO} jaxmarl && git -C jaxmarl checkout {JAXMARL_COMMIT}"
+JAXMARL_VENV = (
+    "python3.11 -m venv jaxmarl-venv && jaxmarl-venv/bin/pip install jax==0.10.2 jaxmarl==0.2.0 flashbax "
+    "hydra-core omegaconf wandb six"
+)
+SMAX_STEPS, SMAX_MAPS = 500_000, ("3m",)
+JAXMARL_QMIX = dict(TOTAL_TIMESTEPS=SMAX_STEPS, TEST_NUM_ENVS=32)  # and MAP_NAME, SEED (one seed a program)
+JAXMARL_ROWS = {f"jaxmarl-smax-{name}": name for name in SMAX_MAPS}
+for name in SMAX_MAPS:
+    keys = f"algo=qmix task=smax/{name} world_size=2 steps={SMAX_STEPS} eval_freq=50000 eval_episodes=32"
+    ROWS[f"qmix-smax-{name}"] = row(keys, digits=2, jaxmarl=f"jaxmarl-smax-{name}")
 
 # TD-MPC2 at 100k environment steps (50k agent steps, action repeat 2) against the official per-task CSVs:
 # CPU rows at model_size 1 (4 evaluation episodes), GPU rows at the CSVs' 5 (`bash benchmarks/gpu_session.sh`)

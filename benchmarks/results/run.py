@@ -8,7 +8,8 @@
 Long rows (TD-MPC2) train across sittings (training.py): SIGTERM or SIGUSR1 checkpoints them (exit 75), ``--resume``
 goes on. GPU rows run through ``bash benchmarks/gpu_session.sh results``. Peer libraries run from checkouts and
 environments of their own (rows.py's ``*_CLONE``, ``*_VENV``): ``--purejaxrl DIR --purejaxrl-python PY`` for ``jax-*``
-rows, ``--epymarl``/``--cleanrl`` alike; ``--steps N`` shortens them, ``--runs DIR`` keeps all under DIR (smoke runs).
+rows, ``--epymarl``/``--cleanrl``/``--jaxmarl`` alike; ``--steps N`` shortens PureJaxRL's and CleanRL's, ``--runs DIR``
+keeps all under DIR (smoke runs).
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from results import peers, rows, store, training  # noqa: E402 (the path above f
 from results.page import page  # noqa: E402
 
 LIBRARIES = {"purejaxrl": rows.PEER_ROWS, "epymarl": rows.EPYMARL_ROWS, "cleanrl": rows.CLEANRL_ROWS}
+LIBRARIES |= {"jaxmarl": rows.JAXMARL_ROWS}
 
 
 def main() -> int:
     ours = {**rows.ROWS, **rows.SUPERVISED_ROWS, **rows.PEER_ROWS}
-    every = {**ours, **rows.EPYMARL_ROWS, **rows.CLEANRL_ROWS}
+    every = {**ours, **rows.EPYMARL_ROWS, **rows.CLEANRL_ROWS, **rows.JAXMARL_ROWS}
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("row", nargs="?", choices=sorted(every))
     parser.add_argument("--seeds", type=int, default=3)
@@ -51,6 +53,7 @@ def main() -> int:
         commands = {name: row.command() for name, row in ours.items()}
         commands |= {n: f"{peers.epymarl_row_command(t)}  (EPyMARL's tree)" for n, t in rows.EPYMARL_ROWS.items()}
         commands |= {n: f"{peers.cleanrl_row_command(n)} --seed K  (CleanRL's tree)" for n in rows.CLEANRL_ROWS}
+        commands |= {n: f"{peers.jaxmarl_row_command(n)} alg.SEED=K  (JaxMARL's tree)" for n in rows.JAXMARL_ROWS}
         print("\n".join(f"{name:34s} {command}" for name, command in commands.items()))
         return 0
     library = next((lib for lib, named in LIBRARIES.items() if args.row in named), None)
@@ -67,6 +70,8 @@ def main() -> int:
         peers.run_peer_row(args.row, args.seeds, checkout, python, args.steps, args.resume)
     elif library == "epymarl":
         peers.run_epymarl_row(args.row, args.seeds, checkout, python, args.resume, args.jobs)
+    elif library == "jaxmarl":
+        peers.run_jaxmarl_row(args.row, args.seeds, checkout, python, args.resume, args.jobs)
     elif library == "cleanrl":
         peers.run_cleanrl_row(args.row, args.seeds, checkout, python, args.resume, args.jobs, args.steps)
     elif args.row:

@@ -1,5 +1,6 @@
 """Where a row's runs are kept: ``runs/<row>/seed<K>/`` (gzipped ``metrics.jsonl``, ``config.yaml``) and
-``summary.json`` beside them. The paths are read at each call (``run.py --runs DIR`` and the tests move them)."""
+``summary.json`` beside them; and the numbers read from their curves. The paths are read at each call (``run.py
+--runs DIR`` and the tests move them)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,14 @@ import gzip
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import time
 from pathlib import Path
+
+from ddprl.metrics import read_metrics as read_rows  # metrics.jsonl.gz, or metrics.jsonl as written
+
+from .rows import EVAL
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -23,12 +29,6 @@ IMAGES = ROOT / "docs" / "results"
 def kept_summary(row: str) -> dict | None:
     path = RUNS / row / "summary.json"
     return json.loads(path.read_text()) if path.exists() else None
-
-
-def read_rows(run: Path) -> list[dict]:
-    from ddprl.metrics import read_metrics  # metrics.jsonl.gz, or metrics.jsonl as written
-
-    return read_metrics(run)
 
 
 def seed_runs(name: str, prefix: str = "seed") -> list[tuple[int, list[dict]]]:
@@ -65,3 +65,40 @@ def seed_summary(seed: int, wall: float, evals: list[tuple[int, float]], machine
 def write_summary(out: Path, name: str, command: str, seeds: list[dict], **extra: object) -> None:
     summary = {"row": name, "command": command, **extra, "machine": this_machine(), "date": time.strftime("%Y-%m-%d")}
     (out / "summary.json").write_text(json.dumps({**summary, "seeds": seeds}, indent=1) + "\n")
+
+
+def curve(rows: list[dict], key: str = EVAL) -> list[tuple[int, float]]:
+    return [(int(r["step"]), float(r[key])) for r in rows if key in r]
+
+
+def at_steps(points: list[tuple[int, float]], steps: int) -> float | None:
+    """The last value at or before ``steps`` (a budget rounds up to whole iterations: 2.5 % past counts)."""
+    done = [value for step, value in points if step <= steps * 1.025]
+    return done[-1] if done else None
+
+
+def window_mean(points: list[tuple[int, float]], steps: int) -> float | None:
+    """The mean over the last 5 % of ``steps`` (one iteration's training return is too noisy alone)."""
+    window = [value for step, value in points if steps * 0.95 < step <= steps * 1.025]
+    return statistics.mean(window) if window else None
+
+
+def mean_std(values: list[float], digits: int) -> str:
+    if len(values) < 2:
+        return f"{values[0]:.{digits}f} (1 seed)" if values else "not run"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def gap(values: list[float], value: float, std: float | None) -> str:
+    """(mean of ``values`` - ``value``) in units of ``std``, the reference's ±."""
+    diff = statistics.mean(values) - value if values and std is not None else None
+    if diff is None or std == 0:
+        return "0" if diff == 0 else "— (ref. std 0)" if std == 0 else "—"
+    return f"{diff / std:+.2f}"
+
+
+def welch(a: list[float], b: list[float]) -> float:
+    """Welch's t-test of two means: the chance that seeds alone part them this far."""
+    from scipy.stats import ttest_ind
+
+    return float(ttest_ind(a, b, equal_var=False).pvalue)

@@ -1,10 +1,12 @@
 """Training a row's seeds with ``ddprl train``, ``jobs`` at once. A long row's seed trains in ``WORK`` across sittings
 from its checkpoint (each in ``sittings.json``), how far it got kept in ``runs/<row>/in_progress/`` and an attempt
-whose checkpoint went with its machine in ``lost/``; a stop signal to the script reaches the runs it started."""
+whose checkpoint went with its machine in ``lost/``; a stop signal to the script reaches the runs it started. The
+supervised rows' baselines are fitted on ddprl's own split (train + val) and scored on its test split."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -19,9 +21,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from . import store
-from .baselines import graph_baselines, sklearn_baselines
 from .rows import ROWS, SUPERVISED_ROWS, TRAIN
-from .stats import at_steps, curve, window_mean
+from .store import at_steps, curve, window_mean
 
 COMMON = ("progress=false", "checkpoint_freq=0", "keep_last=1")  # the row's own keys win
 IN_PROGRESS, LOST, SITTINGS = "in_progress", "lost", "sittings.json"
@@ -186,19 +187,64 @@ def run_row(name: str, seeds: int, resume: bool = False, jobs: int = 1) -> dict:
     def keep(seed: int, wall: float) -> None:
         rows = store.read_rows(out / f"seed{seed}")
         if row.dataset:
-            fitted = graph_baselines() if row.dataset == "graph_energy" else sklearn_baselines(row.dataset, seed)
-            entry = {"seed": seed, "wall_s": wall, f"test/{row.metric}": rows[-1][f"test/{row.metric}"]}
-            entry["baselines"] = fitted
+            graph, entry = row.dataset == "graph_energy", {"seed": seed, "wall_s": wall}
+            entry[f"test/{row.metric}"] = rows[-1][f"test/{row.metric}"]
+            entry["baselines"] = graph_baselines() if graph else sklearn_baselines(row.dataset, seed)
         else:
             machine = sittings_machine(sittings(out / f"seed{seed}")) if long else None
             entry = store.seed_summary(seed, wall, curve(rows), machine)
-            at = [
-                (window_mean if r.metric == TRAIN else at_steps)(curve(rows, r.metric), r.steps) for r in row.references
-            ]
-            entry["at_reference"] = at
+            at = lambda ref: (window_mean if ref.metric == TRAIN else at_steps)(curve(rows, ref.metric), ref.steps)  # noqa: E731
+            entry["at_reference"] = [at(ref) for ref in row.references]
         results.append({**entry, **({"jobs": at_once} if at_once > 1 else {})})
         print(f"{name} seed {seed}: {results[-1]}", flush=True)
         store.write_summary(out, name, row.command(), sorted(results, key=lambda s: s["seed"]))
 
     run_seeds(name, missing, at_once, one, keep)
     return store.kept_summary(name)  # also when every seed was kept
+
+
+def sklearn_baselines(dataset: str, seed: int) -> dict[str, float]:
+    """Test accuracy of scikit-learn models fitted on ddprl's train + val (split_seed=0, standardised)."""
+    import torch
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.neural_network import MLPClassifier
+
+    from ddprl.supervised.tasks import _tabular_splits
+
+    splits = _tabular_splits(dataset, 0)
+    x_fit, y_fit = (torch.cat([splits["train"][i], splits["val"][i]]).numpy() for i in (0, 1))
+    x_test, y_test = (t.numpy() for t in splits["test"])
+    mlp = MLPClassifier((128, 128), early_stopping=True, max_iter=500, random_state=seed)
+    models = {"scikit-learn LogisticRegression": LogisticRegression(max_iter=5000)}
+    models["scikit-learn MLPClassifier (128, 128), early stopping"] = mlp
+    return {name: float(model.fit(x_fit, y_fit).score(x_test, y_test)) for name, model in models.items()}
+
+
+@functools.cache  # the same for every seed: generated from the split seed, fitted deterministically
+def graph_baselines(bins: int = 100) -> dict[str, float]:
+    """Test MSE of the standardised energy on ddprl's graph_energy split: the training mean, and a ridge
+    regression on what the energy is a function of, the count of particle pairs in each of ``bins`` distance
+    bins (told the answer's form, a sum of pair terms, as the GNN is not: a bound, not a peer)."""
+    import numpy as np
+    import torch
+    from sklearn.linear_model import RidgeCV
+
+    from ddprl.supervised.graph import OPTIONS, graph_splits
+
+    splits = graph_splits(*(OPTIONS[k] for k in ("num_graphs", "min_nodes", "max_nodes", "radius", "split_seed")))
+    edges = np.linspace(0.0, OPTIONS["radius"], bins + 1)
+
+    def features(graphs) -> tuple[np.ndarray, np.ndarray]:
+        counts = []
+        for g in graphs:
+            src, dst = g.edge_index
+            d = torch.linalg.vector_norm(g.pos[dst] - g.pos[src], dim=1)[src < dst]  # each pair once
+            counts.append(np.histogram(d.numpy(), bins=edges)[0])
+        return np.array(counts, dtype=np.float64), np.array([g.y.item() for g in graphs])
+
+    x_fit, y_fit = features(splits["train"] + splits["val"])
+    x_test, y_test = features(splits["test"])
+    predicted = RidgeCV(alphas=np.logspace(-6, 2, 9)).fit(x_fit, y_fit).predict(x_test)
+    ridge = f"scikit-learn RidgeCV on pair counts in {bins} distance bins"
+    mean, ridged = float(np.mean((y_fit.mean() - y_test) ** 2)), float(np.mean((predicted - y_test) ** 2))
+    return {"the training mean": mean, ridge: ridged}
