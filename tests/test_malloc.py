@@ -36,7 +36,9 @@ def test_keep_freed_memory_spares_the_page_faults_of_a_repeated_step():
         )
         return int(out.stdout.split()[-1])
 
-    system, keep = faults("system"), faults("keep")
+    # The fewest of three runs: a kernel that reclaims idle memory on its own (DAMON's kdamond on some
+    # VMs) takes back now and then what malloc kept, and those faults are the kernel's, not malloc's.
+    system, keep = (min(faults(mode) for _ in range(3)) for mode in ("system", "keep"))
     # glibc's defaults hand the step's large blocks back to the kernel and fault them in again
     assert keep * 3 < system, (keep, system)
 
