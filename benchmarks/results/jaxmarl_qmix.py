@@ -8,13 +8,13 @@ names) at ``step`` env steps. ``OUT/result.json``: the config, commit, versions 
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from purejaxrl_ppo import provenance  # this folder: sys.path[0] when run as a script
 
 PACKAGES = ("jax", "jaxlib", "jaxmarl", "flax", "optax", "flashbax", "chex", "numpy")
 
@@ -59,10 +59,8 @@ def main() -> int:
     seconds = time.perf_counter() - start
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
-    found = {d.metadata["Name"].lower(): d.version for d in importlib.metadata.distributions()}
-    result = dict(seconds=round(seconds, 1), config=config, jaxmarl_commit=head.stdout.strip() or "unknown")
-    result |= dict(versions={name: found[name] for name in PACKAGES if name in found}, python=sys.version.split()[0])
+    commit, versions, python = provenance(checkout, PACKAGES)
+    result = dict(seconds=round(seconds, 1), config=config, jaxmarl_commit=commit, versions=versions, python=python)
     (args.out / "result.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(f"jaxmarl qmix seed {args.seed}: {seconds:.0f} s (compile included)", flush=True)
     return 0

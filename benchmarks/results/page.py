@@ -132,10 +132,12 @@ def rl_tables(p: Page) -> dict[str, list[str]]:
             metric, steps = (R.TRAIN, kept["steps"]) if library == "CleanRL" else (metric_of(row), None)
             theirs = p.values(peer, f"{algo} ({library})", task, metric, steps, row.agents)
             ours = p.values(name, algo, task, metric, steps, row.agents)
-            ends = {k(points[-1][0]) for _, rows in seed_runs(peer) if (points := curve(rows, metric))}
-            last = "/".join(sorted(ends))
-            what = f"final greedy test at {k(R.SMAX_STEPS) if row.jaxmarl else qmix} ({library}'s at {last})"
-            what = described(metric, steps) if steps else ("win rate, " if row.jaxmarl else "") + what
+            if steps:
+                what = described(metric, steps)
+            else:  # each library's last test, where it lands near the budget
+                ends = {k(points[-1][0]) for _, rows in seed_runs(peer) if (points := curve(rows, metric))}
+                budget, last = k(R.SMAX_STEPS) if row.jaxmarl else qmix, "/".join(sorted(ends))
+                what = ("win rate, " if row.jaxmarl else "") + f"final greedy test at {budget} ({library}'s at {last})"
             where = f"{library} `{kept[library.lower() + '_commit'][:7]}` run here, {task}"
             tables[algo].append(p.line(f"`{name}`", ours, reference(theirs, row.digits), where, what, row.digits))
         metric = metric_of(row)

@@ -237,10 +237,14 @@ def run_peer_row(name: str, seeds: int, checkout: Path, python, steps: int | Non
     return json.loads((out / "summary.json").read_text())
 
 
+def jaxmarl_overrides(name: str) -> dict:
+    """The row's settings over JaxMARL's ``ql_rnn_smax`` configuration (the seed apart)."""
+    return {**R.JAXMARL_QMIX, "MAP_NAME": R.JAXMARL_ROWS[name]}
+
+
 def jaxmarl_row_command(name: str) -> str:
     """JaxMARL's QMIX on the row's battle, as ``jaxmarl_qmix.py`` runs it (its ``+alg=ql_rnn_smax`` config)."""
-    overrides = {**R.JAXMARL_QMIX, "MAP_NAME": R.JAXMARL_ROWS[name]}
-    settings = " ".join(f"alg.{key}={value}" for key, value in overrides.items())
+    settings = " ".join(f"alg.{key}={value}" for key, value in jaxmarl_overrides(name).items())
     return f"python baselines/QLearning/qmix_rnn.py +alg=ql_rnn_smax {settings}"
 
 
@@ -248,17 +252,14 @@ def run_jaxmarl_row(name: str, seeds: int, checkout: Path, python, resume=False,
     """JaxMARL's QMIX on the row's SMAX battle, a seed a program (``jaxmarl_qmix.py``, in JaxMARL's environment):
     each seed's greedy tests kept as ddprl's ``eval/won_mean`` and ``eval/return_mean``."""
     check_checkout("JaxMARL", checkout, R.JAXMARL_COMMIT, R.JAXMARL_CLONE, python, R.JAXMARL_VENV)
-    command, overrides = jaxmarl_row_command(name), {**R.JAXMARL_QMIX, "MAP_NAME": R.JAXMARL_ROWS[name]}
+    command, overrides = jaxmarl_row_command(name), json.dumps(jaxmarl_overrides(name))
 
     def one(seed: int) -> tuple[list[dict], float, dict]:
         print(f"$ {command} alg.SEED={seed}  (in {checkout})", flush=True)
         with tempfile.TemporaryDirectory() as scratch:
             cmd = [python, str(store.HERE / "jaxmarl_qmix.py"), "--jaxmarl", str(checkout), "--seed", str(seed)]
-            cmd += ["--out", scratch, "--overrides", json.dumps(overrides)]
-            wall = h.run(cmd, cwd=checkout, env={"JAX_PLATFORMS": "cpu"})["wall"]
-            result = json.loads((Path(scratch) / "result.json").read_text())
-            tests = store.read_rows(Path(scratch))
-        return tests, round(wall, 1), {"jaxmarl_commit": result["jaxmarl_commit"]}
+            run = h.run([*cmd, "--out", scratch, "--overrides", overrides], cwd=checkout, env={"JAX_PLATFORMS": "cpu"})
+            return store.read_rows(Path(scratch)), round(run["wall"], 1), {}
 
     peer = {"jaxmarl_commit": R.JAXMARL_COMMIT, "jaxmarl_versions": h.versions(python, ("jax", "jaxmarl", "flax"))}
     run_library_row(name, seeds, resume, jobs, command, R.WON, one, **peer)

@@ -63,6 +63,15 @@ def curve_rows(metrics: dict[str, Any], steps_per_update: int, train_s: float) -
     return rows
 
 
+def provenance(checkout: Path, packages: tuple[str, ...]) -> tuple[str, dict[str, str], str]:
+    """A peer's run's origin, in the peer's own environment: its checkout's commit, the versions of ``packages``
+    installed, and the Python version."""
+    head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
+    found = {d.metadata["Name"].lower(): d.version for d in importlib.metadata.distributions()}
+    versions = {name: found[name] for name in packages if name in found}
+    return head.stdout.strip() or "unknown", versions, sys.version.split()[0]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for flag, kind in (("--purejaxrl", Path), ("--config", json.loads), ("--seed", int), ("--out", Path)):
@@ -85,12 +94,10 @@ def main() -> int:
     rows = curve_rows(metrics, steps_per_update, train_s)
     (args.out / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     updates = int(metrics["returned_episode"].shape[0])
-    head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
+    commit, versions, python = provenance(checkout, PACKAGES)
     result = dict(compile_s=round(compile_s, 3), train_s=round(train_s, 3), updates=updates, seed=args.seed)
-    result |= dict(steps=updates * steps_per_update, config=config, purejaxrl_commit=head.stdout.strip() or "unknown")
-    found = {d.metadata["Name"].lower(): d.version for d in importlib.metadata.distributions()}
-    versions = {name: found[name] for name in PACKAGES if name in found}
-    result |= dict(devices=[str(d) for d in jax.devices()], versions=versions, python=sys.version.split()[0])
+    result |= dict(steps=updates * steps_per_update, config=config, purejaxrl_commit=commit)
+    result |= dict(devices=[str(d) for d in jax.devices()], versions=versions, python=python)
     (args.out / "result.json").write_text(json.dumps(result, indent=1) + "\n")
     print(f"purejaxrl seed {args.seed}: compiled in {compile_s:.1f} s, trained in {train_s:.1f} s", flush=True)
     return 0
