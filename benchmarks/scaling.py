@@ -1,9 +1,10 @@
 """Distributed overheads on this machine, and beyond it.
 
 python benchmarks/scaling.py [--ranks 1 2 4] [--only ppo-cartpole,qmix-lbf] [--keys cpu_bind=cores]
-    every algorithm at 1 rank against N, each a real `ddprl train` per world size, alternated (--repeats, the
-    median kept); rate: global steps (samples) per second over the rows after a warm-up; weak scaling:
-    efficiency = rate(N) / (N x rate(1)); strong: speed-up; to a return: seconds(1) / seconds(N), start-up in
+    every algorithm at 1 rank against N, each a real `ddprl train` per world size (the JAX engine: one process of N
+    CPU devices), alternated (--repeats, the median kept); rate: global steps (samples) per second over the rows
+    after a warm-up; weak scaling: efficiency = rate(N) / (N x rate(1)); strong: speed-up; to a return: seconds(1) /
+    seconds(N), start-up in
 python benchmarks/scaling.py --model [--latency-us 25 --busbw-gbs 40] [--ranks 8 64 512]
     weak-scaling efficiency predicted from one rank's iteration time T with k all-reduces of S bytes:
     t(N, S) = latency(N) + 2 (N - 1) / N x S / busbw (a ring); efficiency = T / (T + k t(N, S)), an upper bound
@@ -38,7 +39,7 @@ supervised-digits | weak | 2 | time/samples_per_s | batches of 32 (digits)
     | algo=supervised task=digits epochs=12 batch_size=32
 supervised-graph | weak | 1 | time/samples_per_s | batches of 32 graphs (graph_energy)
     | algo=supervised task=graph_energy epochs=4 batch_size=32
-jax-ppo | weak | 3 | steps | 16 gymnax CartPole envs per process (one CPU device each)
+jax-ppo | weak | 3 | steps | 16 gymnax CartPole envs per CPU device, one process
     | engine=jax task=gymnax/CartPole-v1 num_envs=16*n steps=81920*n
 """
 # the model's workloads: name | gradient floats | all-reduces an iteration | one rank's iteration s | where T comes from
@@ -81,9 +82,10 @@ def run_job(name: str, n: int, timeout: float, extra: list[str]) -> dict:
     _, warmup, metric, _, keys = WORKLOADS[name]
     target = float(metric) if metric[0].isdigit() else None
     keys = re.sub(r"(\d+)\*n", lambda m: str(int(m[1]) * n), keys).split()
-    keys += [*extra, f"world_size={n}", "progress=false", "checkpoint_freq=100000000"]
+    jax = "engine=jax" in keys  # the JAX engine's layout on one machine: one process driving n devices
+    keys += [*extra, f"devices={n}" if jax else f"world_size={n}", "progress=false", "checkpoint_freq=100000000"]
     keys += ["eval_episodes=0"] if target is None and "algo=supervised" not in keys else []
-    rows = h.train(keys, env=h.jax_cpu() if "engine=jax" in keys else {}, timeout=timeout)["rows"]
+    rows = h.train(keys, env=h.jax_cpu(n) if jax else {}, timeout=timeout)["rows"]
     if target is not None:  # the wall time of the first evaluation at the target
         hit = [r["wall_time"] for r in rows if r.get("eval/return_mean", -math.inf) >= target]
         return {"rate": hit[0] if hit else math.inf, **dict.fromkeys(PHASES, 0.0)}
