@@ -170,8 +170,8 @@ NOTES = {  # at most ~3 lines each on the page
     "qmix-mpe-simple-spread-bootstrap": "Time limits bootstrapped, ddprl's QMIX default elsewhere: QMIX diverged "
     "(mean Q of the taken actions 21 to 24 at 110k steps, 3,373 to 17,781 at 1.2M, beyond any return the task "
     "pays). ddprl's MPE preset treats the time limit as terminal (docs/qmix.md).",
-    "qmix-smax-3m": "JaxMARL's third seed is not run yet (27 min a seed on 2 cores). Both libraries' win rates swing "
-    "by 0.3 to 0.4 between tests of 32 battles, JaxMARL's seed 2 from 0.41 at 172k to 0.05 at the end.",
+    "qmix-smax-3m": "Both libraries' win rates swing by 0.3 to 0.4 between tests of 32 battles, JaxMARL's seed 2 "
+    "from 0.41 at 172k to 0.05 at the end. A seed took ddprl 4 to 8 min and JaxMARL 27 to 29 min on 2 cores.",
     "tdmpc2-reacher-easy": "Reward only while the fingertip is in the target: seed 2's final 733.2 ± 423.7 (± std "
     "over its 4 episodes) is three episodes near 975 and one near 0, a target never reached.",
     "tdmpc2-finger-spin": "Seed 3's evaluations from 30k on (712.5 to 732.5, ± about 415 over 4 episodes) are three "
