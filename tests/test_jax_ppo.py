@@ -134,6 +134,28 @@ def test_parameters_identical_on_every_device(sync_freq):
     assert all(m["train/epochs"] == 3 for m in metrics)
 
 
+def test_an_optimizer_step_makes_one_collective():
+    """The gradient and the loss terms cross devices as one flat vector: a CPU mesh pays per collective."""
+    cfg, env, mesh = config(batch_size=16), make_jax_env("gymnax/CartPole-v1"), mesh_of(2)
+    carry = initial_carry(env, cfg, mesh, NUM_ENVS, jax.random.PRNGKey(3), jax.random.PRNGKey(4))
+    iterate = make_iteration(env, cfg, mesh, NUM_ENVS // 2, carry)
+    program = jax.make_jaxpr(iterate)(carry, global_env_ids(mesh, NUM_ENVS), jnp.float32(cfg.lr))
+
+    def reductions(jaxpr, inside):  # (the primitives around it, its operand count) of every psum
+        for eqn in jaxpr.eqns:
+            if "psum" in eqn.primitive.name:
+                yield inside, len(eqn.invars)
+            for param in eqn.params.values():
+                for sub in param if isinstance(param, (list, tuple)) else [param]:
+                    sub = getattr(sub, "jaxpr", sub)
+                    if hasattr(sub, "eqns"):
+                        yield from reductions(sub, (*inside, eqn.primitive.name))
+
+    # The update: a while loop over epochs, a scan over optimizer steps.
+    in_update = [n for inside, n in reductions(program.jaxpr, ()) if "while" in inside and "scan" in inside]
+    assert in_update == [1]
+
+
 def test_target_kl_is_decided_on_the_global_kl():
     cfg = config(batch_size=8, target_kl=1e-9, epochs=5)
     carry, metrics = run_iterations(cfg, 4, 2)
