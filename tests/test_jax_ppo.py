@@ -134,9 +134,11 @@ def test_parameters_identical_on_every_device(sync_freq):
     assert all(m["train/epochs"] == 3 for m in metrics)
 
 
-def test_an_optimizer_step_makes_one_collective():
-    """The gradient and the loss terms cross devices as one flat vector: a CPU mesh pays per collective."""
-    cfg, env, mesh = config(batch_size=16), make_jax_env("gymnax/CartPole-v1"), mesh_of(2)
+@pytest.mark.parametrize("norm_adv", ["true", "minibatch"])
+def test_an_optimizer_step_makes_one_collective_for_its_gradient(norm_adv):
+    """The gradient and the loss terms cross devices as one flat vector (a CPU mesh pays per collective);
+    norm_adv=minibatch adds one for the advantages' moments."""
+    cfg, env, mesh = config(batch_size=16, norm_adv=norm_adv), make_jax_env("gymnax/CartPole-v1"), mesh_of(2)
     carry = initial_carry(env, cfg, mesh, NUM_ENVS, jax.random.PRNGKey(3), jax.random.PRNGKey(4))
     iterate = make_iteration(env, cfg, mesh, NUM_ENVS // 2, carry)
     program = jax.make_jaxpr(iterate)(carry, global_env_ids(mesh, NUM_ENVS), jnp.float32(cfg.lr))
@@ -153,7 +155,7 @@ def test_an_optimizer_step_makes_one_collective():
 
     # The update: a while loop over epochs, a scan over optimizer steps.
     in_update = [n for inside, n in reductions(program.jaxpr, ()) if "while" in inside and "scan" in inside]
-    assert in_update == [1]
+    assert in_update == ([1, 1] if norm_adv == "minibatch" else [1])
 
 
 def test_target_kl_is_decided_on_the_global_kl():

@@ -146,7 +146,7 @@ def standardize(advantages: jax.Array) -> jax.Array:
     """``(a - mean) / (std + EPS)`` with the mean and (population) std over every device's
     ``advantages`` (equal shares: the ``pmean`` of the means is the global mean); inside the
     ``shard_map`` only. The torch engine's ``ddprl.algos.ppo.loss.standardize``."""
-    mean, mean_sq = lax.pmean((advantages.mean(), (advantages**2).mean()), AXIS)
+    mean, mean_sq = lax.pmean(jnp.stack([advantages.mean(), (advantages**2).mean()]), AXIS)  # one collective
     return (advantages - mean) / (jnp.sqrt(jnp.maximum(mean_sq - mean**2, 0.0)) + EPS)
 
 
