@@ -313,7 +313,7 @@ def ppo_learn_compiled(rt, cfg, out: str, batch_path: str, steps: int = 1, backe
 
 def host_collectives(rt, cfg, out: str) -> None:
     """Sums through whichever collectives the job chose: several dtypes, a tensor larger than a
-    shared-memory slot (chunks), and a DDP model's averaged gradient."""
+    shared-memory slot (chunks), a DDP model's averaged gradient, and objects (one larger than a slot)."""
     from ddprl.runtime import shm
 
     big = torch.arange(shm.SLOT_BYTES // 4 * 2 + 5, dtype=torch.float32) * (rt.rank + 1)
@@ -330,6 +330,11 @@ def host_collectives(rt, cfg, out: str) -> None:
         "transposed": rt.all_reduce_sum(torch.arange(6.0).view(2, 3).t() * (rt.rank + 1)),
         "grad": model.weight.grad.clone(),
         "collective_s": rt.collective_s,
+        "gathered": rt.all_gather_object({"rank": rt.rank, "empty": ""}),
+        "broadcast": rt.broadcast_object(f"from rank {rt.rank}", src=1),
+        # rank 1's object is larger than a slot: both ranks go through gloo
+        "mixed": [len(x) for x in rt.all_gather_object(b"x" * (3 if rt.rank == 0 else shm.SLOT_BYTES))],
+        "after": rt.all_gather_object(rt.rank * 10),  # the rounds stay in step after a fallback
     }
     torch.save(result, Path(out) / f"rank{rt.rank}.pt")
 

@@ -1,5 +1,5 @@
-"""Shared-memory collectives between the CPU ranks of one machine: the same sums as gloo, chunked
-tensors, DDP's buckets, and a wait that ends when a peer's process is gone or the timeout passes."""
+"""Shared-memory collectives between the CPU ranks of one machine: the same sums and objects as gloo,
+chunked tensors, DDP's buckets, and a wait that ends when a peer's process is gone or the timeout passes."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import functools
 import glob
 import multiprocessing
 import os
+import threading
 import time
 
 import dist_fns
@@ -38,6 +39,9 @@ def test_host_collectives_sum_what_gloo_sums(tmp_path, mode):
         assert torch.equal(r["region_mean"], torch.tensor([0.5, 1.5]))
         assert torch.equal(r["transposed"], torch.arange(6.0).view(2, 3).t() * 3)
         assert r["collective_s"] > 0
+        assert r["gathered"] == [{"rank": 0, "empty": ""}, {"rank": 1, "empty": ""}]
+        assert r["broadcast"] == "from rank 1"
+        assert r["mixed"] == [3, shm.SLOT_BYTES] and r["after"] == [0, 10]
     # DDP's mean of the two ranks' gradients (inputs 1 and 2 everywhere: mean 1.5 x 4 rows)
     assert torch.equal(r0["grad"], r1["grad"])
     assert torch.allclose(r0["grad"], torch.full((2, 3), 6.0))
@@ -80,3 +84,30 @@ def test_doctor_names_the_collectives_and_their_latency(cli):
     assert float(line.split(": ")[-1].split()[0]) > 0
     gloo = cli(["doctor", "world_size=2", "size_mb=1", "host_collectives=gloo"], timeout=120)
     assert "collectives: gloo;" in gloo.stdout, gloo.stderr[-2000:]
+
+
+def test_objects_cross_in_one_round_and_too_large_ones_fall_back_on_every_rank():
+    path = shm.create_file(2)
+    try:
+        groups = [shm.SharedMemoryGroup(path, r, 2, timeout_s=60, pids=[os.getpid()] * 2) for r in range(2)]
+    finally:
+        os.unlink(path)
+    large = b"x" * (shm.SLOT_BYTES - 7)  # with its 8-byte length, one byte more than a slot
+
+    def both(payloads):
+        out = [None, None]
+        threads = [
+            threading.Thread(target=lambda r=r: out.__setitem__(r, groups[r].all_gather_bytes(payloads[r])))
+            for r in range(2)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        return out
+
+    assert both([b"ab", b""]) == [[b"ab", b""]] * 2
+    assert both([b"small", large]) == [None, None]  # every rank learns that some rank's does not fit
+    assert both([large[:-1], b"c"]) == [[large[:-1], b"c"]] * 2  # a full slot, rounds still in step
+    for group in groups:
+        group.close()

@@ -10,6 +10,7 @@ import contextlib
 import datetime
 import logging
 import os
+import pickle
 import socket
 import time
 from typing import Any
@@ -73,6 +74,7 @@ class Runtime:
         global _group_joined
         _group_joined = True
         self.collective_s = 0.0  # seconds this rank spent in collectives, waiting for peers included
+        self._host: shm.SharedMemoryGroup | None = None  # shared-memory collectives, once the ranks chose them
         self.host = socket.gethostname()
         self.hosts = self.all_gather_object(self.host) if self.world_size > 1 else [self.host]  # by rank
         self.hosts_if_several = failures.hosts_if_several(self.hosts)
@@ -82,7 +84,6 @@ class Runtime:
             if self.world_size > 1
             else None
         )
-        self._host: shm.SharedMemoryGroup | None = None
         if host_collectives != "gloo" and self.world_size > 1 and self.backend == "gloo":
             self._host = self._join_host_group(required=host_collectives == "shm")
 
@@ -315,12 +316,20 @@ class Runtime:
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """Rank ``src``'s (picklable) object, returned on every rank."""
+        if self._host is not None:  # one shared-memory round instead of two gloo broadcasts
+            every = self._host.all_gather_bytes(pickle.dumps(obj) if self.rank == src else b"")
+            if every is not None:
+                return pickle.loads(every[src])
         box = [obj]
         dist.broadcast_object_list(box, src=src, device=self._comm_device() if self.backend == "nccl" else None)
         return box[0]
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every rank's object, in rank order, on every rank."""
+        if self._host is not None:  # one shared-memory round instead of two gloo all-gathers (sizes, data)
+            every = self._host.all_gather_bytes(pickle.dumps(obj))
+            if every is not None:
+                return [pickle.loads(data) for data in every]
         out: list[Any] = [None] * self.world_size
         dist.all_gather_object(out, obj)
         return out

@@ -6,7 +6,8 @@ millisecond or more, and an RL loop calls it every minibatch. Here each rank cop
 into its own slot of one shared file, publishes a sequence number, waits until every rank has
 published the same one, and sums the slots in rank order: every rank gets the same bits, as
 with gloo, for the cost of two memory copies and a poll of a few counters
-(docs/benchmarks.md, "Collectives").
+(docs/benchmarks.md, "Collectives"). Pickled objects up to a slot go the same way, one round
+(gloo's object collectives make two: sizes, then data).
 
 The wait polls, yields its core to any other runnable thread, and sleeps once a wait grows
 long (a peer evaluating or saving), so an idle rank neither holds a core nor sleeps through the
@@ -93,6 +94,21 @@ class SharedMemoryGroup:
     def barrier(self) -> None:
         """Return once every rank has called it."""
         self._round(torch.empty(0))
+
+    def all_gather_bytes(self, data: bytes) -> list[bytes] | None:
+        """Every rank's ``data`` in rank order, in one round; None on every rank when some rank's is
+        longer than a slot holds (each rank sees every length, so all of them decide alike)."""
+        self._seq += 1
+        parity, slots = self._seq & 1, self._slots.numpy()
+        slots[self.rank, parity, :8].view(np.int64)[0] = len(data)
+        if len(data) <= SLOT_BYTES - 8:
+            slots[self.rank, parity, 8 : 8 + len(data)] = np.frombuffer(data, np.uint8)
+        self._counters[self.rank] = self._seq
+        self._wait(self._seq)
+        sizes = [int(slots[r, parity, :8].view(np.int64)[0]) for r in range(self.world_size)]
+        if max(sizes) > SLOT_BYTES - 8:
+            return None
+        return [slots[r, parity, 8 : 8 + n].tobytes() for r, n in enumerate(sizes)]
 
     def _round(self, chunk: torch.Tensor) -> None:
         self._seq += 1
