@@ -82,10 +82,10 @@ def run_job(name: str, n: int, timeout: float, extra: list[str]) -> dict:
     _, warmup, metric, _, keys = WORKLOADS[name]
     target = float(metric) if metric[0].isdigit() else None
     keys = re.sub(r"(\d+)\*n", lambda m: str(int(m[1]) * n), keys).split()
-    jax = "engine=jax" in keys  # the JAX engine's layout on one machine: one process driving n devices
-    keys += [*extra, f"devices={n}" if jax else f"world_size={n}", "progress=false", "checkpoint_freq=100000000"]
+    jax_engine = "engine=jax" in keys  # its layout on one machine: one process driving n devices
+    keys += [*extra, f"devices={n}" if jax_engine else f"world_size={n}", "progress=false", "checkpoint_freq=100000000"]
     keys += ["eval_episodes=0"] if target is None and "algo=supervised" not in keys else []
-    rows = h.train(keys, env=h.jax_cpu(n) if jax else {}, timeout=timeout)["rows"]
+    rows = h.train(keys, env=h.jax_cpu(n) if jax_engine else {}, timeout=timeout)["rows"]
     if target is not None:  # the wall time of the first evaluation at the target
         hit = [r["wall_time"] for r in rows if r.get("eval/return_mean", -math.inf) >= target]
         return {"rate": hit[0] if hit else math.inf, **dict.fromkeys(PHASES, 0.0)}

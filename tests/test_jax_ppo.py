@@ -46,12 +46,16 @@ def config(**keys):
     return load_config([f"{k}={v}" for k, v in {**base, **keys}.items()])
 
 
-def run_iterations(cfg, n_devices: int, iterations: int, task: str = "gymnax/CartPole-v1"):
+def compiled_iteration(cfg, n_devices: int, task: str = "gymnax/CartPole-v1"):
+    """The iteration on ``n_devices``, its first carry and the envs' global ids."""
     env = make_jax_env(task)
     mesh = mesh_of(n_devices)
     carry = initial_carry(env, cfg, mesh, NUM_ENVS, jax.random.PRNGKey(3), jax.random.PRNGKey(4))
-    iterate = make_iteration(env, cfg, mesh, NUM_ENVS // n_devices, carry)
-    ids = global_env_ids(mesh, NUM_ENVS)
+    return make_iteration(env, cfg, mesh, NUM_ENVS // n_devices, carry), carry, global_env_ids(mesh, NUM_ENVS)
+
+
+def run_iterations(cfg, n_devices: int, iterations: int, task: str = "gymnax/CartPole-v1"):
+    iterate, carry, ids = compiled_iteration(cfg, n_devices, task)
     metrics = []
     for _ in range(iterations):
         carry, out = iterate(carry, ids, jnp.float32(cfg.lr))
@@ -138,10 +142,9 @@ def test_parameters_identical_on_every_device(sync_freq):
 def test_an_optimizer_step_makes_one_collective_for_its_gradient(norm_adv):
     """The gradient and the loss terms cross devices as one flat vector (a CPU mesh pays per collective);
     norm_adv=minibatch adds one for the advantages' moments."""
-    cfg, env, mesh = config(batch_size=16, norm_adv=norm_adv), make_jax_env("gymnax/CartPole-v1"), mesh_of(2)
-    carry = initial_carry(env, cfg, mesh, NUM_ENVS, jax.random.PRNGKey(3), jax.random.PRNGKey(4))
-    iterate = make_iteration(env, cfg, mesh, NUM_ENVS // 2, carry)
-    program = jax.make_jaxpr(iterate)(carry, global_env_ids(mesh, NUM_ENVS), jnp.float32(cfg.lr))
+    cfg = config(batch_size=16, norm_adv=norm_adv)
+    iterate, carry, ids = compiled_iteration(cfg, 2)
+    program = jax.make_jaxpr(iterate)(carry, ids, jnp.float32(cfg.lr))
 
     def reductions(jaxpr, inside):  # (the primitives around it, its operand count) of every psum
         for eqn in jaxpr.eqns:

@@ -26,6 +26,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -98,32 +99,45 @@ class SharedMemoryGroup:
     def all_gather_bytes(self, data: bytes) -> list[bytes] | None:
         """Every rank's ``data`` in rank order, in one round; None on every rank when some rank's is
         longer than a slot holds (each rank sees every length, so all of them decide alike)."""
-        self._seq += 1
-        parity, slots = self._seq & 1, self._slots.numpy()
-        slots[self.rank, parity, :8].view(np.int64)[0] = len(data)
-        if len(data) <= SLOT_BYTES - 8:
-            slots[self.rank, parity, 8 : 8 + len(data)] = np.frombuffer(data, np.uint8)
-        self._counters[self.rank] = self._seq
-        self._wait(self._seq)
-        sizes = [int(slots[r, parity, :8].view(np.int64)[0]) for r in range(self.world_size)]
+        fits = len(data) <= SLOT_BYTES - 8
+
+        def write(slot: torch.Tensor) -> None:
+            mine = slot.numpy()
+            mine[:8].view(np.int64)[0] = len(data)
+            if fits:
+                mine[8 : 8 + len(data)] = np.frombuffer(data, np.uint8)
+
+        slots = self._slots.numpy()[:, self._exchange(write)]
+        sizes = [int(slot[:8].view(np.int64)[0]) for slot in slots]
         if max(sizes) > SLOT_BYTES - 8:
             return None
-        return [slots[r, parity, 8 : 8 + n].tobytes() for r, n in enumerate(sizes)]
+        return [slot[8 : 8 + n].tobytes() for slot, n in zip(slots, sizes, strict=True)]
 
     def _round(self, chunk: torch.Tensor) -> None:
-        self._seq += 1
-        parity, n = self._seq & 1, chunk.numel() * chunk.element_size()
-        # Slot [rank, parity] was last read by the peers two rounds ago, and each of them has
-        # published the round between since: nobody reads it any more.
-        if n:
-            self._slots[self.rank, parity, :n].view(chunk.dtype).copy_(chunk)
-        self._counters[self.rank] = self._seq  # after the data: x86-64 keeps the two stores in order
-        self._wait(self._seq)
+        n = chunk.numel() * chunk.element_size()
+
+        def write(slot: torch.Tensor) -> None:
+            if n:
+                slot[:n].view(chunk.dtype).copy_(chunk)
+
+        parity = self._exchange(write)
         if n:
             parts = [self._slots[r, parity, :n].view(chunk.dtype) for r in range(self.world_size)]
             chunk.copy_(parts[0])
             for part in parts[1:]:  # rank order on every rank: the same sum everywhere
                 chunk.add_(part)
+
+    def _exchange(self, write: Callable[[torch.Tensor], None]) -> int:
+        """One round: ``write`` this rank's slot (bytes), publish it, wait for every rank's; returns
+        the parity of the slots to read."""
+        self._seq += 1
+        parity = self._seq & 1
+        # Slot [rank, parity] was last read by the peers two rounds ago, and each of them has
+        # published the round between since: nobody reads it any more.
+        write(self._slots[self.rank, parity])
+        self._counters[self.rank] = self._seq  # after the data: x86-64 keeps the two stores in order
+        self._wait(self._seq)
+        return parity
 
     def _wait(self, seq: int) -> None:
         counters = self._counters
