@@ -1,11 +1,13 @@
 """Atari steps/s, one after the other, --steps of Breakout-v5 (seed 1) each: ``cleanrl``, CleanRL's
 ``ppo_atari_envpool.py`` unchanged (results/rows.py's CLEANRL_COMMIT) in its own environment on one core; ``ddprl-1``,
-ddprl's Atari preset (the same keys) on that core; ``ddprl-2``, 2 ranks with cpu_bind=cores on two. Measured alike: env
-steps from the end of the first iteration (1,024 steps) to the end of the last over the time between (CleanRL: its
-``SPS:`` lines as read; ddprl: metrics.jsonl); beside each program's own figure. A probe first counts the EnvPool
-worker threads each program starts on its cores.
+ddprl's Atari preset (the same keys) on that core; ``ddprl-2``, 2 ranks with cpu_bind=cores on two, the preset's 8
+games split between them (strong scaling); ``ddprl-2-weak``, the same with 8 games a rank; ``ddprl-1-pair``, two 1-rank
+runs at once, a core each, their steps/s summed: what two cores give this workload with no collective. Measured
+alike: env steps from the end of the first iteration (1,024 steps) to the end of the last over the time between
+(CleanRL: its ``SPS:`` lines as read; ddprl: metrics.jsonl); beside each program's own figure. A probe first counts
+the EnvPool worker threads each program starts on its cores.
 
-    python benchmarks/atari_throughput.py [--steps 102400] [--repeats 1] [--cores 0,1] [--only cleanrl,ddprl-1,ddprl-2]
+    python benchmarks/atari_throughput.py [--steps 102400] [--repeats 1] [--cores 0,1] [--only cleanrl,ddprl-1,...]
         [--cleanrl /work/cleanrl-checkout] [--cleanrl-python /work/cleanrl-atari-venv/bin/python]
 
 CleanRL's environment (gym's old API: EnvPool 0.8.4 with gym 0.23.1 on Python 3.11):
@@ -20,6 +22,7 @@ import json
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import harness as h
@@ -29,8 +32,11 @@ from results.rows import CLEANRL_CLONE, CLEANRL_COMMIT
 from ddprl.timesplit import PHASES, shares
 
 TASK, SEED, ITERATION, WARMUP = "Breakout-v5", 1, 8 * 128, 1  # 8 envs x 128 steps: CleanRL's and the preset's
-SCRIPT, RUNS, FPS = "cleanrl/ppo_atari_envpool.py", ("cleanrl", "ddprl-1", "ddprl-2"), "time/global_fps"
-TARGETS = (("ddprl-1", "cleanrl", 1.0), ("ddprl-2", "ddprl-1", 1.8))  # the issue's: run / base >= goal
+SCRIPT, FPS = "cleanrl/ppo_atari_envpool.py", "time/global_fps"
+RUNS = ("cleanrl", "ddprl-1", "ddprl-2", "ddprl-2-weak", "ddprl-1-pair")
+# the issue's: run / base >= goal; the pair's ratio is the machine's ceiling for any 2-core run of this workload
+TARGETS = (("ddprl-1", "cleanrl", 1.0), ("ddprl-2", "ddprl-1", 1.8), ("ddprl-2-weak", "ddprl-1", 1.8))
+CEILING = ("ddprl-1-pair", "ddprl-1")
 PACKAGES = ("torch", "numpy", "envpool", "gym", "gymnasium", "tyro", "tensorboard")
 # In either environment: the worker threads of the program's EnvPool (CleanRL's envpool.make, or ddprl's AtariVecEnv),
 # less the helper threads any pool adds (counted on a pool of one worker)
@@ -69,10 +75,20 @@ def run_cleanrl(args, core: str, steps: int) -> dict:
     return measured("cleanrl", points, run, command=command, own=float(sps[-1][1]))
 
 
-def run_ddprl(args, world_size: int, cores: list[str], steps: int) -> dict:
-    cpus, name = ",".join(cores[:world_size]), f"ddprl-{world_size}"
+def run_ddprl(args, name: str, cores: list[str], steps: int) -> dict:
+    """One of the ddprl runs (RUNS); ``ddprl-1-pair``: two 1-rank runs started together, each on its own core."""
+    if name == "ddprl-1-pair":
+        with ThreadPoolExecutor(2) as pool:
+            pair = list(pool.map(lambda core: run_ddprl(args, "ddprl-1", [core], steps), cores[:2]))
+        summed = {k: sum(r[k] for r in pair) for k in ("steps_per_s", "own")}
+        # each run's other load counts its partner, about one core
+        summed["other_load"] = max(0.0, sum(r["other_load"] for r in pair) / 2 - 1)
+        command = pair[0]["command"].replace(f"taskset -c {cores[0]}", f"taskset -c {{{cores[0]},{cores[1]}}}")
+        return {**pair[0], **summed, "name": name, "command": f"{command}, one a core at once", "split": ""}
+    world_size = 1 if name == "ddprl-1" else 2
+    cpus = ",".join(cores[:world_size])
     keys = f"task={TASK} world_size={world_size} device=cpu steps={steps} seed={SEED} " + " ".join(h.QUIET)
-    keys += " cpu_bind=cores" * (world_size > 1)
+    keys += " cpu_bind=cores" * (world_size > 1) + " num_envs=16" * (name == "ddprl-2-weak")
     run = h.train(keys, prefix=["taskset", "-c", cpus], env=h.ONE_THREAD, timeout=args.timeout)
     rows = [r for r in run["rows"] if FPS in r]  # one an iteration
     split = shares({p: sum(r.get(f"time/{p}_s", 0.0) for r in rows[WARMUP:]) for p in PHASES}, at_least=0.02)
@@ -98,6 +114,8 @@ def report(args, runs: dict, threads: dict, steps: int, versions: dict) -> None:
     print("\n" + "\n".join(f"{name}: {v}" for name, v in versions.items()))
     targets = [f"{t} / {b} {rate(t, b):.2f}x (target >= {goal})" for t, b, goal in TARGETS if t in runs and b in runs]
     print("Targets: " + "; ".join(targets) if targets else "")
+    if all(name in runs for name in CEILING):
+        print(f"Machine ceiling: {' / '.join(CEILING)} {rate(*CEILING):.2f}x (2 cores, no collective)")
 
 
 def main() -> None:
@@ -123,8 +141,9 @@ def main() -> None:
         argv = ["taskset", "-c", cores[0], pythons[program], "-c", PROBE, program, TASK, str(envs)]
         lines = h.run(argv, env=h.ONE_THREAD, timeout=600)["lines"]
         found = json.loads(next(text for _, text in reversed(lines) if text.startswith("{")))
-        threads[name] = f"{found['envpool']}, {found['threads']} for {envs} games" + " per rank" * (name == "ddprl-2")
-    plan = {n: lambda r, n=n: run_ddprl(args, int(n[-1]), cores, steps) for n in chosen}
+        each = {"ddprl-2": " per rank", "ddprl-2-weak": " per rank", "ddprl-1-pair": " per run"}.get(name, "")
+        threads[name] = f"{found['envpool']}, {found['threads']} for {envs} games{each}"
+    plan = {n: lambda r, n=n: run_ddprl(args, n, cores, steps) for n in chosen}
     plan |= {"cleanrl": lambda r: run_cleanrl(args, cores[0], steps)} if "cleanrl" in chosen else {}  # keeps its place
     runs = h.alternate(plan, args.repeats, rotate=False)
     if errors := [r["error"] for rs in runs.values() for r in rs if "error" in r]:
