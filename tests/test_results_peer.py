@@ -77,10 +77,13 @@ def test_peer_keys_resolve_to_purejaxrl_sizes(name, impl):
 def test_every_row_is_a_valid_configuration_and_its_kept_runs_ran_it():
     for name, row in {**rows.ROWS, **rows.SUPERVISED_ROWS}.items():
         cfg = load_config(list(row.keys))
-        assert cfg.world_size == (1 if name.endswith("-zoo") or name.startswith("tdmpc2-") else 2), name
+        one_rank = name.endswith("-zoo") or name.startswith(("tdmpc2-", "ppo-atari-"))
+        assert cfg.world_size == (1 if one_rank else 2), name
         assert (store.kept_summary(name) or {"command": row.command()})["command"] == row.command(), name
     epymarl = load_config(list(rows.ROWS["qmix-lbf-8x8-2p-2f-coop-epymarl"].keys))
     assert (epymarl.batch_size * 2, epymarl.standardise_state, epymarl.bootstrap_truncated) == (32, False, False)
+    atari = load_config(list(rows.ROWS["ppo-atari-breakout"].keys))  # the preset, as CleanRL's published runs
+    assert (atari.steps, atari.num_envs, atari.n_steps, atari.policy) == (10_000_000, 8, 128, "nature_cnn")
     assert rows.PEER_ROWS["jax-breakout"].impls == ("purejaxrl", "jax1", "jax")  # MinAtar is gymnax's only
 
 

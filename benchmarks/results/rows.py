@@ -131,6 +131,18 @@ ROWS: dict[str, Row] = {
     "ppo-humanoid-v4-mbadv": row(V4_MB, HUMANOID, cleanrl="cleanrl-humanoid-v4"),
     "ppo-humanoid-mbadv": row(f"task=Humanoid-v5 {MUJOCO} norm_adv=minibatch", HUMANOID),
 }
+# Atari at 10M agent steps (40M frames), the preset being CleanRL's ppo_atari_envpool.py settings, against its
+# published numbers (docs/benchmark/ppo_atari_envpool.md at CLEANRL_COMMIT; 3 seeds, one GPU each, as here)
+CLEANRL_ATARI = (
+    "CleanRL `docs/benchmark/ppo_atari_envpool.md` (Open RL Benchmark tag pr-424, ppo_atari_envpool.py on {task}, "
+    "10M steps; the training episodes' raw game score at the end of training, ± over 3 seeds)"
+)
+ATARI_TASKS = {"Pong-v5": (20.45, 0.09), "Breakout-v5": (211.24, 151.84), "BeamRider-v5": (2501.85, 210.52)}
+for task, (value, std) in ATARI_TASKS.items():
+    source = CLEANRL_ATARI.format(task=task)
+    ref = Reference(source, value, std, 10_000_000, TRAIN, "CleanRL pr-424", task, "std over 3 seeds")
+    ROWS[f"ppo-atari-{task.removesuffix('-v5').lower()}"] = row(f"task={task} world_size=1 device=cuda", ref, long=True)
+
 # the page compares rows a, b pooled against c, d ("a+b:c+d", Welch's t-test)
 VERSUS = {
     "ppo-humanoid-v4-mbadv": "ppo-humanoid-v4-mbadv:ppo-humanoid-v4",
@@ -160,6 +172,8 @@ NOTES = {  # at most ~3 lines each on the page
     "ppo-humanoid-v4-mbadv": "Advantages normalised per minibatch of 64 (32 per rank), as CleanRL does.",
     "ppo-humanoid-mbadv": "Per-minibatch advantages on v5; the MuJoCo preset keeps `norm_adv=true` until the other "
     "MuJoCo rows have been run so. Both task versions:",
+    "ppo-atari-pong": "The three Atari rows are not run yet: at the 221 to 495 steps/s of a 2-core CPU machine "
+    "(benchmarks.md, Atari), 10M steps take 6 to 13 h a seed; they are for a GPU machine.",
     "qmix-lbf-2s-8x8-2p-2f-coop": "One seed of each ddprl row drops at its final test (to 0.43 and 0.24, from "
     "best tests of 0.66 and 0.56); 3 seeds a side do not resolve a gap this size.",
     "qmix-lbf-10x10-3p-3f": "Most food needs two or three agents loading it together. Neither library learns much "
