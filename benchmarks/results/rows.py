@@ -222,7 +222,7 @@ JAXMARL_VENV = (
     "python3.11 -m venv jaxmarl-venv && jaxmarl-venv/bin/pip install jax==0.10.2 jaxmarl==0.2.0 flashbax "
     "hydra-core omegaconf wandb six"
 )
-SMAX_STEPS, SMAX_MAPS = 500_000, ("3m", "2s3z")
+SMAX_STEPS, SMAX_MAPS = 500_000, ("3m", "2s3z", "5m_vs_6m")
 JAXMARL_QMIX = dict(TOTAL_TIMESTEPS=SMAX_STEPS, TEST_NUM_ENVS=32)  # and MAP_NAME, SEED (one seed a program)
 JAXMARL_ROWS = {f"jaxmarl-smax-{name}": name for name in SMAX_MAPS}
 for name in SMAX_MAPS:
