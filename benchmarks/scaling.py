@@ -4,7 +4,8 @@ python benchmarks/scaling.py [--ranks 1 2 4] [--only ppo-cartpole,qmix-lbf] [--k
     every algorithm at 1 rank against N, each a real `ddprl train` per world size (the JAX engine: one process of N
     CPU devices), alternated (--repeats, the median kept); rate: global steps (samples) per second over the rows
     after a warm-up; weak scaling: efficiency = rate(N) / (N x rate(1)); strong: speed-up; to a return: seconds(1) /
-    seconds(N), start-up in
+    seconds(N), start-up in; --ceiling adds, for each weak workload but the JAX one, N 1-rank jobs at once: their summed
+    rate over N x rate(1) is what N processes give that workload here with no collective, its own ceiling
 python benchmarks/scaling.py --model [--latency-us 25 --busbw-gbs 40] [--ranks 8 64 512]
     weak-scaling efficiency predicted from one rank's iteration time T with k all-reduces of S bytes:
     t(N, S) = latency(N) + 2 (N - 1) / N x S / busbw (a ring); efficiency = T / (T + k t(N, S)), an upper bound
@@ -18,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import harness as h
 
@@ -98,6 +100,13 @@ def run_job(name: str, n: int, timeout: float, extra: list[str]) -> dict:
     return {"rate": rate, "say": f"{rate:,.2f}", **split}
 
 
+def independent_jobs(name: str, n: int, timeout: float, extra: list[str]) -> dict:
+    """``n`` 1-rank jobs of workload ``name`` started together: their summed rate (the workload's own ceiling)."""
+    with ThreadPoolExecutor(n) as pool:
+        jobs = list(pool.map(lambda _: run_job(name, 1, timeout, extra), range(n)))
+    return {"rate": sum(job["rate"] for job in jobs), **{p: statistics.mean(job[p] for job in jobs) for p in PHASES}}
+
+
 def machine_ceiling(copies: int, rounds: int = 3) -> float:
     """The rate of ``copies`` copies of PROBE together over ``copies`` times one alone (1.0: independent cores): no
     CPU-bound training scales better here. Alternated, median: the machine's speed drifts."""
@@ -117,20 +126,25 @@ def scaling(args) -> None:
     base, top, rows = args.ranks[0], args.ranks[-1], []
     for w in chosen:
         plan = {n: lambda r, n=n, w=w: run_job(w, n, args.timeout, args.keys) for n in args.ranks}
+        (kind, _, metric, what, keys), alone = WORKLOADS[w], f"{top} x 1"
+        if args.ceiling and kind == "weak" and "engine=jax" not in keys and top > 1:
+            plan[alone] = lambda r, w=w: independent_jobs(w, top, args.timeout, args.keys)
         runs = h.alternate(plan, 1 if w in args.once.split(",") else args.repeats, rotate=False)
-        (kind, _, metric, what, _), res = WORKLOADS[w], {n: h.middle(rs, "rate") for n, rs in runs.items()}
-        if any("error" in res[n] for n in args.ranks):
-            rows.append([w, kind, what, *("failed" for _ in args.ranks), "", ""])
+        res = {n: h.middle(rs, "rate") for n, rs in runs.items()}
+        if any("error" in r for r in res.values()):
+            rows.append([w, kind, what, *("failed" for _ in args.ranks), "", *[""] * args.ceiling, ""])
             continue
         rates = [f"{res[n]['rate']:,.{2 if res[n]['rate'] < 100 else 0}f}" for n in args.ranks]
         speedup = res[top]["rate"] / res[base]["rate"]
         score = f"{speedup:.2f}x" if kind == "strong" else f"{speedup * base / top:.2f}"
         score = f"{1 / speedup:.2f}x" if metric[0].isdigit() else score  # seconds
-        rows.append([w, kind, what, *rates, score, shares({p: res[top][p] for p in PHASES}, at_least=0.05)])
+        own = [f"{res[alone]['rate'] / (top * res[base]['rate']):.2f}" if alone in res else ""] * args.ceiling
+        rows.append([w, kind, what, *rates, score, *own, shares({p: res[top][p] for p in PHASES}, at_least=0.05)])
     print(f"Machine: {h.machine()}; {time.strftime('%Y-%m-%d')}; ranks {args.ranks}")
     print(f"Machine ceiling (N busy processes' rate / N x one alone): {ceilings}\n")
     ranks = [f"{n} rank{'s' if n > 1 else ''}" for n in args.ranks]
-    h.table(["workload", "scaling", "work", *ranks, "efficiency / speed-up", f"where {top} ranks spend it"], rows)
+    own = [f"its ceiling ({top} 1-rank jobs at once)"] * args.ceiling
+    h.table(["workload", "scaling", "work", *ranks, "efficiency / speed-up", *own, f"where {top} ranks spend it"], rows)
 
 
 def model(args) -> None:
@@ -160,6 +174,7 @@ def main() -> None:
     p.add_argument("--only", default="", help=f"comma-separated workloads: {', '.join(WORKLOADS)}")
     p.add_argument("--once", default="tdmpc2,jax-ppo", help="workloads run once whatever --repeats says")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
+    p.add_argument("--ceiling", action="store_true", help="also N 1-rank jobs at once: each workload's own ceiling")
     p.add_argument("--keys", nargs="*", default=[], help="ddprl keys added to every job (cpu_bind=cores)")
     p.add_argument("--latency-us", type=float, help="--model: your small all-reduce latency (ddprl doctor)")
     p.add_argument("--busbw-gbs", type=float, help="--model: your bus bandwidth in GB/s (ddprl doctor)")
