@@ -127,7 +127,7 @@ def scaling(args) -> None:
     for w in chosen:
         plan = {n: lambda r, n=n, w=w: run_job(w, n, args.timeout, args.keys) for n in args.ranks}
         (kind, _, metric, what, keys), alone = WORKLOADS[w], f"{top} x 1"
-        if args.ceiling and kind == "weak" and "engine=jax" not in keys and top > 1:
+        if args.ceiling and kind == "weak" and "engine=jax" not in keys and base == 1 < top:
             plan[alone] = lambda r, w=w: independent_jobs(w, top, args.timeout, args.keys)
         runs = h.alternate(plan, 1 if w in args.once.split(",") else args.repeats, rotate=False)
         res = {n: h.middle(rs, "rate") for n, rs in runs.items()}
