@@ -13,6 +13,7 @@ python benchmarks/scaling.py --model [--latency-us 25 --busbw-gbs 40] [--ranks 8
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import statistics
@@ -26,7 +27,8 @@ import harness as h
 from ddprl.timesplit import PHASES, shares
 
 # name | scaling | warm-up rows | rate: "steps", a metric, or a return (the seconds to it) | the work | ddprl keys
-# ("K*n": K times the ranks; an indented line goes on the one above)
+# ("K*n": K times the ranks; an indented line goes on the one above). Weak scaling keeps each rank's work: the same
+# steps a rank, and a supervised run's epochs times the ranks (each rank's shard is 1/N of the data), warm-up alike.
 TABLE = """
 ppo-default | strong | 3 | steps | 8 CartPole envs in all (`ddprl train`) | steps=61440
 ppo-default-target | strong | 0 | 475 | `ddprl train` to eval return 475, seconds | eval_freq=8192 eval_episodes=10
@@ -37,10 +39,10 @@ qmix-lbf | weak | 3 | steps | 8 LBF envs, 32 episodes an update | algo=qmix task
     num_envs=8*n steps=60000*n log_freq=4000*n update_every=50*n epsilon_anneal_steps=1000
 tdmpc2 | weak | 4 | steps | 1 walker-run env, model_size 1 | algo=tdmpc2 task=walker-run model_size=1
     episode_length=50 seed_steps=50*n log_freq=20*n steps=250*n buffer_size=10000
-supervised-digits | weak | 2 | time/samples_per_s | batches of 32 (digits)
-    | algo=supervised task=digits epochs=12 batch_size=32
-supervised-graph | weak | 1 | time/samples_per_s | batches of 32 graphs (graph_energy)
-    | algo=supervised task=graph_energy epochs=4 batch_size=32
+supervised-digits | weak | 2*n | time/samples_per_s | batches of 32 (digits)
+    | algo=supervised task=digits epochs=12*n batch_size=32
+supervised-graph | weak | 1*n | time/samples_per_s | batches of 32 graphs (graph_energy)
+    | algo=supervised task=graph_energy epochs=4*n batch_size=32
 jax-ppo | weak | 3 | steps | 16 gymnax CartPole envs per CPU device, one process
     | engine=jax task=gymnax/CartPole-v1 num_envs=16*n steps=81920*n
 """
@@ -83,7 +85,8 @@ def run_job(name: str, n: int, timeout: float, extra: list[str]) -> dict:
     """One ``ddprl train``: its rate and time split (mean over ranks) over the rows after warm-up."""
     _, warmup, metric, _, keys = WORKLOADS[name]
     target = float(metric) if metric[0].isdigit() else None
-    keys = re.sub(r"(\d+)\*n", lambda m: str(int(m[1]) * n), keys).split()
+    times_n = functools.partial(re.sub, r"(\d+)\*n", lambda m: str(int(m[1]) * n))
+    keys, warmup = times_n(keys).split(), int(times_n(warmup))
     jax_engine = "engine=jax" in keys  # its layout on one machine: one process driving n devices
     keys += [*extra, f"devices={n}" if jax_engine else f"world_size={n}", "progress=false", "checkpoint_freq=100000000"]
     keys += ["eval_episodes=0"] if target is None and "algo=supervised" not in keys else []
@@ -91,7 +94,7 @@ def run_job(name: str, n: int, timeout: float, extra: list[str]) -> dict:
     if target is not None:  # the wall time of the first evaluation at the target
         hit = [r["wall_time"] for r in rows if r.get("eval/return_mean", -math.inf) >= target]
         return {"rate": hit[0] if hit else math.inf, **dict.fromkeys(PHASES, 0.0)}
-    kept = [r for r in rows if ("time/global_fps" if metric == "steps" else metric) in r][int(warmup) :]
+    kept = [r for r in rows if ("time/global_fps" if metric == "steps" else metric) in r][warmup:]
     if len(kept) < 2:
         raise RuntimeError(f"{name} at {n}: too few rows after warm-up")
     steps = (kept[-1]["step"] - kept[0]["step"]) / (kept[-1]["wall_time"] - kept[0]["wall_time"])
