@@ -15,7 +15,7 @@ import supervised_fns as fns
 import torch
 from conftest import REPO, cli_env, run_cli
 from torch import nn
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from ddprl.config import load_config
 from ddprl.errors import UsageError
@@ -23,7 +23,7 @@ from ddprl.metrics import read_metrics
 from ddprl.runtime import launch
 from ddprl.runtime.compat import COMPILED_PREFIX
 from ddprl.supervised import EarlyStopping, Trainer
-from ddprl.supervised.data import ShardSampler
+from ddprl.supervised.data import EpochSampler, ShardSampler, eval_loader, start_epoch, train_loader
 from ddprl.supervised.metrics import accuracy, mae, mse
 
 FAST = {"progress": False, "device": "cpu", "dist_timeout": 60}
@@ -43,6 +43,28 @@ def test_shards_cover_every_sample_exactly_once(n, world):
         len(list(DistributedSampler(range(n), num_replicas=world, rank=r, shuffle=False))) for r in range(world)
     )
     assert padded == n + (-n) % world
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_tensor_datasets_load_a_batch_at_once_and_give_the_same_batches(drop_last):
+    """A TensorDataset is indexed with the batch's indices at once: the batches (values, order, type) of torch's
+    per-sample loader, on every rank, after a part-way start and when evaluating."""
+    dataset = TensorDataset(torch.arange(37.0).unsqueeze(1).repeat(1, 3), torch.arange(37) % 5)
+    cfg = load_config(["algo=supervised", "batch_size=4", "eval_batch_size=5", f"drop_last={drop_last}"])
+    for rank in range(2):
+        loader = train_loader(dataset, cfg, rank, 2)
+        assert loader.batch_size is None  # the batched path: no per-sample collate
+        plain = EpochSampler(dataset, num_replicas=2, rank=rank, seed=cfg.seed, drop_last=drop_last)
+        for epoch, skip in ((0, 0), (1, 8), (2, 0)):
+            start_epoch(loader, epoch, skip)
+            plain.start_at(epoch, skip)
+            got = list(loader)
+            expected = list(DataLoader(dataset, cfg.batch_size, sampler=plain, drop_last=drop_last))
+            assert len(got) == len(expected) == len(loader) and all(type(b) is list for b in got)
+            assert all(torch.equal(g, e) for b, c in zip(got, expected, strict=True) for g, e in zip(b, c, strict=True))
+        got = list(eval_loader(dataset, cfg, rank, 2))
+        expected = list(DataLoader(dataset, 5, sampler=ShardSampler(37, rank, 2)))
+        assert all(torch.equal(g, e) for b, c in zip(got, expected, strict=True) for g, e in zip(b, c, strict=True))
 
 
 def test_early_stopping_counts_validations_without_improvement():

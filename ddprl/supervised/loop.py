@@ -32,7 +32,7 @@ from ddprl.algos.common import autocast_context
 from ddprl.checkpoint import state_of
 from ddprl.errors import UsageError
 from ddprl.run import Run
-from ddprl.supervised.data import eval_loader, train_loader
+from ddprl.supervised.data import eval_loader, start_epoch, train_loader
 from ddprl.supervised.early_stopping import EarlyStopping
 from ddprl.supervised.metrics import evaluate
 from ddprl.supervised.task import Task, batch_len, to_device
@@ -218,7 +218,7 @@ def fit(rt: Runtime, cfg: SupervisedConfig, task: Task) -> FitResult:
     step, row = run.step, {}
     while epoch < cfg.epochs and not stopper.stopped:
         start = time.perf_counter()
-        loader.sampler.start_at(epoch, done_batches * cfg.batch_size)
+        start_epoch(loader, epoch, done_batches * cfg.batch_size)
         train_sums, step, done_batches = train_one_epoch(
             rt,
             cfg,
