@@ -186,6 +186,8 @@ NOTES = {  # at most ~3 lines each on the page
     "pays). ddprl's MPE preset treats the time limit as terminal (docs/qmix.md).",
     "qmix-smax-3m": "Both libraries' win rates swing by 0.3 to 0.4 between tests of 32 battles, JaxMARL's seed 2 "
     "from 0.41 at 172k to 0.05 at the end. A seed took ddprl 4 to 8 min and JaxMARL 27 to 29 min on 2 cores.",
+    "qmix-smax-5m_vs_6m": "Five marines against six: at any test ddprl's greedy policies won 0 to 4 of 32 battles, 0 "
+    "at the last. JaxMARL's configuration is for 10M steps (its TOTAL_TIMESTEPS), 20 times this budget.",
     "tdmpc2-reacher-easy": "Reward only while the fingertip is in the target: seed 2's final 733.2 ± 423.7 (± std "
     "over its 4 episodes) is three episodes near 975 and one near 0, a target never reached.",
     "tdmpc2-finger-spin": "Seed 3's evaluations from 30k on (712.5 to 732.5, ± about 415 over 4 episodes) are three "
