@@ -263,6 +263,14 @@ def test_random_actions_on_a_qmix_task_are_kept_reproducibly(tmp_store):
     assert peers.random_baseline("qmix-lbf-8x8-2p-2f-coop", episodes=12) == first
     assert (first["task"], first["episodes"]) == ("Foraging-8x8-2p-2f-coop-v3", 12) and 0 <= first["positive"] <= 12
     assert json.loads((store.RUNS / "qmix-lbf-8x8-2p-2f-coop" / "random.json").read_text()) == first
+    assert "won" not in first  # LBF has no battles
+
+
+def test_random_actions_on_a_smax_battle_count_the_battles_won(tmp_store):
+    pytest.importorskip("jaxmarl")
+    floor = peers.random_baseline("qmix-smax-3m", episodes=8)
+    assert (floor["task"], floor["episodes"]) == ("smax/3m", 8) and 0 <= floor["won"] <= 8
+    assert json.loads((store.RUNS / "qmix-smax-3m" / "random.json").read_text()) == floor
 
 
 @pytest.mark.slow

@@ -203,9 +203,12 @@ def notes(section: str) -> list[str]:
         if sections[name.split("-")[0]] == section and name in R.NOTES:
             out.append(f"- `{name}`: {R.NOTES[name]} {versus(R.VERSUS[name]) if name in R.VERSUS else ''}".rstrip())
     if section == "QMIX":
-        paths = {task: (store.RUNS / row / "random.json", n) for row, (task, n) in R.QMIX_TASKS.items()}
+        paths = {task: (store.RUNS / row / "random.json", n) for row, (task, n) in R.RANDOM_TASKS.items()}
         kept = {task: (json.loads(path.read_text()), n) for task, (path, n) in paths.items() if path.exists()}
-        floors = "; ".join(f"{task} {f['mean'] / n:.2f} ± {f['std'] / n:.2f}" for task, (f, n) in kept.items())
+        wins = {task: f", {f['won']} of {f['episodes']} battles won" for task, (f, _) in kept.items() if "won" in f}
+        floors = "; ".join(
+            f"{task} {f['mean'] / n:.2f} ± {f['std'] / n:.2f}{wins.get(task, '')}" for task, (f, n) in kept.items()
+        )
         out.append(f"- Random actions, uniform over the available ones (± std over 400 episodes): {floors}")
     return out
 

@@ -24,21 +24,25 @@ from .store import curve, window_mean
 
 def random_baseline(name: str, episodes: int = 400, seed: int = 0) -> dict:
     """The team return of uniformly random available actions on a QMIX row's task (ddprl's environment, 8
-    copies seeded ``seed``, the draws too), kept as ``random.json`` in the row's folder."""
+    copies seeded ``seed``, the draws too), and on SMAX the battles won, kept as ``random.json`` in the row's folder."""
     import torch
 
     from ddprl.envs.marl import make_marl_env
 
-    env = make_marl_env(R.QMIX_TASKS[name][0], num_envs=8, seed=seed)
-    draws, obs, returns = torch.Generator().manual_seed(seed), env.reset(), []
+    task = R.RANDOM_TASKS[name][0]
+    env = make_marl_env(task, num_envs=8, seed=seed)
+    draws, obs, returns, won = torch.Generator().manual_seed(seed), env.reset(), [], []
     while len(returns) < episodes:
         actions = torch.multinomial(obs.avail.flatten(0, 1).float(), 1, generator=draws)
         obs, _, terminated, truncated, info = env.step(actions.view(env.num_envs, env.n_agents))
-        returns += info["episode_return"][terminated | truncated].tolist()
+        done = terminated | truncated
+        returns += info["episode_return"][done].tolist()
+        won += info["episode_won"][done].tolist() if "episode_won" in info else []
     env.close()
     returns = returns[:episodes]
-    result = dict(task=R.QMIX_TASKS[name][0], episodes=episodes, seed=seed, mean=statistics.mean(returns))
+    result = dict(task=task, episodes=episodes, seed=seed, mean=statistics.mean(returns))
     result |= dict(std=statistics.stdev(returns), positive=sum(r > 0 for r in returns))
+    result |= dict(won=int(sum(won[:episodes]))) if won else {}
     (store.RUNS / name).mkdir(parents=True, exist_ok=True)
     (store.RUNS / name / "random.json").write_text(json.dumps(result, indent=1) + "\n")
     return result

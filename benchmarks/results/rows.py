@@ -230,6 +230,9 @@ JAXMARL_ROWS = {f"jaxmarl-smax-{name}": name for name in SMAX_MAPS}
 for name in SMAX_MAPS:
     keys = f"algo=qmix task=smax/{name} world_size=2 steps={SMAX_STEPS} eval_freq=50000 eval_episodes=32"
     ROWS[f"qmix-smax-{name}"] = row(keys, digits=2, jaxmarl=f"jaxmarl-smax-{name}")
+# the QMIX rows whose random-action floor `run.py ROW --random` measures: (task, agents the return is divided by);
+# SMAX's team reward is shared, not summed over agents, and its floor also counts battles won
+RANDOM_TASKS = QMIX_TASKS | {f"qmix-smax-{name}": (f"smax/{name}", 1) for name in SMAX_MAPS}
 
 # TD-MPC2 at 100k environment steps (50k agent steps, action repeat 2) against the official per-task CSVs:
 # CPU rows at model_size 1 (4 evaluation episodes), GPU rows at the CSVs' 5 (`bash benchmarks/gpu_session.sh`)

@@ -63,8 +63,8 @@ def main() -> int:
     if args.steps and library not in ("purejaxrl", "cleanrl"):
         parser.error("--steps shortens peer and cleanrl-* rows only")
     if args.random:
-        if args.row not in rows.QMIX_TASKS:
-            parser.error(f"--random: one of the QMIX rows {', '.join(rows.QMIX_TASKS)}")
+        if args.row not in rows.RANDOM_TASKS:
+            parser.error(f"--random: one of the QMIX rows {', '.join(rows.RANDOM_TASKS)}")
         print(json.dumps(peers.random_baseline(args.row)))
     elif library == "purejaxrl":
         peers.run_peer_row(args.row, args.seeds, checkout, python, args.steps, args.resume)
