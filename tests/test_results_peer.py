@@ -77,7 +77,7 @@ def test_peer_keys_resolve_to_purejaxrl_sizes(name, impl):
 def test_every_row_is_a_valid_configuration_and_its_kept_runs_ran_it():
     for name, row in {**rows.ROWS, **rows.SUPERVISED_ROWS}.items():
         cfg = load_config(list(row.keys))
-        one_rank = name.endswith("-zoo") or name.startswith(("tdmpc2-", "ppo-atari-"))
+        one_rank = name.endswith("-zoo") or name.startswith(("tdmpc2-", "ppo-atari-")) and not name.endswith("-cpu")
         assert cfg.world_size == (1 if one_rank else 2), name
         assert (store.kept_summary(name) or {"command": row.command()})["command"] == row.command(), name
     epymarl = load_config(list(rows.ROWS["qmix-lbf-8x8-2p-2f-coop-epymarl"].keys))
@@ -132,6 +132,20 @@ def test_the_tables_and_the_csv_are_computed_from_the_kept_runs(tmp_store):
     assert 'ppo-humanoid-v4,PPO,Humanoid-v4,2,"training episodes, last 5 % of 1M",660.0,960000' in table
     assert "epymarl-mpe-simple-spread,QMIX (EPyMARL),simple_spread_v3,1,final greedy test,-14.0,2050000" in table
     assert len(table) == 1 + 2 * (1 + 1 + 2 + 3 + 1 + 2)  # per seed, each measure of each row once
+
+
+def test_a_long_rows_seeds_in_training_say_how_far_they_got(tmp_store):
+    for seed, last in ((2, 1_000_000), (10, 2_500_000)):
+        progress = store.RUNS / "ppo-atari-pong-cpu" / training.IN_PROGRESS / f"seed{seed}"
+        progress.mkdir(parents=True)
+        records = [{"step": step, TRAIN: step / 100_000 - 21} for step in range(last // 4, last + 1, last // 4)]
+        (progress / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    keep("ppo-cartpole", {"seed1": [{"step": 100_000, EVAL: 500.0}]})  # a curve for the figure
+    text = page.page()
+    assert "| `ppo-atari-pong-cpu` | not run | 20.45 ± 0.09 |" in text
+    said = "In training: seed2 at 1M of 10M steps (training return over its last 5 % -11.0); seed10 at 2.5M"
+    assert said in " ".join(text.split()) and "(training return over its last 5 % 4.0)." in " ".join(text.split())
+    assert "`ppo-atari-breakout`: In training" not in text
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ import textwrap
 from . import rows as R
 from . import store
 from .store import at_steps, curve, gap, mean_std, welch, window_mean
+from .training import IN_PROGRESS
 
 RUN = "python benchmarks/results/run.py"
 HEADER = f"""# Results: published numbers, reproduced
@@ -196,12 +197,30 @@ def versus(spec: str) -> str:
     return f"{names[0]} against {names[1]}: {mean_std(a, 1)} against {mean_std(b, 1)}, Welch's p = {welch(a, b):.3f}."
 
 
+def unfinished(name: str) -> str:
+    """How far a long row's seeds in training got at their last stop (kept in ``runs/ROW/in_progress/``)."""
+    row = R.ROWS.get(name)
+    if row is None or not row.long:
+        return ""
+    metric, budget = metric_of(row), row.references[0].steps if row.references else None
+    said = []
+    for path in sorted((store.RUNS / name / IN_PROGRESS).glob("seed*"), key=lambda p: int(p.name[4:])):
+        rows = store.read_rows(path)
+        steps, points = rows[-1]["step"], curve(rows, metric)
+        value = (window_mean if metric == R.TRAIN else at_steps)(points, steps) if points else None
+        what = "training return over its last 5 %" if metric == R.TRAIN else "last evaluation"
+        said.append(f"{path.name} at {k(steps)}" + (f" of {k(budget)}" if budget else "") + " steps")
+        said[-1] += f" ({what} {value:.1f})" if value is not None else ""
+    return f"In training: {'; '.join(said)}." if said else ""
+
+
 def notes(section: str) -> list[str]:
     out = [f"- {note}" for note in NOTES[section].split("\n")]
     sections = {"ppo": "PPO", "qmix": "QMIX", "tdmpc2": "TD-MPC2", "jax": JAX}
     for name in [*R.ROWS, *R.PEER_ROWS]:
-        if sections[name.split("-")[0]] == section and name in R.NOTES:
-            out.append(f"- `{name}`: {R.NOTES[name]} {versus(R.VERSUS[name]) if name in R.VERSUS else ''}".rstrip())
+        if sections[name.split("-")[0]] == section and (name in R.NOTES or unfinished(name)):
+            parts = (R.NOTES.get(name, ""), versus(R.VERSUS[name]) if name in R.VERSUS else "", unfinished(name))
+            out.append(f"- `{name}`: " + " ".join(part for part in parts if part))
     if section == "QMIX":
         paths = {task: (store.RUNS / row / "random.json", n) for row, (task, n) in R.RANDOM_TASKS.items()}
         kept = {task: (json.loads(path.read_text()), n) for task, (path, n) in paths.items() if path.exists()}
