@@ -105,7 +105,8 @@ class Page:
 
     def panel(self, title, metric, series, agents=1, ref=None) -> None:
         """A figure panel: for each (colour, row, prefix) of ``series``, each kept seed's curve of ``metric``."""
-        curves = [(c, curve(rows, metric)) for c, name, prefix in series for _, rows in seed_runs(name, prefix)]
+        runs = lambda name, prefix: in_training(name) if prefix == IN_PROGRESS else seed_runs(name, prefix)  # noqa: E731
+        curves = [(c, curve(rows, metric)) for c, name, prefix in series for _, rows in runs(name, prefix)]
         curves = [(c, [(s, v / agents) for s, v in points]) for c, points in curves if points]
         if curves:
             self.panels.append((title, metric, curves, ref))
@@ -143,7 +144,8 @@ def rl_tables(p: Page) -> dict[str, list[str]]:
             tables[algo].append(p.line(f"`{name}`", ours, reference(theirs, row.digits), where, what, row.digits))
         metric = metric_of(row)
         peers = (row.cleanrl, row.epymarl, row.jaxmarl)
-        series = [("C0", name, "seed")] + [("C1", peer, "seed") for peer in peers if peer]
+        series = [("C0", name, "seed")] + [("C0", name, IN_PROGRESS)] * row.long
+        series += [("C1", peer, "seed") for peer in peers if peer]
         ref = (row.references[0].value, row.references[0].std) if row.references else None
         p.panel(name, metric, series if metric == R.TRAIN or not row.cleanrl else series[:1], row.agents, ref)
     return tables
@@ -197,19 +199,24 @@ def versus(spec: str) -> str:
     return f"{names[0]} against {names[1]}: {mean_std(a, 1)} against {mean_std(b, 1)}, Welch's p = {welch(a, b):.3f}."
 
 
+def in_training(name: str) -> list[tuple[int, list[dict]]]:
+    """A long row's seeds in training, each with its metrics at its last stop (``runs/ROW/in_progress/``)."""
+    paths = (store.RUNS / name / IN_PROGRESS).glob("seed*")
+    return sorted((int(path.name.removeprefix("seed")), store.read_rows(path)) for path in paths)
+
+
 def unfinished(name: str) -> str:
-    """How far a long row's seeds in training got at their last stop (kept in ``runs/ROW/in_progress/``)."""
+    """How far a long row's seeds in training got at their last stop."""
     row = R.ROWS.get(name)
     if row is None or not row.long:
         return ""
     metric, budget = metric_of(row), row.references[0].steps if row.references else None
     said = []
-    for path in sorted((store.RUNS / name / IN_PROGRESS).glob("seed*"), key=lambda p: int(p.name[4:])):
-        rows = store.read_rows(path)
+    for seed, rows in in_training(name):
         steps, points = rows[-1]["step"], curve(rows, metric)
         value = (window_mean if metric == R.TRAIN else at_steps)(points, steps) if points else None
         what = "training return over its last 5 %" if metric == R.TRAIN else "last evaluation"
-        said.append(f"{path.name} at {k(steps)}" + (f" of {k(budget)}" if budget else "") + " steps")
+        said.append(f"seed {seed} at {k(steps)}" + (f" of {k(budget)}" if budget else "") + " steps")
         said[-1] += f" ({what} {value:.1f})" if value is not None else ""
     return f"In training: {'; '.join(said)}." if said else ""
 
