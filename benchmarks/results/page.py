@@ -104,9 +104,9 @@ class Page:
         return "| " + " | ".join(cells) + " |"
 
     def panel(self, title, metric, series, agents=1, ref=None) -> None:
-        """A figure panel: for each (colour, row, prefix) of ``series``, each kept seed's curve of ``metric``."""
-        runs = lambda name, prefix: in_training(name) if prefix == IN_PROGRESS else seed_runs(name, prefix)  # noqa: E731
-        curves = [(c, curve(rows, metric)) for c, name, prefix in series for _, rows in runs(name, prefix)]
+        """A figure panel: for each (colour, row, prefix) of ``series``, each kept seed's curve of ``metric``
+        (prefix IN_PROGRESS: each seed's in training)."""
+        curves = [(c, curve(rows, metric)) for c, name, prefix in series for _, rows in runs_of(name, prefix)]
         curves = [(c, [(s, v / agents) for s, v in points]) for c, points in curves if points]
         if curves:
             self.panels.append((title, metric, curves, ref))
@@ -203,6 +203,10 @@ def in_training(name: str) -> list[tuple[int, list[dict]]]:
     """A long row's seeds in training, each with its metrics at its last stop (``runs/ROW/in_progress/``)."""
     paths = (store.RUNS / name / IN_PROGRESS).glob("seed*")
     return sorted((int(path.name.removeprefix("seed")), store.read_rows(path)) for path in paths)
+
+
+def runs_of(name: str, prefix: str) -> list[tuple[int, list[dict]]]:
+    return in_training(name) if prefix == IN_PROGRESS else seed_runs(name, prefix)
 
 
 def unfinished(name: str) -> str:
