@@ -141,7 +141,7 @@ def test_a_long_rows_seeds_in_training_say_how_far_they_got(tmp_store):
         records = [{"step": step, TRAIN: step / 100_000 - 21} for step in range(last // 4, last + 1, last // 4)]
         (progress / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     text = page.page()  # and their curves in the figure
-    assert "| `ppo-atari-pong-cpu` | not run | 20.45 ± 0.09 |" in text
+    assert "| `ppo-atari-pong-cpu` | in training (notes) | 20.45 ± 0.09 |" in text
     said = "In training: seed 2 at 1M of 10M steps (training return over its last 5 % -11.0); seed 10 at 2.5M"
     assert said in " ".join(text.split()) and "(training return over its last 5 % 4.0)." in " ".join(text.split())
     assert "`ppo-atari-breakout`: In training" not in text

@@ -95,12 +95,14 @@ class Page:
                 out.append(value)
         return out
 
-    def line(self, label, ours, ref: tuple, source: str, metric: str, digits: int = 1) -> str:
+    def line(self, label, ours, ref: tuple, source: str, metric: str, digits: int = 1, none="not run") -> str:
+        """A table line; ``none``: ddprl's cell when no seed is kept."""
         cell, value, std, spread = ref
         n = len(ours)
         over = "—" if not n else f"std over {n} seeds, both" if spread == f"std over {n} seeds" else None
         over = over or f"ddprl std over {n} seeds; ref. {spread}"
-        cells = [label, mean_std(ours, digits), cell, source, metric, over, gap(ours, value, std), str(n)]
+        ddprl = mean_std(ours, digits) if ours else none
+        cells = [label, ddprl, cell, source, metric, over, gap(ours, value, std), str(n)]
         return "| " + " | ".join(cells) + " |"
 
     def panel(self, title, metric, series, agents=1, ref=None) -> None:
@@ -127,7 +129,9 @@ def rl_tables(p: Page) -> dict[str, list[str]]:
             what = described(ref.metric, ref.steps) + (" agent steps" if algo == "TD-MPC2" else "")
             ours = p.values(name, algo, task, ref.metric, ref.steps, what=what)
             cell = f"{ref.value!r} ± {ref.std!r}"
-            tables[algo].append(p.line(f"`{name}`", ours, (cell, ref.value, ref.std, ref.spread), where, what))
+            none = "in training (notes)" if in_training(name) else "not run"
+            ref_cells = (cell, ref.value, ref.std, ref.spread)
+            tables[algo].append(p.line(f"`{name}`", ours, ref_cells, where, what, none=none))
         for peer, library in ((row.cleanrl, "CleanRL"), (row.epymarl, "EPyMARL"), (row.jaxmarl, "JaxMARL")):
             if not (kept := peer and store.kept_summary(peer)):
                 continue
