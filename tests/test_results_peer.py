@@ -77,7 +77,7 @@ def test_peer_keys_resolve_to_purejaxrl_sizes(name, impl):
 def test_every_row_is_a_valid_configuration_and_its_kept_runs_ran_it():
     for name, row in {**rows.ROWS, **rows.SUPERVISED_ROWS}.items():
         cfg = load_config(list(row.keys))
-        one_rank = name.endswith("-zoo") or name.startswith(("tdmpc2-", "ppo-atari-")) and not name.endswith("-cpu")
+        one_rank = name.endswith("-zoo") or (name.startswith(("tdmpc2-", "ppo-atari-")) and not name.endswith("-cpu"))
         assert cfg.world_size == (1 if one_rank else 2), name
         assert (store.kept_summary(name) or {"command": row.command()})["command"] == row.command(), name
     epymarl = load_config(list(rows.ROWS["qmix-lbf-8x8-2p-2f-coop-epymarl"].keys))

@@ -203,6 +203,7 @@ def versus(spec: str) -> str:
     return f"{names[0]} against {names[1]}: {mean_std(a, 1)} against {mean_std(b, 1)}, Welch's p = {welch(a, b):.3f}."
 
 
+@functools.cache
 def in_training(name: str) -> list[tuple[int, list[dict]]]:
     """A long row's seeds in training, each with its metrics at its last stop (``runs/ROW/in_progress/``)."""
     paths = (store.RUNS / name / IN_PROGRESS).glob("seed*")
@@ -219,13 +220,13 @@ def unfinished(name: str) -> str:
     if row is None or not row.long:
         return ""
     metric, budget = metric_of(row), row.references[0].steps if row.references else None
+    what = "training return over its last 5 %" if metric == R.TRAIN else "last evaluation"
     said = []
     for seed, rows in in_training(name):
         steps, points = rows[-1]["step"], curve(rows, metric)
         value = (window_mean if metric == R.TRAIN else at_steps)(points, steps) if points else None
-        what = "training return over its last 5 %" if metric == R.TRAIN else "last evaluation"
-        said.append(f"seed {seed} at {k(steps)}" + (f" of {k(budget)}" if budget else "") + " steps")
-        said[-1] += f" ({what} {value:.1f})" if value is not None else ""
+        of = f" of {k(budget)}" if budget else ""
+        said.append(f"seed {seed} at {k(steps)}{of} steps" + (f" ({what} {value:.1f})" if value is not None else ""))
     return f"In training: {'; '.join(said)}." if said else ""
 
 
@@ -233,16 +234,16 @@ def notes(section: str) -> list[str]:
     out = [f"- {note}" for note in NOTES[section].split("\n")]
     sections = {"ppo": "PPO", "qmix": "QMIX", "tdmpc2": "TD-MPC2", "jax": JAX}
     for name in [*R.ROWS, *R.PEER_ROWS]:
-        if sections[name.split("-")[0]] == section and (name in R.NOTES or unfinished(name)):
-            parts = (R.NOTES.get(name, ""), versus(R.VERSUS[name]) if name in R.VERSUS else "", unfinished(name))
+        if sections[name.split("-")[0]] != section:
+            continue
+        parts = (R.NOTES.get(name, ""), versus(R.VERSUS[name]) if name in R.VERSUS else "", unfinished(name))
+        if parts[0] or parts[2]:  # a comparison alone makes no note
             out.append(f"- `{name}`: " + " ".join(part for part in parts if part))
     if section == "QMIX":
         paths = {task: (store.RUNS / row / "random.json", n) for row, (task, n) in R.RANDOM_TASKS.items()}
         kept = {task: (json.loads(path.read_text()), n) for task, (path, n) in paths.items() if path.exists()}
-        wins = {task: f", {f['won']} of {f['episodes']} battles won" for task, (f, _) in kept.items() if "won" in f}
-        floors = "; ".join(
-            f"{task} {f['mean'] / n:.2f} ± {f['std'] / n:.2f}{wins.get(task, '')}" for task, (f, n) in kept.items()
-        )
+        won = lambda f: f", {f['won']} of {f['episodes']} battles won" if "won" in f else ""  # noqa: E731 (SMAX)
+        floors = "; ".join(f"{task} {f['mean'] / n:.2f} ± {f['std'] / n:.2f}{won(f)}" for task, (f, n) in kept.items())
         out.append(f"- Random actions, uniform over the available ones (± std over 400 episodes): {floors}")
     return out
 
@@ -276,6 +277,7 @@ def draw(panels: list, path) -> None:
 def page() -> str:
     """Writes docs/results.csv and docs/results/curves.png, and returns docs/results.md's text."""
     seed_runs.cache_clear()
+    in_training.cache_clear()
     p = Page()
     tables = rl_tables(p)
     tables[JAX], times = peer_tables(p)
