@@ -8,7 +8,7 @@ alike: env steps from the end of the first iteration (1,024 steps) to the end of
 the EnvPool worker threads each program starts on its cores.
 
     python benchmarks/atari_throughput.py [--steps 102400] [--repeats 1] [--cores 0,1] [--only cleanrl,ddprl-1,...]
-        [--cleanrl /work/cleanrl-checkout] [--cleanrl-python /work/cleanrl-atari-venv/bin/python]
+        [--keys compile=true] [--cleanrl /work/cleanrl-checkout] [--cleanrl-python /work/cleanrl-atari-venv/bin/python]
 
 CleanRL's environment (gym's old API: EnvPool 0.8.4 with gym 0.23.1 on Python 3.11):
     python3.11 -m venv /work/cleanrl-atari-venv && /work/cleanrl-atari-venv/bin/pip install torch==2.13.0 \\
@@ -89,6 +89,7 @@ def run_ddprl(args, name: str, cores: list[str], steps: int) -> dict:
     cpus = ",".join(cores[:world_size])
     keys = f"task={TASK} world_size={world_size} device=cpu steps={steps} seed={SEED} " + " ".join(h.QUIET)
     keys += " cpu_bind=cores" * (world_size > 1) + " num_envs=16" * (name == "ddprl-2-weak")
+    keys += "".join(f" {key}" for key in args.keys)
     run = h.train(keys, prefix=["taskset", "-c", cpus], env=h.ONE_THREAD, timeout=args.timeout)
     rows = [r for r in run["rows"] if FPS in r]  # one an iteration
     split = shares({p: sum(r.get(f"time/{p}_s", 0.0) for r in rows[WARMUP:]) for p in PHASES}, at_least=0.02)
@@ -126,6 +127,7 @@ def main() -> None:
     p.add_argument("--cores", default="0,1", help="the cores: the first runs the 1-core rows, two the 2-rank row")
     p.add_argument("--only", default=",".join(RUNS), help=f"comma-separated runs: {', '.join(RUNS)}")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds a run")
+    p.add_argument("--keys", nargs="*", default=[], help="ddprl keys added to every ddprl run (compile=true)")
     args = p.parse_args()
     chosen, cores = [name for name in RUNS if name in args.only.split(",")], args.cores.split(",")
     if not chosen or len(cores) < 2:
