@@ -143,7 +143,7 @@ for task, (value, std) in ATARI_TASKS.items():
     ref = Reference(source, value, std, 10_000_000, TRAIN, "CleanRL pr-424", task, "std over 3 seeds")
     ROWS[f"ppo-atari-{task.removesuffix('-v5').lower()}"] = row(f"task={task} world_size=1 device=cuda", ref, long=True)
 # Pong on the CPU, many sittings a seed: 2 ranks of one core each, the preset's 8 games split 4 a rank (the same
-# global keys as the GPU row), a checkpoint every 250k steps to go on from; compiled updates, about 1.2x the steps/s
+# global keys as the GPU row), a checkpoint every 250k steps to go on from; compiled updates (1.13x the steps/s)
 PONG_CPU = "task=Pong-v5 world_size=2 device=cpu cpu_bind=cores checkpoint_freq=250000 compile=true"
 ROWS["ppo-atari-pong-cpu"] = row(PONG_CPU, ROWS["ppo-atari-pong"].references[0], long=True)
 
