@@ -242,10 +242,16 @@ def notes(section: str) -> list[str]:
     if section == "QMIX":
         paths = {task: (store.RUNS / row / "random.json", n) for row, (task, n) in R.RANDOM_TASKS.items()}
         kept = {task: (json.loads(path.read_text()), n) for task, (path, n) in paths.items() if path.exists()}
-        won = lambda f: f", {f['won']} of {f['episodes']} battles won" if "won" in f else ""  # noqa: E731 (SMAX)
-        floors = "; ".join(f"{task} {f['mean'] / n:.2f} ± {f['std'] / n:.2f}{won(f)}" for task, (f, n) in kept.items())
+        floors = "; ".join(
+            f"{task} {f['mean'] / n:.2f} ± {f['std'] / n:.2f}{battles(f)}" for task, (f, n) in kept.items()
+        )
         out.append(f"- Random actions, uniform over the available ones (± std over 400 episodes): {floors}")
     return out
+
+
+def battles(floor: dict) -> str:
+    """The battles random actions won, where the environment reports wins (SMAX)."""
+    return f", {floor['won']} of {floor['episodes']} battles won" if "won" in floor else ""
 
 
 def draw(panels: list, path) -> None:
