@@ -413,4 +413,4 @@ def test_jaxmarl_qmix_on_smax_is_kept_per_seed_and_tabled_as_a_win_rate(tmp_stor
     keep("qmix-smax-3m", {f"seed{s}": [{"step": 500_000, won: 0.8 + s / 10, EVAL: 1.5}] for s in (1, 2)})
     text = page.page()
     where = "JaxMARL `c793d09` run here, smax/3m | win rate, final greedy test at 500k (JaxMARL's at 24.6k)"
-    assert f"| `qmix-smax-3m` | 0.95 ± 0.07 | 0.15 ± 0.07 | {where} | std over 2 seeds, both | +11.31 | 2 |" in text
+    assert f"| `qmix-smax-3m` | 0.950 ± 0.071 | 0.150 ± 0.071 | {where} | std over 2 seeds, both | +11.31 | 2 |" in text
