@@ -237,7 +237,7 @@ JAXMARL_QMIX = dict(TOTAL_TIMESTEPS=SMAX_STEPS, TEST_NUM_ENVS=32)  # and MAP_NAM
 JAXMARL_ROWS = {f"jaxmarl-smax-{name}": name for name in SMAX_MAPS}
 for name in SMAX_MAPS:
     keys = f"algo=qmix task=smax/{name} world_size=2 steps={SMAX_STEPS} eval_freq=50000 eval_episodes=32"
-    # three digits: a win rate of 0.003 (one battle in 320) would print as 0.00 beside a gap of -0.58
+    # three digits: with two, a win rate of a few battles in a thousand prints as 0.00 beside a nonzero gap
     ROWS[f"qmix-smax-{name}"] = row(keys, digits=3, jaxmarl=f"jaxmarl-smax-{name}")
 # the QMIX rows whose random-action floor `run.py ROW --random` measures: (task, agents the return is divided by);
 # SMAX's team reward is shared, not summed over agents, and its floor also counts battles won
