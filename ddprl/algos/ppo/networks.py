@@ -112,8 +112,8 @@ class NatureCNN(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) in [0, 255] -> (B, 512)
         if obs.device.type == "cpu":
-            # oneDNN's convolutions run in channels-last order: handing them frames already in it
-            # saves a reorder each way (the Atari preset's update on one core: about a sixth less time).
+            # oneDNN's CPU convolutions are faster on channels-last frames (the Atari preset's update
+            # on one core: about a sixth less time); CUDA keeps the layout it is given (not measured).
             obs = obs.contiguous(memory_format=torch.channels_last)
         return self.head(self.convs(obs / 255.0))
 
