@@ -123,8 +123,12 @@ class SharedMemoryGroup:
         parity = self._exchange(write)
         if n:
             parts = [self._slots[r, parity, :n].view(chunk.dtype) for r in range(self.world_size)]
-            chunk.copy_(parts[0])
-            for part in parts[1:]:  # rank order on every rank: the same sum everywhere
+            # rank order on every rank: the same sum everywhere; the first two in one pass over memory
+            if len(parts) == 1:
+                chunk.copy_(parts[0])
+            else:
+                torch.add(parts[0], parts[1], out=chunk)
+            for part in parts[2:]:
                 chunk.add_(part)
 
     def _exchange(self, write: Callable[[torch.Tensor], None]) -> int:
