@@ -147,6 +147,20 @@ def test_a_long_rows_seeds_in_training_say_how_far_they_got(tmp_store):
     assert "`ppo-atari-breakout`: In training" not in text
 
 
+def test_a_long_rows_lost_attempts_say_how_far_they_got(tmp_store):
+    """An attempt whose checkpoint went with its machine counts for nothing, and the notes say how far it got."""
+    for attempt in ("seed1", "seed1-2"):
+        gone = store.RUNS / "ppo-atari-pong-cpu" / training.LOST / attempt
+        gone.mkdir(parents=True)
+        last = 1_000_000 if attempt == "seed1" else 500_000
+        records = [{"step": step, TRAIN: step / 100_000 - 21} for step in range(last // 4, last + 1, last // 4)]
+        (gone / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    text = " ".join(page.page().split())
+    assert "| `ppo-atari-pong-cpu` | stopped (notes) | 20.45 ± 0.09 |" in text and "In training" not in text
+    said = "Attempts lost with their machine's checkpoint: seed 1 at 1M of 10M steps (training return over its last"
+    assert said in text and "5 % -11.0); seed 1, attempt 2 at 500k of 10M steps" in text
+
+
 @pytest.mark.slow
 def test_the_committed_page_and_csv_are_the_kept_runs(tmp_store, monkeypatch):
     """docs/results.md and .csv rebuilt from benchmarks/results/runs are the committed ones, within their bounds."""

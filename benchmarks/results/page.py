@@ -14,7 +14,7 @@ import textwrap
 from . import rows as R
 from . import store
 from .store import at_steps, curve, gap, mean_std, welch, window_mean
-from .training import IN_PROGRESS
+from .training import IN_PROGRESS, LOST
 
 RUN = "python benchmarks/results/run.py"
 HEADER = f"""# Results: published numbers, reproduced
@@ -129,7 +129,7 @@ def rl_tables(p: Page) -> dict[str, list[str]]:
             what = described(ref.metric, ref.steps) + (" agent steps" if algo == "TD-MPC2" else "")
             ours = p.values(name, algo, task, ref.metric, ref.steps, what=what)
             cell = f"{ref.value!r} ± {ref.std!r}"
-            none = "in training (notes)" if in_training(name) else "not run"
+            none = "in training (notes)" if in_training(name) else "stopped (notes)" if lost(name) else "not run"
             ref_cells = (cell, ref.value, ref.std, ref.spread)
             tables[algo].append(p.line(f"`{name}`", ours, ref_cells, where, what, none=none))
         for peer, library in ((row.cleanrl, "CleanRL"), (row.epymarl, "EPyMARL"), (row.jaxmarl, "JaxMARL")):
@@ -214,20 +214,32 @@ def runs_of(name: str, prefix: str) -> list[tuple[int, list[dict]]]:
     return in_training(name) if prefix == IN_PROGRESS else seed_runs(name, prefix)
 
 
+@functools.cache
+def lost(name: str) -> list[tuple[str, list[dict]]]:
+    """A long row's attempts whose checkpoint went with their machine (``runs/ROW/lost/``): (name, metrics)."""
+    paths = (store.RUNS / name / LOST).glob("seed*")
+    return sorted((path.name, store.read_rows(path)) for path in paths)
+
+
 def unfinished(name: str) -> str:
-    """How far a long row's seeds in training got at their last stop."""
+    """How far a long row's seeds in training got at their last stop, and its lost attempts."""
     row = R.ROWS.get(name)
     if row is None or not row.long:
         return ""
     metric, budget = metric_of(row), row.references[0].steps if row.references else None
     what = "training return over its last 5 %" if metric == R.TRAIN else "last evaluation"
-    said = []
-    for seed, rows in in_training(name):
+
+    def how_far(label: str, rows: list[dict]) -> str:
         steps, points = rows[-1]["step"], curve(rows, metric)
         value = (window_mean if metric == R.TRAIN else at_steps)(points, steps) if points else None
         of = f" of {k(budget)}" if budget else ""
-        said.append(f"seed {seed} at {k(steps)}{of} steps" + (f" ({what} {value:.1f})" if value is not None else ""))
-    return f"In training: {'; '.join(said)}." if said else ""
+        return f"{label} at {k(steps)}{of} steps" + (f" ({what} {value:.1f})" if value is not None else "")
+
+    training = [how_far(f"seed {seed}", rows) for seed, rows in in_training(name)]
+    gone = [how_far(attempt.replace("seed", "seed ").replace("-", ", attempt "), rows) for attempt, rows in lost(name)]
+    said = [f"In training: {'; '.join(training)}." if training else ""]
+    said.append(f"Attempts lost with their machine's checkpoint: {'; '.join(gone)}." if gone else "")
+    return " ".join(part for part in said if part)
 
 
 def notes(section: str) -> list[str]:
@@ -284,6 +296,7 @@ def page() -> str:
     """Writes docs/results.csv and docs/results/curves.png, and returns docs/results.md's text."""
     seed_runs.cache_clear()
     in_training.cache_clear()
+    lost.cache_clear()
     p = Page()
     tables = rl_tables(p)
     tables[JAX], times = peer_tables(p)
@@ -292,13 +305,15 @@ def page() -> str:
         HEADER,
         *(f"## {name}\n\n{COLUMNS}\n|{'---|' * 8}\n" + "\n".join(rows) + "\n" for name, rows in tables.items()),
     ]
-    store.IMAGES.mkdir(parents=True, exist_ok=True)
-    draw(p.panels, store.IMAGES / "curves.png")
-    image = (store.IMAGES / "curves.png").relative_to(store.PAGE.parent)
-    text += ["## Curves\n", f"![Every row's curves: each seed, and the reference with its ±]({image})\n"]
-    text += [
-        f"Each line one seed: ddprl blue (`jax-*`: jax, 1 device; green 2 devices, red torch), the library run {LEGEND}"
-    ]
+    if p.panels:  # no kept curve (a new store): no figure
+        store.IMAGES.mkdir(parents=True, exist_ok=True)
+        draw(p.panels, store.IMAGES / "curves.png")
+        image = (store.IMAGES / "curves.png").relative_to(store.PAGE.parent)
+        text += ["## Curves\n", f"![Every row's curves: each seed, and the reference with its ±]({image})\n"]
+        text += [
+            f"Each line one seed: ddprl blue (`jax-*`: jax, 1 device; green 2 devices, red torch), the library run "
+            f"{LEGEND}"
+        ]
     text += ["## Notes\n", *notes(""), ""]
     for section in tables:
         timing = ["", "Seconds per seed, mean: end to end / compile / training alone.", "", *times]
