@@ -129,7 +129,8 @@ def rl_tables(p: Page) -> dict[str, list[str]]:
             what = described(ref.metric, ref.steps) + (" agent steps" if algo == "TD-MPC2" else "")
             ours = p.values(name, algo, task, ref.metric, ref.steps, what=what)
             cell = f"{ref.value!r} ± {ref.std!r}"
-            none = "in training (notes)" if in_training(name) else "stopped (notes)" if lost(name) else "not run"
+            training, lost = attempts(name, IN_PROGRESS), attempts(name, LOST)
+            none = "in training (notes)" if training else "stopped (notes)" if lost else "not run"
             ref_cells = (cell, ref.value, ref.std, ref.spread)
             tables[algo].append(p.line(f"`{name}`", ours, ref_cells, where, what, none=none))
         for peer, library in ((row.cleanrl, "CleanRL"), (row.epymarl, "EPyMARL"), (row.jaxmarl, "JaxMARL")):
@@ -204,21 +205,20 @@ def versus(spec: str) -> str:
 
 
 @functools.cache
-def in_training(name: str) -> list[tuple[int, list[dict]]]:
-    """A long row's seeds in training, each with its metrics at its last stop (``runs/ROW/in_progress/``)."""
-    paths = (store.RUNS / name / IN_PROGRESS).glob("seed*")
-    return sorted((int(path.name.removeprefix("seed")), store.read_rows(path)) for path in paths)
+def attempts(name: str, folder: str) -> list[tuple[str, list[dict]]]:
+    """A long row's unfinished runs in ``runs/ROW/<folder>/`` in seed order, each with its metrics at its last
+    stop: IN_PROGRESS, its seeds in training; LOST, attempts whose checkpoint went with their machine (the
+    second of seed 1 kept as ``seed1-2``). Each labelled ``seed 1`` or ``seed 1, attempt 2``."""
+    found = []
+    for path in (store.RUNS / name / folder).glob("seed*"):
+        seed, _, attempt = path.name.removeprefix("seed").partition("-")
+        label = f"seed {seed}" + (f", attempt {attempt}" if attempt else "")
+        found.append(((int(seed), int(attempt or 1)), label, store.read_rows(path)))
+    return [(label, rows) for _, label, rows in sorted(found, key=lambda entry: entry[0])]
 
 
-def runs_of(name: str, prefix: str) -> list[tuple[int, list[dict]]]:
-    return in_training(name) if prefix == IN_PROGRESS else seed_runs(name, prefix)
-
-
-@functools.cache
-def lost(name: str) -> list[tuple[str, list[dict]]]:
-    """A long row's attempts whose checkpoint went with their machine (``runs/ROW/lost/``): (name, metrics)."""
-    paths = (store.RUNS / name / LOST).glob("seed*")
-    return sorted((path.name, store.read_rows(path)) for path in paths)
+def runs_of(name: str, prefix: str) -> list[tuple]:
+    return attempts(name, IN_PROGRESS) if prefix == IN_PROGRESS else seed_runs(name, prefix)
 
 
 def unfinished(name: str) -> str:
@@ -235,8 +235,8 @@ def unfinished(name: str) -> str:
         of = f" of {k(budget)}" if budget else ""
         return f"{label} at {k(steps)}{of} steps" + (f" ({what} {value:.1f})" if value is not None else "")
 
-    training = [how_far(f"seed {seed}", rows) for seed, rows in in_training(name)]
-    gone = [how_far(attempt.replace("seed", "seed ").replace("-", ", attempt "), rows) for attempt, rows in lost(name)]
+    training = [how_far(label, rows) for label, rows in attempts(name, IN_PROGRESS)]
+    gone = [how_far(label, rows) for label, rows in attempts(name, LOST)]
     said = [f"In training: {'; '.join(training)}." if training else ""]
     said.append(f"Attempts lost with their machine's checkpoint: {'; '.join(gone)}." if gone else "")
     return " ".join(part for part in said if part)
@@ -295,8 +295,7 @@ def draw(panels: list, path) -> None:
 def page() -> str:
     """Writes docs/results.csv and docs/results/curves.png, and returns docs/results.md's text."""
     seed_runs.cache_clear()
-    in_training.cache_clear()
-    lost.cache_clear()
+    attempts.cache_clear()
     p = Page()
     tables = rl_tables(p)
     tables[JAX], times = peer_tables(p)
