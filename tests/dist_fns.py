@@ -141,7 +141,8 @@ def ppo_learn(rt, cfg, out: str, batch_path: str, steps: int = 1, per_rank: bool
     ``per_rank``: the file holds a list of batches, one per rank, instead of one batch that is
     split. Besides parameters and checksums the file records what ``learn`` returned, how many
     optimizer steps this rank took (the optimizer state's ``step``), the pre-clip gradient
-    norms of the update's clip and the (local, global) KLs of the early-stop decisions.
+    norms of the update's clip, the gradient each step applied and the (local, global) KLs of
+    the early-stop decisions.
     """
     from contextlib import nullcontext
 
@@ -169,12 +170,23 @@ def ppo_learn(rt, cfg, out: str, batch_path: str, steps: int = 1, per_rank: bool
 
     # The optimizer step (graphs.FlatAdam.averaged_step_) looks clip_grad up at call time. With
     # world_size=1 this runs in the test process itself: restore the original afterwards.
+    # the gradient each optimizer step applies (averaged over ranks, clipped): compared where Adam's
+    # near-invariance to a constant scale would hide a sum taken for a mean
+    step_grads: list[torch.Tensor] = []
+    adam_step = graphs.FlatAdam.step_
+
+    def recording_step(self, flat_grad):
+        step_grads.append(flat_grad.detach().clone())
+        return adam_step(self, flat_grad)
+
     graphs.clip_grad = recording_clip
+    graphs.FlatAdam.step_ = recording_step
     try:
         torch.manual_seed(100 + rt.rank)
         metrics = [learn(recorder, update, cfg) for _ in range(steps)]
     finally:
         graphs.clip_grad = clip
+        graphs.FlatAdam.step_ = adam_step
     checksums = rt.all_gather_object(float(sum(p.detach().double().sum() for p in agent.parameters())))
     optimizer_steps = int(opt.state[next(iter(agent.parameters()))]["step"]) if opt.state else 0
     torch.save(
@@ -184,6 +196,7 @@ def ppo_learn(rt, cfg, out: str, batch_path: str, steps: int = 1, per_rank: bool
             "metrics": metrics,
             "optimizer_steps": optimizer_steps,
             "grad_norms": grad_norms,
+            "step_grads": step_grads,
             "kl_decisions": recorder.scalar_means,
         },
         Path(out) / f"rank{rt.rank}.pt",

@@ -278,3 +278,40 @@ def test_grad_clipping_under_ddp_equals_one_process(tmp_path, batch_path):
     assert unclipped[0]["grad_norms"] == []
     diff = max((single[0]["params"][k] - unclipped[0]["params"][k]).abs().max() for k in single[0]["params"])
     assert diff > 1e-3, diff
+
+
+# -- the gradient itself: averaged over ranks, equal to one process's on the whole batch --------------
+
+
+def test_two_ranks_apply_the_gradient_of_one_process_on_the_whole_batch(tmp_path, batch_path):
+    """The flat gradient each optimizer step applies, no clip: on 2 ranks of half batches it is the
+    gradient autograd gives one process on the whole batch (computed here), on both ranks. Compared
+    as gradients, not parameters after Adam: Adam is nearly blind to a constant scale, so a sum
+    taken for the mean over ranks (twice the gradient) would move the parameters by ~1e-5 only."""
+    from ddprl.algos.ppo.loss import ppo_loss
+
+    cfg = load_config(["target_kl=null"])
+    data = torch.load(batch_path)
+    with torch.random.fork_rng():
+        agent = dist_fns.make_agent()
+    terms = ppo_loss(
+        agent(data["obs"], data["actions"]),
+        data["log_probs"],
+        data["values"],
+        data["advantages"],
+        data["returns"],
+        cfg.clip_coef,
+        cfg.clip_vloss,
+        cfg.vf_coef,
+        cfg.ent_coef,
+    )
+    terms["loss"].backward()
+    expected = torch.cat([p.grad.reshape(-1) for p in agent.parameters()])
+    assert expected.norm() > 0.1
+
+    single = run_learn(tmp_path, batch_path, world_size=1, batch_size=N)
+    ddp = run_learn(tmp_path, batch_path, world_size=2, batch_size=N // 2)
+    accumulated = run_learn(tmp_path, batch_path, world_size=2, batch_size=N // 4, sync_freq=2)
+    for r in [*single, *ddp, *accumulated]:
+        assert len(r["step_grads"]) == 1
+        torch.testing.assert_close(r["step_grads"][0], expected, rtol=1e-5, atol=1e-6)

@@ -89,6 +89,12 @@ def test_two_half_batches_equal_one_process_on_the_whole_batch(tmp_path, batches
         assert torch.equal(ddp[0]["target"][k], ddp[1]["target"][k])
     assert ddp[0]["reward_mean"] == pytest.approx(single["reward_mean"], abs=1e-9)
     assert ddp[0]["updates"] == ddp[1]["updates"] == 5
+    # the gradient itself (its norm before the clip, each update), where Adam would hide a constant
+    # factor in the parameters: the ranks' average is the whole batch's gradient, not half or twice it
+    norms = [m["grad_norm"] for m in single["metrics"]]
+    assert min(norms) > 1e-3
+    for r in ddp:
+        assert [m["grad_norm"] for m in r["metrics"]] == pytest.approx(norms, rel=1e-5)
     # the target is a copy of the live weights at update 4, not the current ones
     assert not torch.equal(single["target"]["agent.fc2.weight"], single["params"]["agent.fc2.weight"])
 

@@ -224,6 +224,23 @@ def test_early_stopping_is_global_and_the_same_on_every_rank(tmp_path):
     assert one.epochs == stop_epoch and one.stopped_early
 
 
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_resume_restores_the_optimizer_state_and_continues_like_an_uninterrupted_run(tmp_path, optimizer):
+    """One epoch, then resumed for a second: the weights equal those of two epochs in one run. With
+    Adam's moments or SGD's momentum buffer (optimizers that have a state) a resume that rebuilt the
+    optimizer fresh would step differently from the first step on."""
+    keys = dict(FAST, batch_size=8, optimizer=optimizer, lr=0.01, momentum=0.9, shuffle=True, world_size=1)
+    whole = Trainer.from_task(fns.blob_task(), run_dir=str(tmp_path / "whole"), epochs=2, **keys).fit()
+    cut = tmp_path / "cut"
+    Trainer.from_task(fns.blob_task(), run_dir=str(cut), epochs=1, **keys).fit()
+    first = torch.load(cut / "checkpoints" / "latest.pt", weights_only=True)
+    assert first["counters"]["epoch"] == 1 and first["state"]["optimizer"]["state"]  # a state to restore
+    resumed = Trainer.from_task(fns.blob_task(), run_dir=str(cut), epochs=2, resume="auto", **keys).fit()
+    a, b = _weights(whole.run_dir), _weights(resumed.run_dir)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], first["state"]["model"][k]) for k in a)  # the second epoch moved them
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_trains(tmp_path, precision):
     result = Trainer.from_task(

@@ -239,6 +239,7 @@ def update_on_shares(rt, cfg, out: str, steps: int) -> None:
         learner.model.qs.weight2.normal_(generator=torch.Generator().manual_seed(0))
     learner.model.make_target()
     before = _state(learner)
+    metrics = []
     for _ in range(steps):
         batches, noises = [], []
         for j in range(k):
@@ -251,8 +252,9 @@ def update_on_shares(rt, cfg, out: str, steps: int) -> None:
             noises.append(
                 UpdateNoise(data["members_td"], data["members_pi"], data["eps_td"][:, rows], data["eps_pi"][:, rows])
             )
-        update(rt, learner, batches, noises, cfg, discount=0.99)
-    torch.save({"before": before, "after": _state(learner)}, Path(out) / f"rank{rt.rank}.pt")
+        values = update(rt, learner, batches, noises, cfg, discount=0.99)
+        metrics.append(dict(zip(learner.names, values.tolist(), strict=True)))
+    torch.save({"before": before, "after": _state(learner), "metrics": metrics}, Path(out) / f"rank{rt.rank}.pt")
 
 
 def _run_shares(tmp_path: Path, world_size: int, sync_freq: int, steps: int = 2):
@@ -273,11 +275,16 @@ def _assert_close_states(a: dict, b: dict, atol: float) -> None:
         assert torch.allclose(a[key], b[key], atol=atol, rtol=rtol), (key, (a[key] - b[key]).abs().max())
 
 
-@pytest.mark.slow
 def test_two_ranks_on_half_batches_equal_one_process_on_the_full_batch(tmp_path):
     single = _run_shares(tmp_path, world_size=1, sync_freq=1)
     ddp = _run_shares(tmp_path, world_size=2, sync_freq=1)
     accumulated = _run_shares(tmp_path, world_size=2, sync_freq=2)  # 2 ranks x 2 micro-batches of B/4
+    # the averaged gradients themselves (norms before the clip), where Adam would hide a constant factor
+    for name in ("train/grad_norm", "train/pi_grad_norm"):
+        norms = [m[name] for m in single[0]["metrics"]]
+        assert min(norms) > 1e-3, name
+        for r in [*ddp, *accumulated]:
+            assert [m[name] for m in r["metrics"]] == pytest.approx(norms, rel=1e-4), name
     _assert_close_states(single[0]["after"], ddp[0]["after"], atol=1e-5)
     _assert_close_states(single[0]["after"], accumulated[0]["after"], atol=1e-5)
     _assert_close_states(ddp[0]["after"], ddp[1]["after"], atol=0)

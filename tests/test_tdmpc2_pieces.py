@@ -491,3 +491,41 @@ def test_buffer_circular_overwrite_evicts_oldest_whole_episodes():
         buf.add_episode(*_episode(11, 40))  # 41 rows > capacity
     with pytest.raises(ValueError):
         EpisodeBuffer(capacity=10, obs_dim=2, action_dim=2).sample(4, horizon=3)  # empty
+
+
+def _constant_target_qs(model: WorldModel, values: list[float]) -> None:
+    """Target Q member j outputs ``values[j]`` whatever its input: its last layer's weight zero, its
+    bias the log of the two-hot encoding of that value."""
+    qs = model.target_qs
+    last = qs.num_layers - 1
+    with torch.no_grad():
+        getattr(qs, f"weight{last}").zero_()
+        bias = getattr(qs, f"bias{last}")
+        for j, v in enumerate(values):
+            bias[j] = torch.log(two_hot(torch.tensor([[v]]))[0] + 1e-30)
+
+
+def test_td_target_is_reward_plus_discounted_min_of_the_two_target_qs_by_hand():
+    """TD target = r + discount * (1 - terminated) * min(Q_target[m0], Q_target[m1]), with target
+    members of known values: members (0, 3) of values (2, -1, 4, 3, 0.5) give min(2, 3) = 2."""
+    torch.manual_seed(0)
+    model = WorldModel(10, 3, dims=TINY)
+    model.make_target()
+    _constant_target_qs(model, [2.0, -1.0, 4.0, 3.0, 0.5])
+    with torch.no_grad():  # the online Qs differ from the targets: the target must be the one used
+        for p in model.qs.parameters():
+            p.add_(1.0)
+    H, B = 3, 2
+    next_z = torch.randn(H, B, TINY.latent_dim)
+    reward = torch.tensor([[1.0, -0.5], [0.25, 2.0], [0.0, 1.5]]).unsqueeze(-1)  # (H, B, 1)
+    terminated = torch.tensor([[0.0, 0.0], [0.0, 1.0], [1.0, 0.0]]).unsqueeze(-1)
+    target = model.td_target(next_z, reward, terminated, 0.9, members=torch.tensor([0, 3]))
+    expected = torch.tensor([[1.0 + 0.9 * 2, -0.5 + 0.9 * 2], [0.25 + 0.9 * 2, 2.0], [0.0, 1.5 + 0.9 * 2]])
+    torch.testing.assert_close(target, expected.unsqueeze(-1), rtol=0, atol=1e-4)
+    # another pair: members (1, 4) -> min(-1, 0.5) = -1; without termination flags every step bootstraps
+    target = model.td_target(next_z, reward, None, 0.5, members=torch.tensor([4, 1]))
+    torch.testing.assert_close(target, reward - 0.5, rtol=0, atol=1e-4)
+    # and through the forward pass the learner differentiates, at the discount it is given
+    obs, act = torch.randn(H + 1, B, 10), torch.rand(H, B, 3) * 2 - 1
+    out = model(obs, act, reward, terminated, 0.9, members=torch.tensor([3, 0]))
+    torch.testing.assert_close(out["td_target"], expected.unsqueeze(-1), rtol=0, atol=1e-4)

@@ -1,0 +1,571 @@
+"""Mutation testing of the code where a one-line bug changes what is learned, not whether it runs.
+
+Each mutant is one small, realistic edit of one function (an operator swapped, a constant moved by
+one, a keyword argument dropped, a call left out, a condition inverted, ``mean`` for ``sum``). The
+script applies one mutant at a time to a copy of the package, runs the fast tests that cover that
+function, and counts the mutant killed when they fail (or time out). A survivor is either a missing
+test or a mutant that cannot change behaviour: the latter are listed in ``EQUIVALENT`` with the
+reason, and left out of the kill rate.
+
+    python scripts/mutation.py --list                       # the mutants, one line each
+    python scripts/mutation.py --jobs 2                     # run them all; report in mutation-report.json
+    python scripts/mutation.py --only normalize --jobs 2    # the targets whose name contains "normalize"
+    python scripts/mutation.py --resume                     # go on from the report, rerunning nothing done
+
+The report (``--report``, default ``mutation-report.json``) holds every mutant's outcome; the last
+lines printed are the kill rate per target and overall (docs/architecture.md, "Mutation testing").
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Target:
+    """Functions of one module (``qualname``: ``f`` or ``Class.method``) and the fast tests that guard them."""
+
+    name: str
+    path: str
+    functions: tuple[str, ...]
+    tests: tuple[str, ...]
+
+
+# What the fast suite must guard: the algorithms' math, the cross-rank reductions and their callers,
+# schedules, and checkpoint/resume. Tests are pytest node ids or files, run with ``-x``.
+TARGETS: tuple[Target, ...] = (
+    Target(
+        "ppo.loss",
+        "ddprl/algos/ppo/loss.py",
+        ("ppo_loss", "standardize"),
+        ("tests/test_ppo_units.py", "tests/test_ddp_equivalence.py"),
+    ),
+    Target(
+        "ppo.gae",
+        "ddprl/algos/ppo/rollout.py",
+        ("compute_gae",),
+        ("tests/test_ppo_units.py",),
+    ),
+    Target(
+        "ppo.update",
+        "ddprl/algos/ppo/update.py",
+        ("UpdateStep.step_eager", "UpdateStep.loss", "learn"),
+        ("tests/test_ddp_equivalence.py", "tests/test_ppo_units.py"),
+    ),
+    Target(
+        "ppo.loop",
+        "ddprl/algos/ppo/loop.py",
+        ("advantages_and_returns", "iteration_metrics", "train"),
+        ("tests/test_ppo_loop.py", "tests/test_ppo_units.py"),
+    ),
+    Target(
+        "normalize",
+        "ddprl/normalize.py",
+        (
+            "RunningMeanStd.update",
+            "RunningMeanStd.moments",
+            "RunningMeanStd.update_from_moments",
+            "RunningMeanStd.normalize",
+            "ReturnScaler.track",
+            "ReturnScaler.update",
+            "ReturnScaler.scale",
+        ),
+        ("tests/test_ppo_units.py", "tests/test_ppo_loop.py"),
+    ),
+    Target(
+        "flat_adam",
+        "ddprl/algos/graphs.py",
+        ("FlatAdam.step_", "FlatAdam.averaged_step_", "FlatAdam.sync_lr", "clip_grad"),
+        ("tests/test_flat_adam.py", "tests/test_ddp_equivalence.py"),
+    ),
+    Target(
+        "collectives",
+        "ddprl/runtime/collectives.py",
+        (
+            "Runtime.all_reduce_sum",
+            "Runtime.all_reduce_mean",
+            "Runtime._reduce",
+            "Runtime.region_mean",
+            "Runtime.region_all_gather",
+            "Runtime._bucket_mean_hook",
+            "Runtime.check_in_sync",
+            "parameter_checksum",
+        ),
+        ("tests/test_runtime.py", "tests/test_ddp_equivalence.py", "tests/test_qmix_ddp.py"),
+    ),
+    Target(
+        "seeding",
+        "ddprl/runtime/seeding.py",
+        ("derive_seed", "env_seed", "Seeds.env", "Seeds.torch", "Seeds.shared", "Seeds.eval_actions"),
+        ("tests/test_contract.py", "tests/test_runtime.py", "tests/test_ppo_loop.py"),
+    ),
+    Target(
+        "tdmpc2.math",
+        "ddprl/algos/tdmpc2/math.py",
+        (
+            "symlog",
+            "symexp",
+            "two_hot",
+            "two_hot_inv",
+            "soft_ce",
+            "squash_log_std",
+            "gaussian_log_prob",
+            "tanh_log_det_jacobian",
+            "squashed_gaussian_sample",
+            "RunningScale.percentile_range",
+            "RunningScale.update",
+            "RunningScale.forward",
+            "discount_for_episode_length",
+        ),
+        ("tests/test_tdmpc2_pieces.py", "tests/test_tdmpc2_loop.py"),
+    ),
+    Target(
+        "tdmpc2.loss",
+        "ddprl/algos/tdmpc2/loss.py",
+        ("rho_weights", "world_model_loss", "policy_loss"),
+        ("tests/test_tdmpc2_loop.py", "tests/test_tdmpc2_pieces.py"),
+    ),
+    Target(
+        "tdmpc2.model",
+        "ddprl/algos/tdmpc2/networks.py",
+        ("WorldModel.td_target", "WorldModel.soft_update_target", "WorldModel.forward", "QEnsemble.forward"),
+        ("tests/test_tdmpc2_pieces.py", "tests/test_tdmpc2_loop.py"),
+    ),
+    Target(
+        "tdmpc2.learner",
+        "ddprl/algos/tdmpc2/learner.py",
+        ("UpdateStep.__call__", "build_learner"),
+        ("tests/test_tdmpc2_loop.py", "tests/test_tdmpc2_pieces.py"),
+    ),
+    Target(
+        "tdmpc2.schedule",
+        "ddprl/algos/tdmpc2/schedule.py",
+        (
+            "Schedule.for_run",
+            "Schedule.done",
+            "Schedule.acts_randomly",
+            "Schedule.advance",
+            "Schedule.may_start_learning",
+            "Schedule.start_learning",
+            "Schedule.take_updates",
+            "Schedule.log_due",
+            "Schedule.eval_due",
+            "Schedule.checkpoint_due",
+        ),
+        ("tests/test_tdmpc2_schedule.py",),
+    ),
+    Target(
+        "qmix.learner",
+        "ddprl/algos/qmix/learner.py",
+        ("epsilon_at", "lambda_returns", "episode_ends", "QLearner.loss_terms", "QLearner.update"),
+        ("tests/test_qmix_units.py", "tests/test_qmix_ddp.py"),
+    ),
+    Target(
+        "qmix.mixer",
+        "ddprl/algos/qmix/networks.py",
+        ("QMixer.forward", "VDNMixer.forward"),
+        ("tests/test_qmix_units.py",),
+    ),
+    Target(
+        "supervised",
+        "ddprl/supervised/metrics.py",
+        ("accuracy", "mse", "mae", "evaluate"),
+        ("tests/test_supervised.py",),
+    ),
+    Target(
+        "early_stopping",
+        "ddprl/supervised/early_stopping.py",
+        ("EarlyStopping.improves", "EarlyStopping.update"),
+        ("tests/test_supervised.py",),
+    ),
+    Target(
+        "checkpoint",
+        "ddprl/checkpoint.py",
+        ("strip_prefixes", "state_of", "rng_state", "set_rng_state", "Checkpointer.drop_after"),
+        ("tests/test_contract.py", "tests/test_train_e2e.py"),
+    ),
+    Target(
+        "schedules",
+        "ddprl/algos/common.py",
+        ("crossed",),
+        ("tests/test_ppo_loop.py", "tests/test_ppo_units.py"),
+    ),
+)
+
+# Mutants that cannot change what the code computes (id -> why). Left out of the kill rate.
+EQUIVALENT: dict[str, str] = {}
+
+# Calls whose absence changes no result: logging and timing.
+QUIET_CALLS = {"info", "debug", "warning", "log", "perf_counter", "phase", "move"}
+SWAPPED_NAMES = {
+    "mean": "sum",
+    "sum": "mean",
+    "min": "max",
+    "max": "min",
+    "amin": "amax",
+    "amax": "amin",
+    "all_reduce_mean": "all_reduce_sum",
+    "all_reduce_sum": "all_reduce_mean",
+    "clamp_min": "clamp_max",
+    "clamp_max": "clamp_min",
+}
+BINOPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.Pow: ast.Mult}
+CMPOPS = {
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    target: str
+    path: str
+    function: str
+    site: int  # index among the function's mutation sites (a walk of its AST)
+    kind: str
+    line: int  # in the original file
+    before: str
+    after: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.target}:{self.function}:{self.line}:{self.kind}:{self.site}"
+
+
+def _function(tree: ast.Module, qualname: str) -> ast.FunctionDef:
+    scope: list[ast.stmt] = tree.body
+    *outer, name = qualname.split(".")
+    for cls in outer:
+        scope = next(n for n in scope if isinstance(n, ast.ClassDef) and n.name == cls).body
+    for node in scope:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            return node
+    raise LookupError(f"no function {qualname}")
+
+
+def _annotations(func: ast.AST) -> set[int]:
+    """ids of nodes inside annotations and docstrings: not code to mutate."""
+    skip: set[int] = set()
+    for node in ast.walk(func):
+        parts: list[ast.AST | None] = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            args = node.args
+            for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
+                if a is not None:
+                    parts.append(a.annotation)
+            if not isinstance(node, ast.Lambda):
+                parts.append(node.returns)
+                parts += node.decorator_list
+                body = node.body
+                if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                    parts.append(body[0])
+        elif isinstance(node, ast.AnnAssign):
+            parts.append(node.annotation)
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and _call_name(node.value) in QUIET_CALLS:
+            parts.append(node)
+        elif isinstance(node, ast.Raise):
+            parts.append(node)
+        elif isinstance(node, ast.withitem) and _call_name(node.context_expr) in QUIET_CALLS:
+            parts.append(node.context_expr)
+        for part in parts:
+            if part is not None:
+                skip.update(id(n) for n in ast.walk(part))
+    return skip
+
+
+def _call_name(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Call):
+        f = node.func
+        return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+    return None
+
+
+def _sites(func: ast.AST) -> Iterator[tuple[ast.AST, ast.AST | None, str, str | None, object]]:
+    """(node, parent, kind, field, data) for every mutation of ``func``, in a fixed order."""
+    skip = _annotations(func)
+    parents: dict[int, tuple[ast.AST, str]] = {}
+    for node in ast.walk(func):
+        for field, value in ast.iter_fields(node):
+            for child in value if isinstance(value, list) else [value]:
+                if isinstance(child, ast.AST):
+                    parents[id(child)] = (node, field)
+    for node in ast.walk(func):
+        if id(node) in skip or node is func:
+            continue
+        parent = parents.get(id(node), (None, None))[0]
+        if isinstance(node, (ast.BinOp, ast.AugAssign)) and type(node.op) in BINOPS:
+            yield node, parent, "binop", None, None
+        elif isinstance(node, ast.Compare):
+            for i, op in enumerate(node.ops):
+                if type(op) in CMPOPS:
+                    yield node, parent, "compare", None, i
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
+            yield node, parent, "unary", None, None
+        elif isinstance(node, ast.BoolOp):
+            yield node, parent, "boolop", None, None
+        elif isinstance(node, ast.Constant) and isinstance(node.value, bool):
+            yield node, parent, "bool", None, None
+        elif isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            yield node, parent, "constant", None, None
+        elif isinstance(node, ast.If):
+            yield node, parent, "negate", None, None
+        elif isinstance(node, ast.Call):
+            for i, kw in enumerate(node.keywords):
+                if kw.arg is not None and not isinstance(kw.value, ast.Constant):
+                    yield node, parent, "drop_kwarg", None, i
+            name = _call_name(node)
+            if name in SWAPPED_NAMES:
+                yield node, parent, "rename", None, None
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            field = parents[id(node)][1]
+            yield node, parent, "drop_call", field, None
+
+
+def _apply(node: ast.AST, parent: ast.AST | None, kind: str, field: str | None, data: object) -> None:
+    if kind == "binop":
+        node.op = BINOPS[type(node.op)]()
+    elif kind == "compare":
+        node.ops[data] = CMPOPS[type(node.ops[data])]()
+    elif kind == "unary":  # `not x` -> `x`, `-x` -> `x`
+        _replace(parent, node, node.operand)
+    elif kind == "boolop":
+        node.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()
+    elif kind == "bool":
+        node.value = not node.value
+    elif kind == "constant":
+        v = node.value
+        node.value = (1 if v == 0 else 0 if v == 1 else v + 1) if isinstance(v, int) else (1.0 if v == 0 else v * 2)
+    elif kind == "negate":
+        node.test = ast.UnaryOp(op=ast.Not(), operand=node.test)
+    elif kind == "drop_kwarg":
+        del node.keywords[data]
+    elif kind == "rename":
+        f = node.func
+        if isinstance(f, ast.Attribute):
+            f.attr = SWAPPED_NAMES[f.attr]
+        else:
+            f.id = SWAPPED_NAMES[f.id]
+    elif kind == "drop_call":
+        body = getattr(parent, field)
+        body[body.index(node)] = ast.Pass()
+
+
+def _replace(parent: ast.AST, old: ast.AST, new: ast.AST) -> None:
+    for field, value in ast.iter_fields(parent):
+        if isinstance(value, list):
+            for i, child in enumerate(value):
+                if child is old:
+                    value[i] = new
+                    return
+        elif value is old:
+            setattr(parent, field, new)
+            return
+    raise LookupError("node not found in its parent")
+
+
+def _snippet(node: ast.AST) -> str:
+    try:
+        text = ast.unparse(node)
+    except Exception:  # a bare operator or keyword has no source of its own
+        text = type(node).__name__
+    return " ".join(text.split())[:90]
+
+
+def mutants(targets: tuple[Target, ...] = TARGETS) -> list[Mutant]:
+    out = []
+    for target in targets:
+        tree = ast.parse((REPO / target.path).read_text())
+        for qualname in target.functions:
+            func = _function(tree, qualname)
+            for site, (node, _, kind, _, _) in enumerate(_sites(func)):
+                before = _snippet(node.test if kind == "negate" else node)
+                mutated = copy.deepcopy(func)
+                m_node, m_parent, m_kind, m_field, m_data = list(_sites(mutated))[site]
+                _apply(m_node, m_parent, m_kind, m_field, m_data)
+                if kind == "negate":
+                    after = _snippet(m_node.test)
+                elif kind == "unary":
+                    after = _snippet(m_node.operand)
+                elif kind == "drop_call":
+                    after = "pass"
+                else:
+                    after = _snippet(m_node)
+                out.append(
+                    Mutant(target.name, target.path, qualname, site, kind, getattr(node, "lineno", 0), before, after)
+                )
+    return out
+
+
+def mutated_source(m: Mutant) -> str:
+    """The file of ``m`` with its function rewritten (the rest of the file byte-identical)."""
+    source = (REPO / m.path).read_text()
+    tree = ast.parse(source)
+    func = _function(tree, m.function)
+    node, parent, kind, field, data = list(_sites(func))[m.site]
+    _apply(node, parent, kind, field, data)
+    ast.fix_missing_locations(func)
+    lines = source.splitlines(keepends=True)
+    start = min([func.lineno, *(d.lineno for d in func.decorator_list)]) - 1
+    indent = lines[func.lineno - 1][: len(lines[func.lineno - 1]) - len(lines[func.lineno - 1].lstrip())]
+    body = "".join(indent + line + "\n" if line else "\n" for line in ast.unparse(func).splitlines())
+    return "".join(lines[:start]) + body + "".join(lines[func.end_lineno :])
+
+
+def workspace(root: Path) -> Path:
+    """A copy of the package and the tests, which a mutant may change (``PYTHONPATH`` puts it first)."""
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(REPO / "ddprl", root / "ddprl", ignore=ignore)
+    shutil.copytree(REPO / "tests", root / "tests", ignore=ignore)
+    shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
+    return root
+
+
+def run_tests(root: Path, tests: tuple[str, ...], timeout: float) -> tuple[str, float, str]:
+    """(outcome, seconds, last lines): ``passed``, ``failed`` or ``timeout``."""
+    env = dict(os.environ, PYTHONPATH=str(root), MUJOCO_GL=os.environ.get("MUJOCO_GL", "disable"))
+    env.pop("PYTEST_ADDOPTS", None)
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *tests]
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(
+            cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout, start_new_session=True
+        )
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return "timeout", time.monotonic() - start, out[-300:]
+    tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
+    return ("passed" if proc.returncode == 0 else "failed"), time.monotonic() - start, tail
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--list", action="store_true", help="print the mutants and exit")
+    p.add_argument("--only", action="append", default=[], help="targets whose name contains this (repeatable)")
+    p.add_argument("--mutant", action="append", default=[], help="run only the mutant of this id (repeatable)")
+    p.add_argument("--jobs", type=int, default=1, help="mutants run at once, each in its own copy")
+    p.add_argument("--report", default="mutation-report.json")
+    p.add_argument("--resume", action="store_true", help="skip mutants the report already has")
+    p.add_argument("--sample", type=int, help="run this many mutants drawn at random (--seed) instead of all")
+    p.add_argument("--seed", type=int, default=0, help="the draw of --sample")
+    p.add_argument("--show", help="print the mutated function of this mutant id and exit")
+    args = p.parse_args(argv)
+
+    targets = tuple(t for t in TARGETS if not args.only or any(o in t.name for o in args.only))
+    all_mutants = mutants(targets)
+    if args.mutant:
+        all_mutants = [m for m in all_mutants if m.id in args.mutant]
+    if args.sample is not None and args.sample < len(all_mutants):
+        # an unbiased estimate of the kill rate when running every mutant takes too long
+        all_mutants = sorted(random.Random(args.seed).sample(all_mutants, args.sample), key=all_mutants.index)
+    if args.list:
+        for m in all_mutants:
+            print(f"{m.id}\t{m.before}  ->  {m.after}" + ("\t(equivalent)" if m.id in EQUIVALENT else ""))
+        print(f"{len(all_mutants)} mutants in {len(targets)} targets")
+        return 0
+    if args.show:
+        m = next(m for m in all_mutants if m.id == args.show)
+        print(mutated_source(m))
+        return 0
+
+    report_path = Path(args.report)
+    results: dict[str, dict] = json.loads(report_path.read_text()) if args.resume and report_path.exists() else {}
+    tmp = Path(tempfile.mkdtemp(prefix="ddprl-mutants-"))
+    roots = [workspace(tmp / f"w{i}") for i in range(args.jobs)]
+
+    # the clean tests of each target pass, and how long they take: a mutant's time limit
+    limits: dict[str, float] = {}
+    for t in targets:
+        outcome, seconds, tail = run_tests(roots[0], t.tests, timeout=1800)
+        if outcome != "passed":
+            print(f"{t.name}: its tests fail without a mutant:\n{tail}", file=sys.stderr)
+            return 1
+        limits[t.name] = max(60.0, 3 * seconds)
+        print(f"{t.name}: tests pass in {seconds:.0f} s", flush=True)
+
+    todo = [m for m in all_mutants if m.id not in results and m.id not in EQUIVALENT]
+    free = list(roots)
+
+    def one(m: Mutant) -> tuple[Mutant, dict]:
+        root = free.pop()
+        try:
+            path = root / m.path
+            original = path.read_text()
+            path.write_text(mutated_source(m))
+            try:
+                outcome, seconds, tail = run_tests(
+                    root, next(t for t in TARGETS if t.name == m.target).tests, limits[m.target]
+                )
+            finally:
+                path.write_text(original)
+        finally:
+            free.append(root)
+        status = "survived" if outcome == "passed" else "killed"
+        return m, {
+            "status": status,
+            "outcome": outcome,
+            "seconds": round(seconds, 1),
+            "tail": tail,
+            "kind": m.kind,
+            "line": m.line,
+            "before": m.before,
+            "after": m.after,
+        }
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for i, (m, result) in enumerate(pool.map(one, todo), 1):
+            results[m.id] = result
+            report_path.write_text(json.dumps(results, indent=1, sort_keys=True))
+            mark = "killed  " if result["status"] == "killed" else "SURVIVED"
+            print(f"[{i}/{len(todo)}] {mark} {m.id}  {m.before}  ->  {m.after}", flush=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    summary(all_mutants, results)
+    return 0
+
+
+def summary(all_mutants: list[Mutant], results: dict[str, dict]) -> None:
+    by_target: dict[str, list[int]] = {}
+    for m in all_mutants:
+        if m.id in EQUIVALENT or m.id not in results:
+            continue
+        killed, total = by_target.setdefault(m.target, [0, 0])
+        by_target[m.target] = [killed + (results[m.id]["status"] == "killed"), total + 1]
+    for name, (killed, total) in by_target.items():
+        print(f"{name:16s} {killed:4d} / {total:4d} killed  {100 * killed / max(total, 1):5.1f} %")
+    killed = sum(k for k, _ in by_target.values())
+    total = sum(t for _, t in by_target.values())
+    equivalent = sum(m.id in EQUIVALENT for m in all_mutants)
+    print(
+        f"{'all':16s} {killed:4d} / {total:4d} killed  {100 * killed / max(total, 1):5.1f} %  "
+        f"({equivalent} equivalent mutants left out)"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
