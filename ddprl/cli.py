@@ -163,6 +163,10 @@ def _eval_rank(rt: Runtime, cfg: RLConfig, ckpt: dict[str, Any], video: str | No
     from ddprl.evaluate import evaluate
 
     actor = registry.get(cfg.algo, cfg.engine).actor_loader()(cfg, ckpt["state"], rt.device)
+    if video:  # before the episodes, which can take minutes: a video that cannot be drawn is refused first
+        from ddprl.video import check_frames
+
+        check_frames(actor, cfg.seed)
     # Episodes can take minutes (TD-MPC2 plans every step): a terminal sees them come.
     bar = tqdm(
         total=cfg.eval_episodes,

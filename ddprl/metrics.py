@@ -52,6 +52,8 @@ class MetricsLogger:
 
         # purge_step: TensorBoard hides the earlier events at steps >= it (the abandoned future).
         purge_step = start_step + 1 if resumed else None
+        if resumed:
+            _after_event_files(self.run_dir / "tb")
         try:
             with self._tb_writes():
                 self._tb = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=purge_step)
@@ -188,6 +190,32 @@ def _start_wandb(cfg: JobConfig, run_dir: Path) -> Any:
         # the same name elsewhere never collide.
         id=f"{run_dir.name}-{hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:8]}",
     )
+
+
+# Longest wait for the clock to pass the newest event file's second: a file stamped further ahead
+# was made by another machine's clock, ahead of this one, which no short wait brings level.
+MAX_EVENT_FILE_WAIT_S = 2.0
+
+
+def _after_event_files(tb_dir: Path) -> None:
+    """Return once the clock is past the second of every event file in ``tb_dir``.
+
+    TensorBoard reads event files in the order of their names, and a purge_step hides only the
+    events read before it. A name is ``events.out.tfevents.<second>.<host>.<pid>.<n>``: files of
+    one second sort as text by host, pid and ``n`` (``.10`` before ``.9``), not by creation, while
+    a later second sorts after them all. TensorBoard makes the name, so the resumed writer starts
+    in a later second (a wait only where a file is of this second).
+    """
+    seconds = [
+        int(part) for path in tb_dir.glob("events.out.tfevents.*") if (part := path.name.split(".")[3]).isdigit()
+    ]
+    if not seconds:
+        return
+    newest = max(seconds)
+    if newest + 1 - time.time() > MAX_EVENT_FILE_WAIT_S:
+        return
+    while (wait := newest + 1 - time.time()) > 0:
+        time.sleep(wait)
 
 
 def _drop_rows_after(path: Path, step: int) -> float:

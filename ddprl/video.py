@@ -116,17 +116,9 @@ def record_video(
 
     >>> record_video(actor, "walker.gif", seed=1)            # doctest: +SKIP
     """
-    from ddprl.envs import rendering
-
     path = check_video_path(path)
-    headless_rendering()
-    with rendering("rgb_array"):
-        env = actor.make_env(1, seed)
+    env, obs, first = _first_frame(actor, seed)
     try:
-        if not hasattr(env, "render_rgb"):
-            raise UsageError(f"video: this task's environment ({type(env).__name__}) cannot draw frames")
-        obs = env.reset(seed=seed)
-        first = env.render_rgb()  # a UsageError saying why when nothing can draw (MUJOCO_GL, pygame)
         fps = fps or getattr(env, "render_fps", None) or FPS
         path.parent.mkdir(parents=True, exist_ok=True)
         writer = _writer_for(path, fps)
@@ -139,6 +131,32 @@ def record_video(
     finally:
         env.close()
     return path
+
+
+def check_frames(actor: Any, seed: int) -> None:
+    """Draw the first frame of an env of ``actor``'s task, or raise the UsageError that says why
+    none can be drawn: for a caller that plays other episodes before it records one (``ddprl eval
+    ... video=``), so that a video that cannot be made is refused before them."""
+    env, _, _ = _first_frame(actor, seed)
+    env.close()
+
+
+def _first_frame(actor: Any, seed: int) -> tuple[Any, torch.Tensor, np.ndarray]:
+    """A fresh env of ``actor``'s task made to draw, reset with ``seed``, and that state's frame;
+    a UsageError saying why when nothing can draw (MUJOCO_GL, pygame), the env then closed."""
+    from ddprl.envs import rendering
+
+    headless_rendering()
+    with rendering("rgb_array"):
+        env = actor.make_env(1, seed)
+    try:
+        if not hasattr(env, "render_rgb"):
+            raise UsageError(f"video: this task's environment ({type(env).__name__}) cannot draw frames")
+        obs = env.reset(seed=seed)
+        return env, obs, env.render_rgb()
+    except BaseException:
+        env.close()
+        raise
 
 
 def _write_episode(

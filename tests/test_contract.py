@@ -213,6 +213,41 @@ def test_resumed_logger_drops_rows_and_events_past_the_checkpoint(tmp_path):
     ]
 
 
+def test_resumed_logger_purges_event_files_named_in_one_second(tmp_path, monkeypatch):
+    """Two event files of one second and one process are named .9 and .10, which TensorBoard reads
+    in that text order (.10 first): the resumed sitting's file must still be read last."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.summary.writer import event_file_writer
+
+    clock = [float(int(time.time())) + 0.5]  # stays in one second unless the logger waits
+
+    def sleep(seconds):
+        clock[0] += seconds
+
+    fake_time = SimpleNamespace(time=lambda: clock[0], sleep=sleep)
+    monkeypatch.setattr(event_file_writer, "time", fake_time)
+    monkeypatch.setattr("ddprl.metrics.time", fake_time)
+    monkeypatch.setattr(event_file_writer, "_global_uid", event_file_writer.AtomicCounter(9))
+    cfg = load_config(["progress=false"])
+    first = MetricsLogger(tmp_path, cfg, is_main=True, total_steps=500)
+    for step in (100, 200, 300, 400, 500):
+        first.log(step, {"train/loss": float(step)})
+    first.close()
+    resumed = MetricsLogger(tmp_path, cfg, is_main=True, total_steps=500, start_step=300, resumed=True)
+    resumed.log(400, {"train/loss": -400.0})
+    resumed.close()
+    names = sorted(p.name for p in (tmp_path / "tb").iterdir())
+    assert [n.rsplit(".", 1)[1] for n in names] == ["9", "10"]  # read in creation order
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [
+        (100, 100.0),
+        (200, 200.0),
+        (300, 300.0),
+        (400, -400.0),
+    ]
+
+
 # -- checkpoints are pruned, latest and best are kept ----------------------------------------------
 
 

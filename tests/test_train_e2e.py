@@ -381,9 +381,14 @@ def test_tf32_reaches_the_ranks_of_a_launched_job(tmp_path, device, expected):
 
 
 def test_console_script_installed():
-    import shutil
+    import sysconfig
+    from importlib.metadata import entry_points
 
-    exe = shutil.which("ddprl")
-    assert exe is not None
-    res = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60)
+    # pip puts console scripts in the scripts folder of the environment (or of the user, with
+    # --user), which need not be on PATH.
+    assert [e.value for e in entry_points(group="console_scripts", name="ddprl")] == ["ddprl.cli:entry"]
+    folders = [sysconfig.get_path("scripts"), sysconfig.get_path("scripts", sysconfig.get_preferred_scheme("user"))]
+    exe = next((Path(f) / "ddprl" for f in folders if (Path(f) / "ddprl").is_file()), None)
+    assert exe is not None, folders
+    res = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "train" in res.stdout

@@ -73,6 +73,11 @@ def check_task(task: str, backend: str = "auto") -> None:
         envpool_mujoco.check_envpool(task)
         return
     if task in BUILTIN_TASKS or task in gym.registry:
+        if str(getattr(gym.registry.get(task), "entry_point", "")).startswith("gymnasium.envs.mujoco"):
+            from ddprl.envs.mujoco_gl import import_mujoco
+
+            with contextlib.suppress(ImportError):  # not installed: Gymnasium says so as it makes the env
+                import_mujoco()
         return
     if dmc.is_dmc_domain(task):
         domain = task.partition("-")[0]

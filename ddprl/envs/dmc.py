@@ -24,7 +24,6 @@ turns a missing or broken install into a :class:`~ddprl.errors.UsageError`.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import gymnasium as gym
@@ -129,8 +128,10 @@ def dmc_task_names() -> list[str]:
 
 def check_dmc_installed() -> None:
     """Raise a UsageError saying what to install when dm_control cannot be used."""
+    from ddprl.envs.mujoco_gl import import_mujoco
+
     try:
-        import mujoco
+        mujoco = import_mujoco()
     except ImportError:
         raise UsageError(
             "DMC tasks need dm-control and mujoco: pip install 'ddprl[dmc]' (dm-control==1.0.50 mujoco==3.17.0)"
@@ -259,11 +260,9 @@ class DMCVecEnv:
         try:
             return self.envs[index].physics.render(height, width, camera_id=camera)
         except Exception as e:  # no display, no EGL/OSMesa library, or MUJOCO_GL=disable
-            raise UsageError(
-                f"cannot render {self.task} with MUJOCO_GL={os.environ.get('MUJOCO_GL', '(unset)')} "
-                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); set MUJOCO_GL=egl "
-                "(NVIDIA or Mesa EGL) or MUJOCO_GL=osmesa before starting ddprl"
-            ) from None
+            from ddprl.envs.mujoco_gl import cannot_render, reason
+
+            raise cannot_render(self.task, reason(e)) from None
 
     def state_dict(self) -> None:
         """No exact mid-episode resume for DMC: a resumed run starts fresh episodes."""

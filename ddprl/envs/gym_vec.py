@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import sys
 from typing import Any
 
@@ -14,6 +13,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 
 from ddprl.envs.flatten import FlatEncoder, unencodable
+from ddprl.envs.mujoco_gl import cannot_render, reason
 from ddprl.errors import UsageError
 
 
@@ -197,24 +197,20 @@ class GymVecEnv:
                 "make it inside ddprl.envs.rendering('rgb_array')"
             )
         env = self.envs.envs[i]
-        hook, reason = sys.unraisablehook, None
+        hook, why = sys.unraisablehook, None
         try:
             frame = env.render()
         except Exception as e:  # pygame missing, or MuJoCo with no OpenGL backend (MUJOCO_GL)
-            reason = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+            why = reason(e)  # text only: the exception would keep the half-made viewer alive
             # The viewer the failed call half made is freed as this block ends, and its __del__
             # fails in turn ("Exception ignored in ..."): the error below is the one to show.
             sys.unraisablehook = lambda _: None
-        if reason is not None:
+        if why is not None:
             gc.collect()
             sys.unraisablehook = hook
             if hasattr(env.unwrapped, "mujoco_renderer"):
-                raise UsageError(
-                    f"cannot render {self.task} with MUJOCO_GL={os.environ.get('MUJOCO_GL', '(unset)')} "
-                    f"({reason}); set MUJOCO_GL=egl (NVIDIA or Mesa EGL) or MUJOCO_GL=osmesa "
-                    "before starting ddprl"
-                )
-            raise UsageError(f"cannot render {self.task} ({reason})")
+                raise cannot_render(self.task, why)
+            raise UsageError(f"cannot render {self.task} ({why})")
         return np.ascontiguousarray(np.asarray(frame, dtype=np.uint8)[..., :3])
 
     def _render_text(self, i: int = 0) -> str:

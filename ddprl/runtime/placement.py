@@ -186,6 +186,13 @@ def check_port_free(host: str, port: int) -> None:
             ) from None
 
 
+def check_device(device: str, cuda_count: int | None = None) -> None:
+    """A UsageError when ``device=cuda`` and no CUDA device is visible."""
+    cuda_count = torch.cuda.device_count() if cuda_count is None else cuda_count
+    if device == "cuda" and cuda_count == 0:
+        raise UsageError("device=cuda but no CUDA device is visible (check CUDA_VISIBLE_DEVICES); use device=cpu")
+
+
 def choose_device_and_backend(
     device: str, backend: str, local_rank: int, local_world_size: int, cuda_count: int | None = None
 ) -> tuple[torch.device, str]:
@@ -201,8 +208,7 @@ def choose_device_and_backend(
     if backend not in ("auto", "nccl", "gloo"):
         raise UsageError(f"backend={backend!r} is not one of auto, nccl, gloo")
     use_cuda = device == "cuda" or (device == "auto" and cuda_count > 0)
-    if device == "cuda" and cuda_count == 0:
-        raise UsageError("device=cuda but no CUDA device is visible (check CUDA_VISIBLE_DEVICES); use device=cpu")
+    check_device(device, cuda_count)
     if not use_cuda:
         if backend == "nccl":
             raise UsageError("backend=nccl needs CUDA devices; use backend=gloo or device=cuda")
@@ -307,6 +313,7 @@ def resolved_config(cfg: Config) -> Config:
     """
     if getattr(cfg, "engine", "torch") == "jax":
         return cfg.resolved(cfg.nnodes if cfg.world_size == "auto" else int(cfg.world_size))
+    check_device(cfg.device)  # before anything asks the GPU for its memory (autoscale=true) or place
     resolved = cfg.resolved(resolve_world_size(cfg.world_size, cfg.device, cfg.nnodes))
     if cfg.world_size == "auto":  # config.yaml and the start-up line say the value was chosen here
         resolved = dataclasses.replace(resolved, sources={**resolved.sources, "world_size": "auto"})
@@ -368,8 +375,7 @@ def resolve_world_size(
         return int(world_size)
     cuda_count = torch.cuda.device_count() if cuda_count is None else cuda_count
     use_cuda = device == "cuda" or (device == "auto" and cuda_count > 0)
-    if device == "cuda" and cuda_count == 0:
-        raise UsageError("device=cuda but no CUDA device is visible (check CUDA_VISIBLE_DEVICES); use device=cpu")
+    check_device(device, cuda_count)
     cores = usable_cores() if cores is None else cores
     return (cuda_count if use_cuda else max(1, min(CPU_WORLD_SIZE, cores))) * nnodes
 
