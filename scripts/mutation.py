@@ -49,30 +49,29 @@ class Target:
 
 # What the fast suite must guard: the algorithms' math, the cross-rank reductions and their callers,
 # schedules, and checkpoint/resume. Tests are pytest node ids or files, run with ``-x``.
+UNITS_PPO = "tests/test_ppo_units.py"
+DDP_PPO = (
+    "tests/test_ddp_equivalence.py::test_two_ranks_apply_the_gradient_of_one_process_on_the_whole_batch",
+    "tests/test_ddp_equivalence.py::test_grad_clipping_under_ddp_equals_one_process",
+    "tests/test_ddp_equivalence.py::test_target_kl_global_decision_no_deadlock",
+)
+LOOP_PPO = "tests/test_ppo_loop.py"
+TDMPC2 = ("tests/test_tdmpc2_pieces.py", "tests/test_tdmpc2_loop.py")
+
 TARGETS: tuple[Target, ...] = (
-    Target(
-        "ppo.loss",
-        "ddprl/algos/ppo/loss.py",
-        ("ppo_loss", "standardize"),
-        ("tests/test_ppo_units.py", "tests/test_ddp_equivalence.py"),
-    ),
-    Target(
-        "ppo.gae",
-        "ddprl/algos/ppo/rollout.py",
-        ("compute_gae",),
-        ("tests/test_ppo_units.py",),
-    ),
+    Target("ppo.loss", "ddprl/algos/ppo/loss.py", ("ppo_loss", "standardize"), (UNITS_PPO, *DDP_PPO)),
+    Target("ppo.gae", "ddprl/algos/ppo/rollout.py", ("compute_gae",), (UNITS_PPO,)),
     Target(
         "ppo.update",
         "ddprl/algos/ppo/update.py",
         ("UpdateStep.step_eager", "UpdateStep.loss", "learn"),
-        ("tests/test_ddp_equivalence.py", "tests/test_ppo_units.py"),
+        (UNITS_PPO, *DDP_PPO, LOOP_PPO),
     ),
     Target(
         "ppo.loop",
         "ddprl/algos/ppo/loop.py",
         ("advantages_and_returns", "iteration_metrics", "train"),
-        ("tests/test_ppo_loop.py", "tests/test_ppo_units.py"),
+        (UNITS_PPO, LOOP_PPO),
     ),
     Target(
         "normalize",
@@ -86,13 +85,13 @@ TARGETS: tuple[Target, ...] = (
             "ReturnScaler.update",
             "ReturnScaler.scale",
         ),
-        ("tests/test_ppo_units.py", "tests/test_ppo_loop.py"),
+        (UNITS_PPO, "tests/test_runtime.py::test_running_stats_identical_across_ranks_and_exact", LOOP_PPO),
     ),
     Target(
         "flat_adam",
         "ddprl/algos/graphs.py",
         ("FlatAdam.step_", "FlatAdam.averaged_step_", "FlatAdam.sync_lr", "clip_grad"),
-        ("tests/test_flat_adam.py", "tests/test_ddp_equivalence.py"),
+        ("tests/test_flat_adam.py", *DDP_PPO, LOOP_PPO),
     ),
     Target(
         "collectives",
@@ -107,13 +106,26 @@ TARGETS: tuple[Target, ...] = (
             "Runtime.check_in_sync",
             "parameter_checksum",
         ),
-        ("tests/test_runtime.py", "tests/test_ddp_equivalence.py", "tests/test_qmix_ddp.py"),
+        (
+            "tests/test_runtime.py::test_collectives_two_ranks",
+            "tests/test_runtime.py::test_check_in_sync_catches_drift_and_wrap_broadcasts",
+            "tests/test_runtime.py::test_running_stats_identical_across_ranks_and_exact",
+            *DDP_PPO,
+            "tests/test_qmix_ddp.py",
+        ),
     ),
     Target(
         "seeding",
         "ddprl/runtime/seeding.py",
         ("derive_seed", "env_seed", "Seeds.env", "Seeds.torch", "Seeds.shared", "Seeds.eval_actions"),
-        ("tests/test_contract.py", "tests/test_runtime.py", "tests/test_ppo_loop.py"),
+        (
+            "tests/test_contract.py::test_seeds_fresh_and_resumed",
+            "tests/test_contract.py::test_evaluation_episodes_are_a_runs_own_and_the_same_at_every_evaluation",
+            "tests/test_contract.py::test_tdmpc2_resume_reseeds_envs",
+            "tests/test_contract.py::test_ppo_on_dmc_resume_reseeds_envs",
+            "tests/test_runtime.py::test_env_seeds_distinct_per_rank",
+            LOOP_PPO,
+        ),
     ),
     Target(
         "tdmpc2.math",
@@ -133,26 +145,16 @@ TARGETS: tuple[Target, ...] = (
             "RunningScale.forward",
             "discount_for_episode_length",
         ),
-        ("tests/test_tdmpc2_pieces.py", "tests/test_tdmpc2_loop.py"),
+        TDMPC2,
     ),
-    Target(
-        "tdmpc2.loss",
-        "ddprl/algos/tdmpc2/loss.py",
-        ("rho_weights", "world_model_loss", "policy_loss"),
-        ("tests/test_tdmpc2_loop.py", "tests/test_tdmpc2_pieces.py"),
-    ),
+    Target("tdmpc2.loss", "ddprl/algos/tdmpc2/loss.py", ("rho_weights", "world_model_loss", "policy_loss"), TDMPC2),
     Target(
         "tdmpc2.model",
         "ddprl/algos/tdmpc2/networks.py",
         ("WorldModel.td_target", "WorldModel.soft_update_target", "WorldModel.forward", "QEnsemble.forward"),
-        ("tests/test_tdmpc2_pieces.py", "tests/test_tdmpc2_loop.py"),
+        TDMPC2,
     ),
-    Target(
-        "tdmpc2.learner",
-        "ddprl/algos/tdmpc2/learner.py",
-        ("UpdateStep.__call__", "build_learner"),
-        ("tests/test_tdmpc2_loop.py", "tests/test_tdmpc2_pieces.py"),
-    ),
+    Target("tdmpc2.learner", "ddprl/algos/tdmpc2/learner.py", ("UpdateStep.__call__", "build_learner"), TDMPC2),
     Target(
         "tdmpc2.schedule",
         "ddprl/algos/tdmpc2/schedule.py",
@@ -177,10 +179,20 @@ TARGETS: tuple[Target, ...] = (
         ("tests/test_qmix_units.py", "tests/test_qmix_ddp.py"),
     ),
     Target(
+        "qmix.loop",
+        "ddprl/algos/qmix/loop.py",
+        ("exploration", "train_metrics"),
+        (
+            "tests/test_qmix_units.py",
+            "tests/test_qmix_train.py::test_exploration_and_updates_follow_the_global_step",
+            "tests/test_qmix_train.py::test_resume_continues_the_counters",
+        ),
+    ),
+    Target(
         "qmix.mixer",
         "ddprl/algos/qmix/networks.py",
         ("QMixer.forward", "VDNMixer.forward"),
-        ("tests/test_qmix_units.py",),
+        ("tests/test_qmix_units.py", "tests/test_qmix_ddp.py"),
     ),
     Target(
         "supervised",
@@ -192,20 +204,18 @@ TARGETS: tuple[Target, ...] = (
         "early_stopping",
         "ddprl/supervised/early_stopping.py",
         ("EarlyStopping.improves", "EarlyStopping.update"),
-        ("tests/test_supervised.py",),
+        (
+            "tests/test_supervised.py::test_early_stopping_counts_validations_without_improvement",
+            "tests/test_supervised.py::test_early_stopping_is_global_and_the_same_on_every_rank",
+        ),
     ),
     Target(
         "checkpoint",
         "ddprl/checkpoint.py",
         ("strip_prefixes", "state_of", "rng_state", "set_rng_state", "Checkpointer.drop_after"),
-        ("tests/test_contract.py", "tests/test_train_e2e.py"),
+        ("tests/test_contract.py", "tests/test_train_e2e.py", "tests/test_supervised.py", LOOP_PPO),
     ),
-    Target(
-        "schedules",
-        "ddprl/algos/common.py",
-        ("crossed",),
-        ("tests/test_ppo_loop.py", "tests/test_ppo_units.py"),
-    ),
+    Target("schedules", "ddprl/algos/common.py", ("crossed",), (UNITS_PPO, LOOP_PPO)),
 )
 
 # Mutants that cannot change what the code computes (id -> why). Left out of the kill rate.

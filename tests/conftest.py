@@ -96,6 +96,14 @@ def cli():
     return run_cli
 
 
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    """The order the tests ran in, shown even under ``-q``: pytest-randomly shuffles it (a test that
+    passes only after another is a bug), and its seed replays a failing order."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if config.pluginmanager.has_plugin("randomly") and isinstance(seed, int):
+        terminalreporter.write_line(f"tests ran in a random order: replay it with --randomly-seed={seed}")
+
+
 # -- every test not marked gpu runs on the CPU -----------------------------------------------------------
 #
 # On a machine with one visible GPU, world_size=auto would mean one CUDA rank, and the 2-rank

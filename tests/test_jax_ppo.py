@@ -300,3 +300,26 @@ def test_networks_compute_what_the_torch_engine_computes(activation):
     np.testing.assert_allclose(np.asarray(nets.value(params, jnp.asarray(obs), activation)), values, atol=1e-5)
     other = "relu" if activation == "tanh" else "tanh"  # the check can fail: the other activation differs
     assert not np.allclose(np.asarray(nets.value(params, jnp.asarray(obs), other)), values, atol=1e-3)
+
+
+def test_adam_steps_with_the_learning_rate_the_iteration_is_given():
+    """The loop anneals the learning rate on the host and hands it to each iteration: at 0 the
+    parameters stay as they were (the statistics still move), at the configured rate they move."""
+    cfg = config(max_grad_norm=0.5, batch_size=32)  # 2 minibatches a device and epoch
+    iterate, carry, ids = compiled_iteration(cfg, 2)
+    before = jax.device_get(local_copy(carry["params"]))
+    frozen, _ = iterate(carry, ids, jnp.float32(0.0))
+    for a, b in zip(
+        jax.tree.leaves(before), jax.tree.leaves(jax.device_get(local_copy(frozen["params"]))), strict=True
+    ):
+        np.testing.assert_array_equal(a, b)
+    assert float(jax.device_get(local_copy(frozen["obs_rms"]))["count"]) == NUM_ENVS * cfg.n_steps
+    iterate, carry, ids = compiled_iteration(cfg, 2)
+    moved, _ = iterate(carry, ids, jnp.float32(cfg.lr))
+    diff = max(
+        float(np.abs(a - b).max())
+        for a, b in zip(
+            jax.tree.leaves(before), jax.tree.leaves(jax.device_get(local_copy(moved["params"]))), strict=True
+        )
+    )
+    assert diff > 1e-5

@@ -80,6 +80,19 @@ def test_eval_and_play_from_the_checkpoint(qmix_run, tmp_path):
     assert gif.stat().st_size > 1000
 
 
+def test_exploration_and_updates_follow_the_global_step(qmix_run):
+    """Epsilon anneals over global env steps (1 -> 0.05 over 50,000: the preset's), read at the start
+    of each iteration of 4 global steps (2 ranks x 2 envs); updates come one per 100 global steps
+    after a warm-up of 400."""
+    run_dir, _ = qmix_run
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [400, 800, 1200, 1600]
+    for r in rows:
+        assert r["train/epsilon"] == pytest.approx(1.0 - 0.95 * (r["step"] - 4) / 50_000, rel=1e-12)
+        assert r["train/updates"] == (r["step"] - 400) // 100 + 1
+        assert r["train/effective_batch_size"] == 8  # 4 episodes x 2 ranks
+
+
 def test_resume_continues_the_counters(qmix_run, tmp_path):
     run_dir, _ = qmix_run
     src = ckpt_of(run_dir, "step_800.pt")
