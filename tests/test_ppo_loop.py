@@ -43,7 +43,14 @@ JOB = [
 def run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ppo") / "run"
     res = run_cli(
-        [*JOB, f"steps={ITERATIONS * STEP}", f"checkpoint_freq={STEP}", "keep_last=0", f"run_dir={run_dir}"],
+        [
+            *JOB,
+            f"steps={ITERATIONS * STEP}",
+            f"checkpoint_freq={STEP}",
+            "keep_last=0",
+            "eval_episodes=2",
+            f"run_dir={run_dir}",
+        ],
         timeout=120,
     )
     assert res.returncode == 0, res.stderr[-3000:]
@@ -53,9 +60,22 @@ def run(tmp_path_factory):
 def test_learning_rate_anneals_linearly_to_zero_over_the_iterations(run):
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [STEP * (i + 1) for i in range(ITERATIONS)]
+    assert rows[-1]["eval/episodes"] == 2 and rows[-1]["eval/return_mean"] >= 8  # the last row evaluates
+    assert not any("eval/episodes" in r for r in rows[:-1])  # eval_freq=0: only the last
     # iteration i trains with lr * (1 - i / N): the first at lr, the last at lr / N
     expected = [LR * (1 - i / ITERATIONS) for i in range(ITERATIONS)]
     assert [r["train/lr"] for r in rows] == pytest.approx(expected, rel=1e-9, abs=0)
+
+
+def test_every_iteration_learns_from_its_advantages_and_times_itself(run):
+    rows = read_metrics(run)
+    for r in rows:  # advantages never loaded into the update (zeros) would give a policy loss of exactly 0
+        assert r["train/policy_loss"] != 0.0 and r["train/value_loss"] > 0
+    for before, r in zip(rows, rows[1:], strict=False):
+        seconds = r["time/rollout_s"] + r["time/update_s"]  # means over ranks, within the iteration's wall time
+        assert 0 < seconds <= r["wall_time"] - before["wall_time"]
+        # each rank's steps over its own time, summed over ranks (equal shares): about the job's steps / time
+        assert 0.5 < r["time/global_fps"] * seconds / STEP < 2
 
 
 def test_statistics_count_every_ranks_steps_once(run):
@@ -65,6 +85,7 @@ def test_statistics_count_every_ranks_steps_once(run):
         state = load_checkpoint(run / "checkpoints" / f"step_{k * STEP}.pt")["state"]
         assert float(state["obs_rms"]["count"]) == k * STEP
         assert float(state["reward_stats"]["count"]) == k * STEP
+        assert state["scaler"] == {}  # fp32: no loss scaling (precision=fp16 only)
 
 
 def _reset_rng(seed: int) -> dict:

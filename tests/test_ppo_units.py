@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from ddprl.algos.ppo.loss import ppo_loss
+from ddprl.algos.ppo.loss import ppo_loss, standardize
 from ddprl.algos.ppo.networks import ActorCritic, PolicyOutput
 from ddprl.algos.ppo.rollout import Rollout, RolloutBuffer, compute_gae, obs_storage_dtype
 from ddprl.normalize import ReturnScaler, RunningMeanStd
@@ -80,6 +80,35 @@ def test_ppo_loss_matches_hand_computation():
     clipped = ppo_loss(out, old_lp, torch.tensor([0.0, 2.5]), adv, torch.tensor([2.0, 2.0]), 0.2, True, 0.5, 0.01)
     # clipped value for sample 0: 0 + clamp(1.0, -0.2, 0.2) = 0.2 → (0.2-2)^2 = 3.24 > 1
     assert clipped["value_loss"].item() == pytest.approx(0.5 * (3.24 + 1.0) / 2, rel=1e-5)
+
+
+def test_ppo_loss_clips_on_both_sides_of_the_ratio_and_the_value_by_hand():
+    """One sample in each region of the clipped surrogate (A > 0 or < 0, ratio above 1 + c or below
+    1 - c) and one inside, with c = 0.2; values clipped to old_value +- c from either side."""
+    ratio = torch.tensor([1.5, 0.5, 0.5, 1.5, 1.1])
+    adv = torch.tensor([1.0, 1.0, -1.0, -1.0, 2.0])
+    old_lp = torch.full((5,), math.log(0.4))
+    out = PolicyOutput(
+        action=None,
+        log_prob=old_lp + ratio.log(),
+        entropy=torch.tensor([0.6, 0.4, 0.5, 0.3, 0.2]),
+        value=torch.tensor([1.0, 3.0, 0.5, -1.1, 0.0]),
+    )
+    old_values, returns = torch.tensor([0.0, 2.5, 1.0, -1.0, 0.0]), torch.tensor([2.0, 2.0, 0.0, -3.0, 1.0])
+    terms = ppo_loss(out, old_lp, old_values, adv, returns, 0.2, True, 0.5, 0.01)
+    # max(-A r, -A clip(r, 0.8, 1.2)) per sample: -1.2, -0.5, 0.8, 1.5, -2.2
+    pg = (-1.2 - 0.5 + 0.8 + 1.5 - 2.2) / 5
+    # clipped values 0.2, 2.7, 0.8, -1.1, 0.0; max of the two squared errors: 3.24, 1, 0.64, 3.61, 1
+    v = 0.5 * (3.24 + 1.0 + 0.64 + 3.61 + 1.0) / 5
+    assert terms["policy_loss"].item() == pytest.approx(pg, rel=1e-5)
+    assert terms["value_loss"].item() == pytest.approx(v, rel=1e-5)
+    assert terms["entropy"].item() == pytest.approx(0.4, rel=1e-6)
+    assert terms["loss"].item() == pytest.approx(pg - 0.01 * 0.4 + 0.5 * v, rel=1e-5)
+    assert terms["clip_frac"].item() == pytest.approx(0.8)
+    kl = sum((r - 1) - math.log(r) for r in ratio.tolist()) / 5
+    assert terms["approx_kl"].item() == pytest.approx(kl, rel=1e-5)
+    unclipped = ppo_loss(out, old_lp, old_values, adv, returns, 0.2, False, 0.5, 0.01)
+    assert unclipped["value_loss"].item() == pytest.approx(0.5 * (1.0 + 1.0 + 0.25 + 3.61 + 1.0) / 5, rel=1e-5)
 
 
 def test_actor_critic_shapes_and_scoring():
@@ -213,6 +242,12 @@ def test_running_mean_std_matches_numpy_over_several_updates():
     assert np.allclose(rms.mean.numpy(), allx.mean(0)) and np.allclose(rms.var.numpy(), allx.var(0))
     x = torch.tensor([[3.0, 3.0]])
     assert torch.allclose(rms.normalize(x), (x - rms.mean.float()) / torch.sqrt(rms.var.float() + 1e-8))
+    # a feature that never varies: variance 0, normalised to exactly 0 (eps keeps the root real), and
+    # a far value clipped to +-10
+    flat = RunningMeanStd((1,))
+    flat.update(torch.full((8, 1), 4.0))
+    assert float(flat.var) == 0.0 and float(flat.mean) == 4.0
+    assert torch.equal(flat.normalize(torch.tensor([[4.0], [5.0], [3.0]])), torch.tensor([[0.0], [10.0], [-10.0]]))
 
 
 def test_return_scaler_tracks_discounted_returns_across_rollouts():
@@ -246,6 +281,25 @@ def test_return_scaler_divides_by_the_return_std_and_clips():
     scaled = scaler.scale(rewards)
     torch.testing.assert_close(scaled, (rewards / std).float().clamp(-5, 5), rtol=1e-5, atol=1e-6)
     assert scaled.abs().max() <= 5.0
+
+
+def test_standardize_uses_the_mean_and_population_std_over_both_ranks_by_hand():
+    """Two ranks' equal shares: each standardises with the moments averaged over both (a mean over
+    ranks stands in for the all-reduce), which are the whole batch's: here mean 2, std sqrt(28 / 6)."""
+    a = torch.tensor([0.0, 1.0, 3.0, 4.0, -1.0, 5.0])  # mean 2, population variance 28/6
+    shares = a.view(2, 3)
+    moments = [torch.stack([s.mean(), (s**2).mean()]) for s in shares]
+
+    def mean_over_ranks(local: torch.Tensor) -> torch.Tensor:
+        return (moments[0] + moments[1]) / 2  # what all_reduce_mean returns on both ranks
+
+    for share in shares:
+        out = standardize(share, mean_over_ranks)
+        torch.testing.assert_close(out, (share - 2.0) / (math.sqrt(28 / 6) + 1e-8))
+    # one process on the whole batch: the same numbers
+    torch.testing.assert_close(standardize(a, lambda t: t), (a - 2.0) / (math.sqrt(28 / 6) + 1e-8))
+    # a constant batch has no spread: centred, not divided by zero
+    torch.testing.assert_close(standardize(torch.full((4,), 3.0), lambda t: t), torch.zeros(4))
 
 
 def test_norm_adv_takes_true_false_or_minibatch():
@@ -353,3 +407,84 @@ def test_pixels_are_stored_as_bytes_exactly():
     buffer.store(1, obs=frames)
     assert buffer.data.obs.dtype == torch.uint8 and buffer.data.obs.element_size() == 1
     assert torch.equal(buffer.data.obs[1].float(), frames)
+
+
+# -- the loop's pieces around the update, on a stand-in for two ranks ---------------------------------
+
+
+class TwoEqualRanks:
+    """A runtime of 2 ranks whose other rank holds the same values as this one: a sum over ranks is
+    twice the local value, a mean the local value (what the loop's arithmetic is checked against)."""
+
+    world_size = 2
+    device = torch.device("cpu")
+
+    def all_reduce_sum(self, value):
+        if isinstance(value, dict):
+            return {k: self.all_reduce_sum(v) for k, v in value.items()}
+        return value * 2
+
+    def all_reduce_mean(self, value):
+        return value
+
+
+def test_iteration_metrics_sum_the_ranks_rates_and_average_their_times_by_hand():
+    from ddprl.algos.ppo.loop import iteration_metrics
+
+    m = iteration_metrics(
+        TwoEqualRanks(), 64, 0.3, 0.1, torch.tensor(30.0), torch.tensor(3.0), effective_batch=128, lr=0.25
+    )
+    assert m["time/global_fps"] == pytest.approx(2 * 64 / 0.4)  # each rank's steps per second, summed
+    assert m["time/rollout_s"] == pytest.approx(0.3) and m["time/update_s"] == pytest.approx(0.1)
+    assert m["train/episode_return"] == pytest.approx(10.0)  # 60 over 6 episodes
+    assert m["train/effective_batch_size"] == 128 and m["train/lr"] == 0.25
+    no_episodes = iteration_metrics(TwoEqualRanks(), 64, 0.3, 0.1, torch.tensor(0.0), torch.tensor(0.0), 128, 0.25)
+    assert "train/episode_return" not in no_episodes
+
+
+def test_advantages_and_returns_scale_rewards_then_normalise_advantages_by_hand():
+    """One env, 3 steps, no episode end, gamma 0.5, lambda 1: the GAE of the given rewards; with
+    norm_reward the rewards are divided by the std of the discounted return (statistics of both
+    ranks, equal here), with norm_adv the advantages standardised over the (global) rollout."""
+    from ddprl.algos.ppo.loop import advantages_and_returns
+    from ddprl.config import load_config
+
+    T, N = 3, 1
+    zeros = torch.zeros(T, N)
+    rollout = Rollout(
+        obs=zeros.unsqueeze(-1),
+        actions=zeros.long(),
+        log_probs=zeros,
+        values=torch.tensor([[1.0], [0.5], [0.0]]),
+        rewards=torch.tensor([[1.0], [2.0], [4.0]]),
+        terminated=zeros.bool(),
+        truncated=zeros.bool(),
+        final_values=zeros,
+    )
+    next_values = torch.tensor([2.0])
+    # deltas r + 0.5 V' - V: 1 + 0.25 - 1 = 0.25, 2 + 0 - 0.5 = 1.5, 4 + 1 - 0 = 5
+    # A_2 = 5, A_1 = 1.5 + 0.5 * 5 = 4, A_0 = 0.25 + 0.5 * 4 = 2.25; returns = A + V
+    plain = load_config(["gamma=0.5", "gae_lambda=1.0", "norm_adv=false", "norm_reward=false"])
+    adv, ret = advantages_and_returns(TwoEqualRanks(), plain, rollout, next_values, ReturnScaler(N, 0.5))
+    torch.testing.assert_close(adv, torch.tensor([[2.25], [4.0], [5.0]]))
+    torch.testing.assert_close(ret, torch.tensor([[3.25], [4.5], [5.0]]))
+
+    normalised = load_config(["gamma=0.5", "gae_lambda=1.0", "norm_adv=true", "norm_reward=false"])
+    adv, ret = advantages_and_returns(TwoEqualRanks(), normalised, rollout, next_values, ReturnScaler(N, 0.5))
+    a = torch.tensor([[2.25], [4.0], [5.0]])
+    torch.testing.assert_close(adv, (a - a.mean()) / (a.std(correction=0) + 1e-8))
+    torch.testing.assert_close(ret, torch.tensor([[3.25], [4.5], [5.0]]))  # returns stay in reward units
+
+    # norm_reward: discounted returns 1, 2.5, 5.25 (both ranks alike: 6 samples, the same variance)
+    scaled = load_config(["gamma=0.5", "gae_lambda=1.0", "norm_adv=false", "norm_reward=true"])
+    scaler = ReturnScaler(N, 0.5)
+    adv, _ = advantages_and_returns(TwoEqualRanks(), scaled, rollout, next_values, scaler)
+    g = torch.tensor([1.0, 2.5, 5.25], dtype=torch.float64)
+    assert float(scaler.stats.count) == 6
+    torch.testing.assert_close(scaler.stats.var, g.var(correction=0))
+    std = math.sqrt(float(g.var(correction=0)) + 1e-8)
+    r = torch.tensor([1.0, 2.0, 4.0]) / std
+    v = torch.tensor([1.0, 0.5, 0.0, 2.0])
+    d = [r[t] + 0.5 * v[t + 1] - v[t] for t in range(3)]
+    expected = torch.tensor([d[0] + 0.5 * (d[1] + 0.5 * d[2]), d[1] + 0.5 * d[2], d[2]]).unsqueeze(-1)
+    torch.testing.assert_close(adv, expected)
