@@ -117,6 +117,7 @@ TARGETS: tuple[Target, ...] = (
             "tests/test_runtime.py::test_running_stats_identical_across_ranks_and_exact",
             *DDP_PPO,
             "tests/test_qmix_ddp.py",
+            "tests/test_tdmpc2_loop.py::test_targets_and_scale_identical_on_all_ranks_after_updates",
         ),
     ),
     Target(
@@ -125,6 +126,7 @@ TARGETS: tuple[Target, ...] = (
         ("derive_seed", "env_seed", "Seeds.env", "Seeds.torch", "Seeds.shared", "Seeds.eval_actions"),
         (
             "tests/test_contract.py::test_seeds_fresh_and_resumed",
+            "tests/test_contract.py::test_derived_seeds_never_repeat_across_seeds_ranks_purposes_and_steps",
             "tests/test_contract.py::test_evaluation_episodes_are_a_runs_own_and_the_same_at_every_evaluation",
             "tests/test_contract.py::test_tdmpc2_resume_reseeds_envs",
             "tests/test_contract.py::test_ppo_on_dmc_resume_reseeds_envs",
@@ -230,6 +232,13 @@ EQUIVALENT: dict[str, str] = {
     "ppo.update:learn:213:constant:15": "count >= 1 whenever a minibatch exists, which the config guarantees",
     "ppo.update:learn:202:drop_kwarg:10": "on the CPU the default device is the batch's (a GPU: an error)",
     "ppo.loop:train:238:binop:36": "total_steps sizes the progress bar only",
+    "collectives:Runtime.check_in_sync:355:compare:2": "the bound is > 0, so spread 0 passes either way",
+    "collectives:Runtime.check_in_sync:355:constant:8": "a float tolerance: drift a bug leaves is far above both",
+    "collectives:parameter_checksum:394:drop_kwarg:2": "the checksum is compared between ranks only, all alike",
+    "collectives:parameter_checksum:394:drop_kwarg:3": "on the CPU the default device is the parameters'",
+    "seeding:derive_seed:35:binop:3": "(step % 2^32, step // 64) still tells every step apart",
+    "seeding:Seeds.shared:67:constant:3": "any rank's hash serves, as long as every rank takes the same",
+    "seeding:Seeds.eval_actions:78:binop:2": "minus the stride keeps the ranks' eval streams apart as plus does",
     "normalize:RunningMeanStd.moments:49:drop_kwarg:0": "torch.cat promotes the count to float64, exact below 2^24",
     "normalize:RunningMeanStd.moments:49:drop_kwarg:1": "on the CPU the default device is the batch's",
 }
