@@ -85,6 +85,30 @@ def test_world_model_loss_terms_by_hand():
     assert terms["loss"].item() == pytest.approx(expected.item())
 
 
+def test_world_model_loss_weights_each_step_by_its_own_error_by_hand():
+    """Errors that differ from step to step, so that each step's own mean (then rho^t) is checked:
+    latents 0.5 and 1 against encodings 1 and 3; reward logits uniform at t=0, the target's own
+    two-hot at t=1."""
+    H, B, d, Q = 2, 3, 4, 2
+    z = torch.stack([torch.zeros(B, d), 0.5 * torch.ones(B, d), torch.ones(B, d)])
+    next_z = torch.stack([torch.ones(B, d), 3 * torch.ones(B, d)])  # squared errors 0.25 (t=0) and 4 (t=1)
+    uniform = torch.zeros(B, NUM_BINS)
+    perfect = torch.log(two_hot(torch.full((B, 1), 3.0)) + 1e-30)
+    out = {
+        "z": z,
+        "next_z": next_z,
+        "reward_logits": torch.stack([uniform, perfect]),
+        "q_logits": torch.zeros(Q, H, B, NUM_BINS),
+        "td_target": torch.full((H, B, 1), 3.0),
+    }
+    terms = world_model_loss(out, reward=torch.full((H, B, 1), 3.0), rho=0.5)
+    t = two_hot(torch.tensor([[3.0]]))[0]
+    target_entropy = -(t[t > 0] * t[t > 0].log()).sum().item()
+    assert terms["consistency"].item() == pytest.approx((1 * 0.25 + 0.5 * 4) / H)
+    assert terms["reward"].item() == pytest.approx((math.log(NUM_BINS) + 0.5 * target_entropy) / H, rel=1e-5)
+    assert terms["value"].item() == pytest.approx((1 + 0.5) * math.log(NUM_BINS) / H, rel=1e-5)
+
+
 def test_policy_loss_by_hand():
     q = torch.tensor([[[2.0], [4.0]], [[6.0], [8.0]]])  # (T=2, B=2, 1)
     ent = torch.tensor([[[1.0], [3.0]], [[5.0], [7.0]]])

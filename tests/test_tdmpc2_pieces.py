@@ -240,6 +240,34 @@ def test_q_ensemble_batched_equals_per_member_loop():
     torch.testing.assert_close(qs(x, members=members), out[members])
 
 
+def test_q_ensemble_drops_out_the_first_layer_only_in_training(monkeypatch):
+    """TD-MPC2's Q dropout acts once, on the first layer's output (before its LayerNorm), and only
+    in training: the call's input is that layer's affine map of the input, computed here."""
+    torch.manual_seed(0)
+    qs = QEnsemble(num_q=3, in_dim=12, hidden=16, dropout=0.25)
+    with torch.no_grad():
+        for t in qs.tensors():
+            t.normal_()
+    x = torch.randn(7, 12)
+    calls = []
+    dropout = F.dropout
+
+    def recording(h, p, training):
+        calls.append((h.detach().clone(), p, training))
+        return dropout(h, p, training)
+
+    monkeypatch.setattr(F, "dropout", recording)
+    qs.train()(x)
+    assert len(calls) == 1
+    h, p, training = calls[0]
+    first = torch.einsum("ni,mio->mno", x, qs.weight0) + qs.bias0.unsqueeze(1)  # (Q, N, hidden)
+    torch.testing.assert_close(h, first)
+    assert p == 0.25 and training
+    calls.clear()
+    qs.eval()(x)
+    assert all(not training for _, _, training in calls)
+
+
 def test_q_return_types_and_detach():
     torch.manual_seed(0)
     model = WorldModel(10, 3, dims=TINY)
