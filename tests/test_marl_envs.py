@@ -43,8 +43,9 @@ def test_shapes_dtypes_and_devices(task):
     env = make_marl_env(task, num_envs=3, seed=0)
     n, a, o, s, u = 3, env.n_agents, env.obs_dim, env.state_dim, env.n_actions
     obs = env.reset()
-    assert [tuple(t.shape) for t in obs] == [(n, a, o), (n, s), (n, a, u), (n,)]
-    assert [t.dtype for t in obs] == [torch.float32, torch.float32, torch.bool, torch.bool]
+    assert [tuple(t.shape) for t in obs[:4]] == [(n, a, o), (n, s), (n, a, u), (n,)]
+    assert [t.dtype for t in obs[:4]] == [torch.float32, torch.float32, torch.bool, torch.bool]
+    assert obs.full is None  # only asked for (SMAX's full_obs=True)
     assert obs.first.all() and obs.avail.any(-1).all()
     obs, reward, terminated, truncated, info = env.step(random_actions(obs, torch.Generator().manual_seed(0)))
     assert reward.shape == (n,) and reward.dtype == torch.float32
@@ -53,7 +54,7 @@ def test_shapes_dtypes_and_devices(task):
     assert info["episode_return"].dtype == torch.float32 and info["episode_length"].dtype == torch.int64
     for key in env.extra_info_keys:
         assert info[key].shape == (n,)
-    tensors = [*obs, reward, terminated, truncated, info["episode_return"], info["episode_length"]]
+    tensors = [*obs[:4], reward, terminated, truncated, info["episode_return"], info["episode_length"]]
     assert all(t.device == env.device == torch.device("cpu") for t in tensors)
     env.close()
 
@@ -62,7 +63,7 @@ def test_shapes_dtypes_and_devices(task):
 def test_seeded_reset_is_reproducible(task):
     first, second = make_marl_env(task, 2, seed=0), make_marl_env(task, 2, seed=0)
     a, b = first.reset(seed=7), second.reset(seed=7)
-    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert all(torch.equal(x, y) for x, y in zip(a[:4], b[:4], strict=True))
     other = second.reset(seed=8)
     assert not torch.equal(a.state, other.state)
     if task != VMAS:  # VMAS seeds its batch as one stream (see envs/marl/vmas_env.py)

@@ -10,6 +10,10 @@ boundary is a torch tensor on ``env.device``. Step semantics are those of ``ddpr
 - ``actions``     (N, A) int64, one discrete action per agent (an available one).
 - ``obs``         :class:`MAObs` of the next step; for an env whose episode just ended it is
                   already the first step of its next episode (``obs.first`` is True there).
+- ``obs.full``    None, or where the env offers it (SMAX's ``full_obs=True``) every agent's
+                  observation with unlimited sight range, in ``obs.obs``'s layout. An env whose
+                  observation is a list of unit blocks may also have ``node_layout``
+                  (:class:`ddprl.envs.marl.graph.NodeLayout`) to cut it into nodes.
 - ``reward``      (N,) float32: the team reward (the sum of the agents' rewards, as EPyMARL).
 - ``terminated``  (N,) bool: a terminal state (all food eaten, a goal reached): no bootstrap.
 - ``truncated``   (N,) bool: cut by the time limit: bootstrap from ``info["final_obs"]``.
@@ -35,9 +39,12 @@ class MAObs(NamedTuple):
     state: torch.Tensor  # (N, S) float32: the global state the mixer sees
     avail: torch.Tensor  # (N, A, U) bool: available actions (at least one True per agent)
     first: torch.Tensor  # (N,) bool: the first step of an episode (recurrent agents reset here)
+    # (N, A, O) float32: each agent's observation with unlimited sight, for training a model that
+    # fills in what an agent cannot see (never an input to acting); None unless the env was asked
+    full: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> MAObs:
-        return MAObs(*(t.to(device) for t in self))
+        return MAObs(*(None if t is None else t.to(device) for t in self))
 
 
 class MultiAgentVecEnv(Protocol):

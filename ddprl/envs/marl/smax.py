@@ -18,7 +18,14 @@ adds to JaxMARL's ``step``:
 - the team reward once: SMAX gives every ally the same team reward (damage dealt, normalised,
   plus 1 for a win), so it is not summed over agents as the per-agent rewards of LBF are;
 - ``info["episode_won"]``: 1 where the episode ended with every enemy dead and an ally alive
-  (SMAC's win; a battle where both sides die together is a draw).
+  (SMAC's win; a battle where both sides die together is a draw);
+- with ``full_obs=True``, ``MAObs.full``: each agent's observation with unlimited sight range
+  (every living unit's block filled in; a dead unit's, and a dead agent's whole observation,
+  still zero), computed from the same state in the same compiled call;
+- ``node_layout`` (:class:`~ddprl.envs.marl.graph.NodeLayout`, with SMAX's default
+  ``observation_type="unit_list"``): an agent's observation is one 13-feature block per other
+  unit (allies, then enemies, by index) and its own 10 features last; a block is zero where the
+  unit is out of sight range or dead, or the agent is dead. The node view puts SELF first.
 
 Env ``i`` draws from ``PRNGKey(seed + i)``: the same seed, the same battles.
 """
@@ -37,6 +44,7 @@ import numpy as np
 import torch
 
 from ddprl.envs.marl.base import MAObs
+from ddprl.envs.marl.graph import NodeLayout, NodeType
 from ddprl.errors import UsageError
 
 # JaxMARL's QMIX settings for SMAX (its baselines' env_kwargs)
@@ -92,7 +100,7 @@ class _Battles:
     """One scenario's env and its batched, compiled reset and step (built once per process and
     settings: every env of a rank, and its evaluation envs, share the compiled functions)."""
 
-    def __init__(self, scenario: str, settings: tuple[tuple[str, Any], ...]):
+    def __init__(self, scenario: str, settings: tuple[tuple[str, Any], ...], full_obs: bool = False):
         import jax
         import jax.numpy as jnp
 
@@ -102,16 +110,18 @@ class _Battles:
         except TypeError as e:  # an unknown keyword
             raise UsageError(f"smax/{scenario}: {e}") from None
         self.env, agents, n_allies = env, env.agents, env.num_allies
+        full = _full_obs(env) if full_obs else None
 
-        def observe(obs: dict[str, Any], state: Any) -> tuple[Any, Any, Any]:
+        def observe(obs: dict[str, Any], state: Any) -> tuple[Any, ...]:
             avail = env.get_avail_actions(state)
-            return (
+            arrays = (
                 jnp.stack([obs[a] for a in agents]).astype(jnp.float32),
                 obs["world_state"].astype(jnp.float32),
                 jnp.stack([avail[a] for a in agents]).astype(jnp.bool_),
             )
+            return arrays if full is None else (*arrays, full(state.state))
 
-        def reset_one(key: Any) -> tuple[Any, Any, tuple[Any, Any, Any]]:
+        def reset_one(key: Any) -> tuple[Any, Any, tuple[Any, ...]]:
             key, reset_key = jax.random.split(key)
             obs, state = env.reset(reset_key)
             # the types a step returns (a reset's state has a weakly typed leaf): one compiled step
@@ -136,20 +146,59 @@ class _Battles:
         self.step = jax.jit(jax.vmap(step_one), donate_argnums=(0, 1))
 
 
+def _full_obs(env: Any) -> Any:
+    """The allies' observations (A, O) of a SMAX state as JaxMARL's ``get_obs_unit_list`` builds
+    them, without its sight-range test: a block is zero only where its unit or the observer is
+    dead. Positions stay divided by the observer's sight range, so a block the agent sees is
+    bitwise the same in both, and an unseen one has a relative position beyond 1."""
+    import jax
+    import jax.numpy as jnp
+
+    smax = env._env  # JaxMARL's SMAX under the heuristic-enemy wrapper
+    n_units = smax.num_allies + smax.num_enemies
+    # ally i's blocks: every other unit by index, allies first (as get_obs_unit_list orders them)
+    others = jnp.array([[j for j in range(n_units) if j != i] for i in range(smax.num_allies)], dtype=jnp.int32)
+
+    def observe(state: Any, i: Any, seen: Any) -> Any:
+        blocks = jax.vmap(smax._observe_features, in_axes=(None, None, 0))(state, i, seen)
+        alive = state.unit_alive[i] & state.unit_alive[seen]
+        blocks = jnp.where(alive[:, None], blocks, jnp.zeros_like(blocks))
+        return jnp.concatenate([blocks.reshape(-1), smax._get_own_features(state, i)])
+
+    def full(state: Any) -> Any:
+        return jax.vmap(observe, in_axes=(None, 0, 0))(state, jnp.arange(smax.num_allies), others).astype(jnp.float32)
+
+    return full
+
+
+def _node_layout(env: Any) -> NodeLayout:
+    """SMAX's unit-list observation as nodes: SELF (its own block, last in the vector), then the
+    other allies and the enemies in the vector's order."""
+    unit, own = len(env.unit_features), len(env.own_features)
+    n_allies, n_enemies = env.num_allies - 1, env.num_enemies
+    others = n_allies + n_enemies
+    types = (NodeType.SELF, *[NodeType.ALLY] * n_allies, *[NodeType.ENEMY] * n_enemies)
+    slices = ((others * unit, others * unit + own), *((k * unit, (k + 1) * unit) for k in range(others)))
+    return NodeLayout(obs_dim=others * unit + own, types=types, slices=slices)
+
+
 @functools.cache
-def _battles(scenario: str, settings: tuple[tuple[str, Any], ...]) -> _Battles:
-    return _Battles(scenario, settings)
+def _battles(scenario: str, settings: tuple[tuple[str, Any], ...], full_obs: bool) -> _Battles:
+    return _Battles(scenario, settings, full_obs)
 
 
 class SmaxVecEnv:
     """``num_envs`` battles of one SMAX scenario. kwargs: ``time_limit`` (steps in a battle at
-    most) or SMAX's ``max_steps``, and SMAX's own (``won_battle_bonus``, ``observation_type``,
-    ...) over JaxMARL's settings.
+    most) or SMAX's ``max_steps``, ``full_obs`` (also return ``MAObs.full``), and SMAX's own
+    (``won_battle_bonus``, ``observation_type``, ...) over JaxMARL's settings.
 
-    >>> env = SmaxVecEnv("3m", num_envs=8, seed=0)  # doctest: +SKIP
-    >>> env.reset().obs.shape
-    torch.Size([8, 3, 42])
+    >>> env = SmaxVecEnv("3m", num_envs=8, seed=0, full_obs=True)  # doctest: +SKIP
+    >>> obs = env.reset()
+    >>> obs.obs.shape, obs.full.shape, env.node_layout.to_nodes(obs.obs).shape
+    (torch.Size([8, 3, 75]), torch.Size([8, 3, 75]), torch.Size([8, 3, 6, 13]))
     """
+
+    node_layout: NodeLayout  # absent with observation_type="conic", whose blocks are no fixed units
 
     extra_info_keys: tuple[str, ...] = ("episode_won",)
 
@@ -165,14 +214,22 @@ class SmaxVecEnv:
             if not (isinstance(limit, int) and limit > 0):
                 raise UsageError(f"smax/{scenario}: time_limit must be a positive int, got {limit!r}")
             kwargs["max_steps"] = limit - 1
+        full_obs = kwargs.pop("full_obs", False)
+        if not isinstance(full_obs, bool):
+            raise UsageError(f"smax/{scenario}: full_obs must be true or false, got {full_obs!r}")
         settings = {**JAXMARL_SETTINGS, **kwargs}
         if settings.get("action_type", "discrete") != "discrete":
             raise UsageError(f"smax/{scenario}: QMIX needs action_type=discrete")
+        unit_list = settings.get("observation_type", "unit_list") == "unit_list"
+        if full_obs and not unit_list:
+            raise UsageError(f"smax/{scenario}: full_obs needs observation_type=unit_list")
         try:
-            self._battles = _battles(scenario, tuple(sorted(settings.items())))
+            self._battles = _battles(scenario, tuple(sorted(settings.items())), full_obs)
         except TypeError:  # an unhashable setting (a list): compiled for this env alone
-            self._battles = _Battles(scenario, tuple(sorted(settings.items())))
+            self._battles = _Battles(scenario, tuple(sorted(settings.items())), full_obs)
         env = self._battles.env
+        if unit_list:
+            self.node_layout = _node_layout(env)
         if not (isinstance(env.max_steps, int) and env.max_steps >= 0):
             raise UsageError(f"smax/{scenario}: max_steps must be an int >= 0, got {env.max_steps!r}")
         self.device, self.num_envs = torch.device(device), num_envs
@@ -194,9 +251,9 @@ class SmaxVecEnv:
         seeds = jnp.arange(self.num_envs, dtype=jnp.uint32) + np.uint32(seed % 2**32)
         return jax.device_put(jax.vmap(jax.random.PRNGKey)(seeds), self._jax_device)
 
-    def _maobs(self, arrays: tuple[Any, Any, Any], first: torch.Tensor) -> MAObs:
-        obs, state, avail = (_to_torch(a, self.device) for a in arrays)
-        return MAObs(obs, state, avail, first)
+    def _maobs(self, arrays: tuple[Any, ...], first: torch.Tensor) -> MAObs:
+        obs, state, avail, *full = (_to_torch(a, self.device) for a in arrays)
+        return MAObs(obs, state, avail, first, full[0] if full else None)
 
     def reset(self, seed: int | None = None) -> MAObs:
         """Reset every battle; env ``i`` then draws from ``PRNGKey(seed + i)`` (no seed: the
