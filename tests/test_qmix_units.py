@@ -169,3 +169,97 @@ def test_buffer_ring_sampling_and_truncation():
     restored = EpisodeBuffer(capacity=3, fields=FIELDS, device="cpu")
     restored.load_state_dict(buffer.state_dict())
     assert restored.size == 3 and torch.equal(restored.data["reward"], buffer.data["reward"])
+
+
+# -- the TD loss of one batch, by hand ------------------------------------------------------------------
+
+
+class FixedQs(torch.nn.Module):
+    """A stand-in QNetwork whose agent Qs are given (B, T+1, A, U) and whose mixer adds the first
+    state feature to the agents' sum: every number of the loss follows by hand."""
+
+    def __init__(self, qs: torch.Tensor):
+        super().__init__()
+        self.qs = torch.nn.Parameter(qs.clone())
+        self.mixer = type("Mixer", (), {"state_dim": 1})()  # what QLearner reads of a mixer
+
+    def agent_qs(self, obs, last_actions):
+        return self.qs
+
+    def mix(self, qs, states):
+        return qs.sum(-1) + states[..., 0]
+
+    def forward(self, obs, last_actions, actions, states):
+        chosen = self.qs[:, :-1].gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        return self.mix(chosen, states[:, :-1]), self.qs
+
+
+class OneRankOf:
+    """The runtime QLearner sees: no wrapping; ``world_size`` as given (the loss scales by it)."""
+
+    def __init__(self, world_size: int):
+        self.world_size, self.device = world_size, torch.device("cpu")
+
+    def wrap(self, module, compile=False):
+        return module
+
+    def unwrap(self, module):
+        return module
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("bootstrap_truncated", [True, False])
+@pytest.mark.parametrize("standardise_state", [True, False])
+def test_qmix_td_loss_of_a_batch_by_hand(world_size, bootstrap_truncated, standardise_state):
+    """Two episodes of 2 steps (2 agents, 2 actions): the first terminated, the second cut by the
+    time limit. One-step targets, gamma 0.5, double Q (the live Qs pick the next action among the
+    available ones, the target Qs value it), rewards standardised by the reward statistics (mean 1,
+    std 2), the state by the state statistics (mean 1, std 2: the state 1 becomes 0)."""
+    from ddprl.algos.qmix.learner import QLearner
+    from ddprl.config import load_config
+
+    live = torch.tensor([[[1.0, 2.0], [3.0, 0.0]], [[0.5, 1.5], [2.0, 1.0]], [[4.0, 0.0], [0.0, 2.0]]])  # (T+1, A, U)
+    target = torch.tensor([[[0.0, 0.0], [0.0, 0.0]], [[10.0, 20.0], [30.0, 40.0]], [[7.0, 1.0], [2.0, 9.0]]])
+    cfg = load_config(
+        [
+            "algo=qmix",
+            "mixer=qmix",
+            "gamma=0.5",
+            "td_lambda=0",
+            "double_q=true",
+            "standardise_rewards=true",
+            f"standardise_state={str(standardise_state).lower()}",
+            f"bootstrap_truncated={str(bootstrap_truncated).lower()}",
+        ]
+    )
+    learner = QLearner(OneRankOf(world_size), cfg, FixedQs(live.expand(2, -1, -1, -1)))
+    learner.target = FixedQs(target.expand(2, -1, -1, -1))
+    for stats in (learner.reward_stats, learner.state_stats):
+        stats.mean.fill_(1.0)
+        stats.var.fill_(4.0)
+    avail = torch.ones(2, 3, 2, 2, dtype=torch.bool)
+    avail[:, 1, 0, 1] = False  # agent 0's action 1 is not available at step 1
+    batch = {
+        "obs": torch.zeros(2, 3, 2, 1),
+        "state": torch.ones(2, 3, 1),
+        "avail": avail,
+        "actions": torch.tensor([[1, 0], [0, 0]]).expand(2, -1, -1),
+        "reward": torch.tensor([[3.0, 5.0], [3.0, 5.0]]),
+        "terminated": torch.tensor([[False, True], [False, False]]),
+        "filled": torch.ones(2, 2, dtype=torch.bool),
+    }
+    state = 0.0 if standardise_state else 1.0  # what the mixer adds
+    r0, r1 = (3.0 - 1) / 2, (5.0 - 1) / 2
+    chosen0, chosen1 = 2.0 + 3.0 + state, 0.5 + 2.0 + state  # actions (1, 0) then (0, 0)
+    # next actions by the live Qs: step 1 (action 1 of agent 0 unavailable) -> (0, 0); step 2 -> (0, 1)
+    next1, next2 = 10.0 + 30.0 + state, 7.0 + 9.0 + state  # valued by the target Qs
+    target0 = r0 + 0.5 * next1
+    target1_terminated = r1
+    target1_cut = r1 + 0.5 * next2 if bootstrap_truncated else r1
+    td = [chosen0 - target0, chosen1 - target1_terminated, chosen0 - target0, chosen1 - target1_cut]
+    global_filled = torch.tensor(4.0 * world_size)  # both ranks' valid steps
+    terms = learner.loss_terms(batch, global_filled)
+    assert terms["loss"].item() == pytest.approx(sum(d * d for d in td) * world_size / (4.0 * world_size))
+    assert terms["td_error_abs"].item() == pytest.approx(sum(abs(d) for d in td) / 4)
+    assert terms["q_taken_mean"].item() == pytest.approx((chosen0 + chosen1) / 2)
+    assert terms["target_mean"].item() == pytest.approx((2 * target0 + target1_terminated + target1_cut) / 4)

@@ -67,7 +67,6 @@ def lambda_returns(
         return (rewards + gamma * (~terminated) * next_values) * filled
     steps = rewards.shape[1]
     returns = torch.zeros_like(next_values)
-    following = next_values[:, -1]
     for t in reversed(range(steps)):
         if t + 1 < steps:
             following = torch.where(filled[:, t + 1], returns[:, t + 1], next_values[:, t])
