@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -263,3 +265,102 @@ def test_qmix_td_loss_of_a_batch_by_hand(world_size, bootstrap_truncated, standa
     assert terms["td_error_abs"].item() == pytest.approx(sum(abs(d) for d in td) / 4)
     assert terms["q_taken_mean"].item() == pytest.approx((chosen0 + chosen1) / 2)
     assert terms["target_mean"].item() == pytest.approx((2 * target0 + target1_terminated + target1_cut) / 4)
+
+
+def test_qmix_mixer_computes_its_formula_by_hand():
+    """Hypernetworks that ignore the state (zero weights), their biases set: W1 = |[[-1, 2], [0.5, -3]]|,
+    b1 = [0.5, -20], w2 = |[1, -2]|, V = 3 relu(1) - relu(1) + 0.5. Q_tot = elu(q W1 + b1) . w2 + V."""
+    mixer = QMixer(n_agents=2, state_dim=1, embed_dim=2, hypernet_layers=1, hypernet_embed=8)
+    with torch.no_grad():
+        for p in mixer.parameters():
+            p.zero_()
+        mixer.hyper_w1.bias.copy_(torch.tensor([-1.0, 2.0, 0.5, -3.0]))  # (A, E) row by row
+        mixer.hyper_b1.bias.copy_(torch.tensor([0.5, -20.0]))
+        mixer.hyper_w2.bias.copy_(torch.tensor([1.0, -2.0]))
+        mixer.hyper_v[0].bias.fill_(1.0)
+        mixer.hyper_v[2].weight.copy_(torch.tensor([[3.0, -1.0]]))
+        mixer.hyper_v[2].bias.fill_(0.5)
+    q = torch.tensor([[[2.0, 4.0]]])  # (B=1, T=1, A=2)
+    # q W1 = [2 * 1 + 4 * 0.5, 2 * 2 + 4 * 3] = [4, 16]; + b1 = [4.5, -4]; elu -> [4.5, e^-4 - 1]
+    expected = 4.5 * 1.0 + (math.exp(-4.0) - 1.0) * 2.0 + (3.0 - 1.0 + 0.5)
+    out = mixer(q, torch.randn(1, 1, 1))
+    assert out.shape == (1, 1) and out.item() == pytest.approx(expected, rel=1e-6)
+
+
+class AgentQs(FixedQs):
+    """FixedQs without a mixer: each agent's Q is its own (independent Q-learning, mixer=none)."""
+
+    def mix(self, qs, states):
+        return qs
+
+
+def _update_batch() -> dict[str, torch.Tensor]:
+    avail = torch.ones(2, 3, 2, 2, dtype=torch.bool)
+    avail[:, 1, 0, 1] = False
+    return {
+        "obs": torch.zeros(2, 3, 2, 1),
+        "state": torch.tensor([1.0, 3.0, 5.0]).view(1, 3, 1).expand(2, -1, -1).clone(),
+        "avail": avail,
+        "actions": torch.tensor([[1, 0], [0, 0]]).expand(2, -1, -1),
+        "reward": torch.tensor([[3.0, 5.0], [3.0, 5.0]]),
+        "terminated": torch.tensor([[False, True], [False, False]]),
+        "filled": torch.ones(2, 2, dtype=torch.bool),
+    }
+
+
+LIVE_QS = torch.tensor([[[1.0, 2.0], [3.0, 0.0]], [[0.5, 1.5], [2.0, 1.0]], [[4.0, 0.0], [0.0, 2.0]]])
+TARGET_QS = torch.tensor([[[0.0, 0.0], [0.0, 0.0]], [[10.0, 20.0], [30.0, 40.0]], [[7.0, 1.0], [2.0, 9.0]]])
+
+
+class OneRankUpdating(OneRankOf):
+    def __init__(self):
+        super().__init__(1)
+
+    def all_reduce_sum(self, value):
+        return value
+
+    def no_sync(self, module, enabled=True):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("standardise_state", [True, False])
+def test_qmix_update_merges_the_batch_statistics_it_standardises_with(standardise_state):
+    """The update's reward statistics take the batch's valid rewards (3, 5, 3, 5), its state statistics
+    the states of every valid step and its bootstrap step (1, 3, 5 per episode), only when asked."""
+    from ddprl.algos.qmix.learner import QLearner
+    from ddprl.config import load_config
+
+    cfg = load_config(
+        ["algo=qmix", "mixer=qmix", "standardise_rewards=true", f"standardise_state={str(standardise_state).lower()}"]
+    )
+    learner = QLearner(OneRankUpdating(), cfg, FixedQs(LIVE_QS.expand(2, -1, -1, -1)))
+    learner.target = FixedQs(TARGET_QS.expand(2, -1, -1, -1))
+    learner.update([_update_batch()])
+    assert float(learner.reward_stats.count) == 4 and float(learner.reward_stats.mean) == pytest.approx(4.0)
+    assert float(learner.reward_stats.var) == pytest.approx(1.0)
+    if standardise_state:
+        assert float(learner.state_stats.count) == 6 and float(learner.state_stats.mean) == pytest.approx(3.0)
+        assert float(learner.state_stats.var) == pytest.approx(8 / 3)
+    else:
+        assert float(learner.state_stats.count) == 0
+
+
+def test_independent_q_learning_averages_the_td_error_over_agents_by_hand():
+    """mixer=none: every agent's own TD error, the loss their squares' mean over valid steps and
+    agents. One-step targets, gamma 0.5, double Q, the team reward for each agent."""
+    from ddprl.algos.qmix.learner import QLearner
+    from ddprl.config import load_config
+
+    cfg = load_config(
+        ["algo=qmix", "mixer=none", "gamma=0.5", "td_lambda=0", "double_q=true", "standardise_rewards=false"]
+    )
+    learner = QLearner(OneRankUpdating(), cfg, AgentQs(LIVE_QS.expand(2, -1, -1, -1)))
+    learner.target = AgentQs(TARGET_QS.expand(2, -1, -1, -1))
+    metrics = learner.update([_update_batch()])
+    # chosen: step 0 (2, 3), step 1 (0.5, 2); next actions by the live Qs: step 1 (0, 0), step 2 (0, 1)
+    # targets: step 0: 3 + 0.5 (10, 30) = (8, 18); step 1: terminated (5, 5), cut 5 + 0.5 (7, 9) = (8.5, 9.5)
+    td = [2 - 8, 3 - 18, 0.5 - 5, 2 - 5] + [2 - 8, 3 - 18, 0.5 - 8.5, 2 - 9.5]
+    assert metrics["loss"] == pytest.approx(sum(d * d for d in td) / 8)
+    assert metrics["td_error_abs"] == pytest.approx(sum(abs(d) for d in td) / 8)

@@ -81,6 +81,9 @@ def test_early_stopping_counts_validations_without_improvement():
     nan = EarlyStopping(patience=1)
     nan.update(1.0)
     assert nan.update(float("nan"))  # NaN is never an improvement
+    lower = EarlyStopping(mode="min", patience=2, min_delta=0.1)  # an improvement is below best - 0.1
+    assert [lower.update(v) for v in (1.0, 0.95, 0.85, 0.8, 0.76)] == [False, False, False, False, True]
+    assert lower.best == 0.85
 
 
 def test_one_entry_of_task_options_on_the_command_line():
@@ -94,6 +97,7 @@ def test_builtin_metrics_per_sample():
     logits = torch.tensor([[2.0, 1.0], [0.0, 3.0], [1.0, 0.0]])
     assert accuracy(logits, torch.tensor([0, 1, 1])).tolist() == [1.0, 1.0, 0.0]
     assert accuracy(torch.tensor([[0.3], [-2.0]]), torch.tensor([1, 1])).tolist() == [1.0, 0.0]  # one logit
+    assert accuracy(torch.tensor([0.3, -2.0, 1.0]), torch.tensor([1, 0, 0])).tolist() == [1.0, 1.0, 0.0]  # (N,)
     out, target = torch.tensor([[1.0, 3.0], [0.0, 0.0]]), torch.tensor([[0.0, 1.0], [0.0, 2.0]])
     assert mse(out, target).tolist() == [2.5, 2.0]
     assert mae(out, target).tolist() == [1.5, 1.0]
@@ -117,6 +121,35 @@ def _evaluate(tmp_path, world_size, task, split="val", eval_batch_size=4):
     out.mkdir()
     launch(functools.partial(fns.evaluate_fixed, task=task, split=split, out=str(out)), cfg)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world_size)]
+
+
+class OneRank:
+    """The runtime ``evaluate`` sees on one rank: sums over ranks are the rank's own."""
+
+    device = torch.device("cpu")
+
+    def all_reduce_sum(self, value):
+        return value
+
+
+def test_evaluate_runs_the_model_in_eval_mode_and_restores_training():
+    """Dropout is off while evaluating (the result is the eval-mode model's, computed here), and the
+    model is left training as it came."""
+    from ddprl.supervised import Task
+    from ddprl.supervised.metrics import evaluate
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.9), nn.Linear(16, 3)).train()
+    x, y = fns.blobs(20).tensors
+    task = Task(model=lambda: model, loss=nn.CrossEntropyLoss(), metrics={"accuracy": fns.accuracy})
+    result = evaluate(OneRank(), model, [(x[:8], y[:8]), (x[8:], y[8:])], task, "val")
+    assert model.training
+    model.eval()
+    with torch.no_grad():
+        out = model(x)
+    assert result["val/num_samples"] == 20
+    assert result["val/loss"] == pytest.approx(float(nn.functional.cross_entropy(out, y)), rel=1e-6)
+    assert result["val/accuracy"] == int((out.argmax(1) == y).sum()) / 20
 
 
 def test_val_metrics_count_every_sample_once_and_equal_one_process(tmp_path):
