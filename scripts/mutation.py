@@ -247,6 +247,7 @@ EQUIVALENT: dict[str, str] = {
     "tdmpc2.learner:build_learner:251:drop_kwarg:13": "every param group sets its own lr",
     "checkpoint:set_rng_state:121:boolop:4": "without CUDA no state holds 'cuda' (a GPU test would see it)",
     "checkpoint:set_rng_state:122:drop_call:5": "without CUDA the line never runs (a GPU test would see it)",
+    "collectives:Runtime._reduce:239:bool:16": "zip of a vector and its own keys: the lengths always match",
     "normalize:RunningMeanStd.moments:49:drop_kwarg:0": "torch.cat promotes the count to float64, exact below 2^24",
     "normalize:RunningMeanStd.moments:49:drop_kwarg:1": "on the CPU the default device is the batch's",
 }

@@ -18,6 +18,8 @@ def collectives(rt, cfg, out: str) -> None:
         "sum": rt.all_reduce_sum(rt.rank + 1),
         "mean_dict": rt.all_reduce_mean({"b": float(rt.rank), "a": 10.0 * (rt.rank + 1)}),
         "tensor_sum": rt.all_reduce_sum(torch.tensor([1.0, float(rt.rank)])),
+        "tensor_mean": rt.all_reduce_mean(torch.tensor([1.0, 2.0 * rt.rank])),
+        "int_mean": rt.all_reduce_mean(torch.tensor([rt.rank, 3])),
         "broadcast": rt.broadcast_object({"from": rt.rank}),
         "gathered": rt.all_gather_object(rt.rank * 2),
         "gathered_tensor": rt.all_gather(torch.tensor([[rt.rank, 10.0 * rt.rank]])),

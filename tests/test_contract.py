@@ -290,6 +290,16 @@ def test_resumed_logger_purges_event_files_named_in_one_second(tmp_path, monkeyp
 # -- checkpoints are pruned, latest and best are kept ----------------------------------------------
 
 
+def test_a_resume_drops_the_step_checkpoints_past_its_step(tmp_path):
+    files = Checkpointer(tmp_path)
+    files.dir.mkdir()
+    for step in (100, 200, 300, 400):
+        (files.dir / f"step_{step}.pt").write_bytes(b"x")
+    dropped = files.drop_after(200)
+    assert sorted(p.name for p in dropped) == ["step_300.pt", "step_400.pt"]
+    assert sorted(p.name for p in files.dir.iterdir()) == ["step_100.pt", "step_200.pt"]
+
+
 def test_keep_last_prunes_step_checkpoints(tmp_path):
     run_dir = tmp_path / "k"
     args = [

@@ -120,3 +120,13 @@ def test_flat_adam_refuses_what_it_does_not_implement():
     flat = FlatAdam(torch.optim.Adam(model.parameters()))
     with pytest.raises(ValueError, match="3 gradients for 4 parameters"):
         flat.flatten(_grads(model, 0)[:3])
+
+
+def test_clip_grad_scales_to_the_norm_by_hand():
+    from ddprl.algos.graphs import clip_grad
+
+    clipped, norm = clip_grad(torch.tensor([3.0, 4.0]), 1.0)  # norm 5: scaled by 1 / 5
+    assert float(norm) == 5.0
+    torch.testing.assert_close(clipped, torch.tensor([0.6, 0.8]), rtol=1e-5, atol=0)
+    small, norm = clip_grad(torch.tensor([0.3, 0.4]), 1.0)  # within the bound: as it was
+    assert float(norm) == pytest.approx(0.5) and torch.equal(small, torch.tensor([0.3, 0.4]))

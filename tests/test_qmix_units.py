@@ -364,3 +364,18 @@ def test_independent_q_learning_averages_the_td_error_over_agents_by_hand():
     td = [2 - 8, 3 - 18, 0.5 - 5, 2 - 5] + [2 - 8, 3 - 18, 0.5 - 8.5, 2 - 9.5]
     assert metrics["loss"] == pytest.approx(sum(d * d for d in td) / 8)
     assert metrics["td_error_abs"] == pytest.approx(sum(abs(d) for d in td) / 8)
+
+
+@pytest.mark.parametrize("max_grad_norm, expected", [(0.5, 0.5), (10.0, 10.0), (0.0, math.inf)])
+def test_qmix_update_clips_the_gradient_at_max_grad_norm(monkeypatch, max_grad_norm, expected):
+    from ddprl.algos.qmix.learner import QLearner
+    from ddprl.config import load_config
+
+    bounds = []
+    clip = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda p, m: (bounds.append(m), clip(p, m))[1])
+    cfg = load_config(["algo=qmix", "mixer=none", f"max_grad_norm={max_grad_norm}"])
+    learner = QLearner(OneRankUpdating(), cfg, AgentQs(LIVE_QS.expand(2, -1, -1, -1)))
+    learner.target = AgentQs(TARGET_QS.expand(2, -1, -1, -1))
+    learner.update([_update_batch()])
+    assert bounds == [expected]
