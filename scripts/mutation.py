@@ -11,6 +11,9 @@ reason, and left out of the kill rate.
     python scripts/mutation.py --jobs 2                     # run them all; report in mutation-report.json
     python scripts/mutation.py --only normalize --jobs 2    # the targets whose name contains "normalize"
     python scripts/mutation.py --resume                     # go on from the report, rerunning nothing done
+    python scripts/mutation.py --survivors                  # only the report's survivors (after new tests)
+    python scripts/mutation.py --sample 300 --seed 1        # an estimate from 300 mutants drawn at random
+    python scripts/mutation.py --show ID                    # the mutated function of one mutant
 
 The report (``--report``, default ``mutation-report.json``) holds every mutant's outcome; the last
 lines printed are the kill rate per target and overall (docs/architecture.md, "Mutation testing").
@@ -227,29 +230,28 @@ TARGETS: tuple[Target, ...] = (
 
 # Mutants that cannot change what the code computes (id -> why). Left out of the kill rate.
 EQUIVALENT: dict[str, str] = {
-    "ppo.loss:ppo_loss:39:compare:35": "a ratio exactly 1 +- clip_coef in floating point",
-    "ppo.update:learn:211:compare:21": "a global KL exactly equal to target_kl",
-    "ppo.update:learn:213:constant:15": "count >= 1 whenever a minibatch exists, which the config guarantees",
-    "ppo.update:learn:202:drop_kwarg:10": "on the CPU the default device is the batch's (a GPU: an error)",
-    "ppo.loop:train:238:binop:36": "total_steps sizes the progress bar only",
-    "collectives:Runtime.check_in_sync:355:compare:2": "the bound is > 0, so spread 0 passes either way",
-    "collectives:Runtime.check_in_sync:355:constant:8": "a float tolerance: drift a bug leaves is far above both",
-    "collectives:parameter_checksum:394:drop_kwarg:2": "the checksum is compared between ranks only, all alike",
-    "collectives:parameter_checksum:394:drop_kwarg:3": "on the CPU the default device is the parameters'",
-    "seeding:derive_seed:35:binop:3": "(step % 2^32, step // 64) still tells every step apart",
-    "seeding:Seeds.shared:67:constant:3": "any rank's hash serves, as long as every rank takes the same",
-    "seeding:Seeds.eval_actions:78:binop:2": "minus the stride keeps the ranks' eval streams apart as plus does",
-    "checkpoint:rng_state:108:boolop:1": "without CUDA both sides are false (a GPU test would see it)",
-    "qmix.learner:QLearner.update:217:drop_call:6": "the gradient scaler is disabled unless precision=fp16",
-    "qmix.learner:lambda_returns:70:constant:14": "an initial value the loop always overwrote (now removed)",
-    "supervised:accuracy:27:unary:6": "for the (N, C) logits accuracy takes, dim 1 is dim -1",
-    "tdmpc2.learner:build_learner:241:boolop:6": "on a torch that compiles training steps both sides are false",
-    "tdmpc2.learner:build_learner:251:drop_kwarg:13": "every param group sets its own lr",
-    "checkpoint:set_rng_state:121:boolop:4": "without CUDA no state holds 'cuda' (a GPU test would see it)",
-    "checkpoint:set_rng_state:122:drop_call:5": "without CUDA the line never runs (a GPU test would see it)",
-    "collectives:Runtime._reduce:239:bool:16": "zip of a vector and its own keys: the lengths always match",
-    "normalize:RunningMeanStd.moments:49:drop_kwarg:0": "torch.cat promotes the count to float64, exact below 2^24",
-    "normalize:RunningMeanStd.moments:49:drop_kwarg:1": "on the CPU the default device is the batch's",
+    "ppo.loss:ppo_loss:compare:35": "a ratio exactly 1 +- clip_coef in floating point",
+    "ppo.update:learn:compare:21": "a global KL exactly equal to target_kl",
+    "ppo.update:learn:constant:15": "count >= 1 whenever a minibatch exists, which the config guarantees",
+    "ppo.update:learn:drop_kwarg:10": "on the CPU the default device is the batch's (a GPU: an error)",
+    "ppo.loop:train:binop:36": "total_steps sizes the progress bar only",
+    "collectives:Runtime.check_in_sync:compare:2": "the bound is > 0, so spread 0 passes either way",
+    "collectives:Runtime.check_in_sync:constant:8": "a float tolerance: drift a bug leaves is far above both",
+    "collectives:parameter_checksum:drop_kwarg:2": "the checksum is compared between ranks only, all alike",
+    "collectives:parameter_checksum:drop_kwarg:3": "on the CPU the default device is the parameters'",
+    "seeding:derive_seed:binop:3": "(step % 2^32, step // 64) still tells every step apart",
+    "seeding:Seeds.shared:constant:3": "any rank's hash serves, as long as every rank takes the same",
+    "seeding:Seeds.eval_actions:binop:2": "minus the stride keeps the ranks' eval streams apart as plus does",
+    "checkpoint:rng_state:boolop:1": "without CUDA both sides are false (a GPU test would see it)",
+    "qmix.learner:QLearner.update:drop_call:6": "the gradient scaler is disabled unless precision=fp16",
+    "supervised:accuracy:unary:6": "for the (N, C) logits accuracy takes, dim 1 is dim -1",
+    "tdmpc2.learner:build_learner:boolop:6": "on a torch that compiles training steps both sides are false",
+    "tdmpc2.learner:build_learner:drop_kwarg:13": "every param group sets its own lr",
+    "checkpoint:set_rng_state:boolop:4": "without CUDA no state holds 'cuda' (a GPU test would see it)",
+    "checkpoint:set_rng_state:drop_call:5": "without CUDA the line never runs (a GPU test would see it)",
+    "collectives:Runtime._reduce:bool:16": "zip of a vector and its own keys: the lengths always match",
+    "normalize:RunningMeanStd.moments:drop_kwarg:0": "torch.cat promotes the count to float64, exact below 2^24",
+    "normalize:RunningMeanStd.moments:drop_kwarg:1": "on the CPU the default device is the batch's",
 }
 
 # Calls whose absence changes no result: logging and timing.
@@ -294,7 +296,8 @@ class Mutant:
 
     @property
     def id(self) -> str:
-        return f"{self.target}:{self.function}:{self.line}:{self.kind}:{self.site}"
+        """Stable while the function's own code stays as it is (no line number: edits above move it)."""
+        return f"{self.target}:{self.function}:{self.kind}:{self.site}"
 
 
 def _function(tree: ast.Module, qualname: str) -> ast.FunctionDef:

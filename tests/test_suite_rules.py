@@ -104,3 +104,29 @@ def test_inner_timeouts_end_before_the_per_test_timeout():
                 inner[f"{path.name}:{node.value.lineno}"] = node.value.value
     assert len(inner) > 20 and max(inner.values()) >= 300  # the scan sees the suite's waits
     assert {where: t for where, t in inner.items() if t >= per_test} == {}
+
+
+def test_the_mutation_script_plants_only_code_that_parses_and_its_equivalents_exist():
+    """scripts/mutation.py (docs/architecture.md, "Mutation testing"): every mutant changes its file
+    and still parses, every target's tests exist, and every mutant listed as equivalent is one the
+    script still makes (a stale id would hide a survivor)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mutation", REPO / "scripts" / "mutation.py")
+    mutation = importlib.util.module_from_spec(spec)
+    sys.modules["mutation"] = mutation  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(mutation)
+    mutants = mutation.mutants()
+    assert len(mutants) > 500 and len({m.id for m in mutants}) == len(mutants)
+    assert set(mutation.EQUIVALENT) <= {m.id for m in mutants}, set(mutation.EQUIVALENT) - {m.id for m in mutants}
+    for target in mutation.TARGETS:
+        for test in target.tests:
+            path, _, name = test.partition("::")
+            assert (REPO / path).exists(), test
+            assert not name or f"def {name.split('[')[0]}(" in (REPO / path).read_text(), test
+    sources = {}
+    for m in mutants[::7]:  # a seventh of them: every kind of mutant, in seconds
+        original = sources.setdefault(m.path, (REPO / m.path).read_text())
+        mutated = mutation.mutated_source(m)
+        assert mutated != original, m.id
+        ast.parse(mutated)
