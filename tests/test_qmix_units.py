@@ -176,6 +176,11 @@ def test_buffer_ring_sampling_and_truncation():
 # -- the TD loss of one batch, by hand ------------------------------------------------------------------
 
 
+# Agent Qs (T+1 = 3 steps, 2 agents, 2 actions) of the live and target networks in the tests below
+LIVE_QS = torch.tensor([[[1.0, 2.0], [3.0, 0.0]], [[0.5, 1.5], [2.0, 1.0]], [[4.0, 0.0], [0.0, 2.0]]])
+TARGET_QS = torch.tensor([[[0.0, 0.0], [0.0, 0.0]], [[10.0, 20.0], [30.0, 40.0]], [[7.0, 1.0], [2.0, 9.0]]])
+
+
 class FixedQs(torch.nn.Module):
     """A stand-in QNetwork whose agent Qs are given (B, T+1, A, U) and whose mixer adds the first
     state feature to the agents' sum: every number of the loss follows by hand."""
@@ -213,15 +218,17 @@ class OneRankOf:
 @pytest.mark.parametrize("bootstrap_truncated", [True, False])
 @pytest.mark.parametrize("standardise_state", [True, False])
 def test_qmix_td_loss_of_a_batch_by_hand(world_size, bootstrap_truncated, standardise_state):
-    """Two episodes of 2 steps (2 agents, 2 actions): the first terminated, the second cut by the
-    time limit. One-step targets, gamma 0.5, double Q (the live Qs pick the next action among the
-    available ones, the target Qs value it), rewards standardised by the reward statistics (mean 1,
-    std 2), the state by the state statistics (mean 1, std 2: the state 1 becomes 0)."""
+    """Two episodes of 2 steps (2 agents, 2 actions) padded to 3: the first terminated, the second
+    cut by the time limit. One-step targets, gamma 0.5, double Q (the live Qs pick the next action
+    among the available ones, the target Qs value it), rewards standardised by the reward statistics
+    (mean 1, std 2), the state by the state statistics (mean 1, std 2: the state 1 becomes 0). The
+    padded step's Qs are large: any of it leaking into the loss or the means shows."""
     from ddprl.algos.qmix.learner import QLearner
     from ddprl.config import load_config
 
-    live = torch.tensor([[[1.0, 2.0], [3.0, 0.0]], [[0.5, 1.5], [2.0, 1.0]], [[4.0, 0.0], [0.0, 2.0]]])  # (T+1, A, U)
-    target = torch.tensor([[[0.0, 0.0], [0.0, 0.0]], [[10.0, 20.0], [30.0, 40.0]], [[7.0, 1.0], [2.0, 9.0]]])
+    padding = torch.full((1, 2, 2), 100.0)
+    live = torch.cat([LIVE_QS, padding])  # (T+1, A, U)
+    target = torch.cat([TARGET_QS, padding])
     cfg = load_config(
         [
             "algo=qmix",
@@ -239,16 +246,17 @@ def test_qmix_td_loss_of_a_batch_by_hand(world_size, bootstrap_truncated, standa
     for stats in (learner.reward_stats, learner.state_stats):
         stats.mean.fill_(1.0)
         stats.var.fill_(4.0)
-    avail = torch.ones(2, 3, 2, 2, dtype=torch.bool)
+    avail = torch.ones(2, 4, 2, 2, dtype=torch.bool)
     avail[:, 1, 0, 1] = False  # agent 0's action 1 is not available at step 1
+    avail[:, 3] = False  # padding: nothing available
     batch = {
-        "obs": torch.zeros(2, 3, 2, 1),
-        "state": torch.ones(2, 3, 1),
+        "obs": torch.zeros(2, 4, 2, 1),
+        "state": torch.ones(2, 4, 1),
         "avail": avail,
-        "actions": torch.tensor([[1, 0], [0, 0]]).expand(2, -1, -1),
-        "reward": torch.tensor([[3.0, 5.0], [3.0, 5.0]]),
-        "terminated": torch.tensor([[False, True], [False, False]]),
-        "filled": torch.ones(2, 2, dtype=torch.bool),
+        "actions": torch.tensor([[1, 0], [0, 0], [0, 0]]).expand(2, -1, -1),
+        "reward": torch.tensor([[3.0, 5.0, 0.0], [3.0, 5.0, 0.0]]),
+        "terminated": torch.tensor([[False, True, False], [False, False, False]]),
+        "filled": torch.tensor([[True, True, False], [True, True, False]]),
     }
     state = 0.0 if standardise_state else 1.0  # what the mixer adds
     r0, r1 = (3.0 - 1) / 2, (5.0 - 1) / 2
@@ -306,10 +314,6 @@ def _update_batch() -> dict[str, torch.Tensor]:
         "terminated": torch.tensor([[False, True], [False, False]]),
         "filled": torch.ones(2, 2, dtype=torch.bool),
     }
-
-
-LIVE_QS = torch.tensor([[[1.0, 2.0], [3.0, 0.0]], [[0.5, 1.5], [2.0, 1.0]], [[4.0, 0.0], [0.0, 2.0]]])
-TARGET_QS = torch.tensor([[[0.0, 0.0], [0.0, 0.0]], [[10.0, 20.0], [30.0, 40.0]], [[7.0, 1.0], [2.0, 9.0]]])
 
 
 class OneRankUpdating(OneRankOf):
