@@ -250,6 +250,8 @@ EQUIVALENT: dict[str, str] = {
     "checkpoint:set_rng_state:boolop:4": "without CUDA no state holds 'cuda' (a GPU test would see it)",
     "checkpoint:set_rng_state:drop_call:5": "without CUDA the line never runs (a GPU test would see it)",
     "collectives:Runtime._reduce:bool:16": "zip of a vector and its own keys: the lengths always match",
+    "tdmpc2.loss:world_model_loss:unary:16": "the TD target's last dimension is 1 already",
+    "tdmpc2.learner:build_learner:drop_call:12": "the broadcast carries the target buffers, made from the Qs at init",
     "normalize:RunningMeanStd.moments:drop_kwarg:0": "torch.cat promotes the count to float64, exact below 2^24",
     "normalize:RunningMeanStd.moments:drop_kwarg:1": "on the CPU the default device is the batch's",
 }
