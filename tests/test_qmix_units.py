@@ -341,7 +341,14 @@ def test_qmix_update_merges_the_batch_statistics_it_standardises_with(standardis
     )
     learner = QLearner(OneRankUpdating(), cfg, FixedQs(LIVE_QS.expand(2, -1, -1, -1)))
     learner.target = FixedQs(TARGET_QS.expand(2, -1, -1, -1))
-    learner.update([_update_batch()])
+    # the loss the update reports: its batch's TD loss over its 4 valid steps, with the merged statistics
+    twin = QLearner(OneRankUpdating(), cfg, FixedQs(LIVE_QS.expand(2, -1, -1, -1)))
+    twin.target = learner.target
+    twin.reward_stats.update(torch.tensor([3.0, 5.0, 3.0, 5.0]))
+    twin.state_stats.update(torch.tensor([1.0, 3.0, 5.0] * 2).view(6, 1))
+    expected = twin.loss_terms(_update_batch(), torch.tensor(4.0))["loss"].item()
+    metrics = learner.update([_update_batch()])
+    assert metrics["loss"] == pytest.approx(expected, rel=1e-6)
     assert float(learner.reward_stats.count) == 4 and float(learner.reward_stats.mean) == pytest.approx(4.0)
     assert float(learner.reward_stats.var) == pytest.approx(1.0)
     if standardise_state:
