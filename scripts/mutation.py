@@ -252,6 +252,7 @@ EQUIVALENT: dict[str, str] = {
     "collectives:Runtime._reduce:bool:16": "zip of a vector and its own keys: the lengths always match",
     "tdmpc2.loss:world_model_loss:unary:16": "the TD target's last dimension is 1 already",
     "tdmpc2.learner:build_learner:drop_call:12": "the broadcast carries the target buffers, made from the Qs at init",
+    "qmix.learner:QLearner.update:constant:22": "a sampled batch holds a valid step, so the clamp never acts",
     "normalize:RunningMeanStd.moments:drop_kwarg:0": "torch.cat promotes the count to float64, exact below 2^24",
     "normalize:RunningMeanStd.moments:drop_kwarg:1": "on the CPU the default device is the batch's",
 }
