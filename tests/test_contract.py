@@ -223,9 +223,16 @@ def test_resumed_logger_goes_on_from_the_last_kept_rows_clock(tmp_path):
     assert walls[:2] == [1800.0, 3600.0] and 3600.0 <= walls[2] < 3660.0
 
 
-def test_resumed_logger_drops_rows_and_events_past_the_checkpoint(tmp_path):
+def tensorboard_losses(tb_dir: Path) -> list[tuple[int, float]]:
+    """``train/loss`` as TensorBoard reads the event files of ``tb_dir``: (step, value) in its order."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    acc = EventAccumulator(str(tb_dir))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars("train/loss")]
+
+
+def test_resumed_logger_drops_rows_and_events_past_the_checkpoint(tmp_path):
     cfg = load_config(["progress=false"])
     first = MetricsLogger(tmp_path, cfg, is_main=True, total_steps=500)
     for step in (100, 200, 300, 400, 500):
@@ -242,20 +249,12 @@ def test_resumed_logger_drops_rows_and_events_past_the_checkpoint(tmp_path):
         (300, 300.0),
         (400, -400.0),
     ]
-    acc = EventAccumulator(str(tmp_path / "tb"))
-    acc.Reload()
-    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [
-        (100, 100.0),
-        (200, 200.0),
-        (300, 300.0),
-        (400, -400.0),
-    ]
+    assert tensorboard_losses(tmp_path / "tb") == [(100, 100.0), (200, 200.0), (300, 300.0), (400, -400.0)]
 
 
 def test_resumed_logger_purges_event_files_named_in_one_second(tmp_path, monkeypatch):
     """Two event files of one second and one process are named .9 and .10, which TensorBoard reads
     in that text order (.10 first): the resumed sitting's file must still be read last."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.summary.writer import event_file_writer
 
     clock = [float(int(time.time())) + 0.5]  # stays in one second unless the logger waits
@@ -277,14 +276,7 @@ def test_resumed_logger_purges_event_files_named_in_one_second(tmp_path, monkeyp
     resumed.close()
     names = sorted(p.name for p in (tmp_path / "tb").iterdir())
     assert [n.rsplit(".", 1)[1] for n in names] == ["9", "10"]  # read in creation order
-    acc = EventAccumulator(str(tmp_path / "tb"))
-    acc.Reload()
-    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [
-        (100, 100.0),
-        (200, 200.0),
-        (300, 300.0),
-        (400, -400.0),
-    ]
+    assert tensorboard_losses(tmp_path / "tb") == [(100, 100.0), (200, 200.0), (300, 300.0), (400, -400.0)]
 
 
 # -- checkpoints are pruned, latest and best are kept ----------------------------------------------

@@ -228,22 +228,12 @@ def test_target_kl_global_decision_no_deadlock(tmp_path, split_kl_batches, targe
     assert_same_params(ranks[0]["params"], ranks[1]["params"], atol=0)
 
 
-# -- gradient clipping: the norm of the all-reduced gradient -----------------------------------------
-
-
-def test_grad_clipping_under_ddp_equals_one_process(tmp_path, batch_path):
-    """``max_grad_norm`` clips the global (all-reduced) gradient, as one process on the full batch does.
-
-    Three epochs of one full-batch step each (pre-clip norms ~0.37, 0.32, 0.29: every step
-    clipped, by a factor that differs from step to step, so Adam, nearly invariant to one
-    constant gradient scale, ends ~1e-2 away from the unclipped run; 1 epoch gives ~5e-3).
-    Without the clip in learn: no norms recorded and the parameters equal the unclipped run's.
-    """
+def whole_batch_loss(batch_path):
+    """One process's PPO loss terms on the whole batch, from the agent every rank starts from (default
+    keys), its gradients taken: what learn's first step must reproduce, computed without learn."""
     from ddprl.algos.ppo.loss import ppo_loss
 
-    max_grad_norm, epochs = 0.05, 3
-    # independent of learn: the gradient norm of the first step, one process, full batch
-    cfg = load_config(["max_grad_norm=0", "target_kl=null"])
+    cfg = load_config([])
     data = torch.load(batch_path)
     with torch.random.fork_rng():
         agent = dist_fns.make_agent()
@@ -259,6 +249,23 @@ def test_grad_clipping_under_ddp_equals_one_process(tmp_path, batch_path):
         cfg.ent_coef,
     )
     terms["loss"].backward()
+    return agent, terms
+
+
+# -- gradient clipping: the norm of the all-reduced gradient -----------------------------------------
+
+
+def test_grad_clipping_under_ddp_equals_one_process(tmp_path, batch_path):
+    """``max_grad_norm`` clips the global (all-reduced) gradient, as one process on the full batch does.
+
+    Three epochs of one full-batch step each (pre-clip norms ~0.37, 0.32, 0.29: every step
+    clipped, by a factor that differs from step to step, so Adam, nearly invariant to one
+    constant gradient scale, ends ~1e-2 away from the unclipped run; 1 epoch gives ~5e-3).
+    Without the clip in learn: no norms recorded and the parameters equal the unclipped run's.
+    """
+    max_grad_norm, epochs = 0.05, 3
+    # independent of learn: the gradient norm of the first step, one process, full batch
+    agent, _ = whole_batch_loss(batch_path)
     first_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in agent.parameters()])))
     assert first_norm > 2 * max_grad_norm
 
@@ -288,24 +295,7 @@ def test_two_ranks_apply_the_gradient_of_one_process_on_the_whole_batch(tmp_path
     gradient autograd gives one process on the whole batch (computed here), on both ranks. Compared
     as gradients, not parameters after Adam: Adam is nearly blind to a constant scale, so a sum
     taken for the mean over ranks (twice the gradient) would move the parameters by ~1e-5 only."""
-    from ddprl.algos.ppo.loss import ppo_loss
-
-    cfg = load_config(["target_kl=null"])
-    data = torch.load(batch_path)
-    with torch.random.fork_rng():
-        agent = dist_fns.make_agent()
-    terms = ppo_loss(
-        agent(data["obs"], data["actions"]),
-        data["log_probs"],
-        data["values"],
-        data["advantages"],
-        data["returns"],
-        cfg.clip_coef,
-        cfg.clip_vloss,
-        cfg.vf_coef,
-        cfg.ent_coef,
-    )
-    terms["loss"].backward()
+    agent, terms = whole_batch_loss(batch_path)
     expected = torch.cat([p.grad.reshape(-1) for p in agent.parameters()])
     assert expected.norm() > 0.1
 
