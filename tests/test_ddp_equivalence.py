@@ -307,4 +307,4 @@ def test_two_ranks_apply_the_gradient_of_one_process_on_the_whole_batch(tmp_path
         torch.testing.assert_close(r["step_grads"][0], expected, rtol=1e-5, atol=1e-6)
         # the terms learn reports are the whole batch's (each minibatch's mean, averaged over all)
         for name in ("loss", "policy_loss", "value_loss", "entropy"):
-            assert r["metrics"][0][f"train/{name}"] == pytest.approx(float(terms[name]), rel=1e-5), name
+            assert r["metrics"][0][f"train/{name}"] == pytest.approx(float(terms[name].detach()), rel=1e-5), name
