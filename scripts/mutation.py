@@ -28,6 +28,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -500,14 +501,17 @@ def run_tests(root: Path, tests: tuple[str, ...], timeout: float) -> tuple[str, 
     env.pop("PYTEST_ADDOPTS", None)
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *tests]
     start = time.monotonic()
+    # its own session, so that a mutant that hangs is stopped with every rank its tests spawned
+    proc = subprocess.Popen(
+        cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
-        proc = subprocess.run(
-            cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout, start_new_session=True
-        )
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
         return "timeout", time.monotonic() - start, out[-300:]
-    tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
+    tail = "\n".join(out.strip().splitlines()[-3:])
     return ("passed" if proc.returncode == 0 else "failed"), time.monotonic() - start, tail
 
 
@@ -538,8 +542,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(all_mutants)} mutants in {len(targets)} targets")
         return 0
     if args.show:
-        m = next(m for m in all_mutants if m.id == args.show)
-        print(mutated_source(m))
+        shown = next((m for m in all_mutants if m.id == args.show), None)
+        if shown is None:
+            print(f"mutation.py: no mutant {args.show!r} (--list names them)", file=sys.stderr)
+            return 2
+        print(mutated_source(shown))
         return 0
 
     report_path = Path(args.report)

@@ -488,3 +488,13 @@ def test_advantages_and_returns_scale_rewards_then_normalise_advantages_by_hand(
     d = [r[t] + 0.5 * v[t + 1] - v[t] for t in range(3)]
     expected = torch.tensor([d[0] + 0.5 * (d[1] + 0.5 * d[2]), d[1] + 0.5 * d[2], d[2]]).unsqueeze(-1)
     torch.testing.assert_close(adv, expected)
+
+
+def test_crossed_is_true_at_the_step_that_passes_a_multiple_by_hand():
+    from ddprl.algos.common import crossed
+
+    # steps of 16: the step that reaches or passes 40 is 48 (32 < 40 <= 48)
+    assert [s for s in range(16, 129, 16) if crossed(s, 16, 40)] == [48, 80, 128]
+    assert [s for s in range(1, 6) if crossed(s, 1, 1)] == [1, 2, 3, 4, 5]  # every step
+    assert [s for s in range(16, 65, 16) if crossed(s, 16, 16)] == [16, 32, 48, 64]
+    assert not any(crossed(s, 16, 0) for s in range(16, 129, 16))  # 0: never
