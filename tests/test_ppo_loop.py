@@ -49,6 +49,7 @@ def run(tmp_path_factory):
             f"checkpoint_freq={STEP}",
             "keep_last=0",
             "eval_episodes=2",
+            "eval_freq=0",
             f"run_dir={run_dir}",
         ],
         timeout=120,
