@@ -351,6 +351,17 @@ def _fixed_update(learner, cfg, data=None):
     return dict(zip(learner.names, values.tolist(), strict=True))
 
 
+def _learner_with_spread_qs(cfg):
+    """A one-process learner whose Q heads spread their values (the initial last layer is zero), so
+    that the Q scale and the TD targets move; its targets copied from them."""
+    torch.manual_seed(0)
+    learner = build_learner(OneProcess(), cfg, OBS, ACT)
+    with torch.no_grad():
+        learner.model.qs.weight2.normal_(generator=torch.Generator().manual_seed(0))
+    learner.model.make_target()
+    return learner
+
+
 def test_a_fresh_learner_starts_its_target_qs_as_its_online_qs():
     torch.manual_seed(0)
     learner = build_learner(OneProcess(), tiny_cfg("dropout=0"), OBS, ACT)
@@ -362,11 +373,7 @@ def test_a_learner_built_from_a_saved_state_goes_on_as_the_saved_one():
     """Weights, targets, both optimizers' moments and the Q scale come back: the next update of the
     rebuilt learner equals the next update of the one that was saved."""
     cfg = tiny_cfg("dropout=0")
-    torch.manual_seed(0)
-    first = build_learner(OneProcess(), cfg, OBS, ACT)
-    with torch.no_grad():
-        first.model.qs.weight2.normal_(generator=torch.Generator().manual_seed(0))
-    first.model.make_target()
+    first = _learner_with_spread_qs(cfg)
     _fixed_update(first, cfg)
     saved = first.state_dict()
     torch.manual_seed(1)  # other initial weights: everything must come from the state
@@ -386,11 +393,7 @@ def test_an_update_reports_its_terms_and_scales_by_the_qs_at_the_first_latents(m
     import copy
 
     cfg = tiny_cfg("dropout=0")
-    torch.manual_seed(0)
-    learner = build_learner(OneProcess(), cfg, OBS, ACT)
-    with torch.no_grad():
-        learner.model.qs.weight2.normal_(generator=torch.Generator().manual_seed(0))
-    learner.model.make_target()
+    learner = _learner_with_spread_qs(cfg)
     data = _batch_and_noise()
     before = copy.deepcopy(learner.model)
     seen = []
