@@ -182,7 +182,7 @@ def _eval_rank(rt: Runtime, cfg: RLConfig, ckpt: dict[str, Any], video: str | No
 
     result = evaluate(rt, actor.make_env, actor.act, cfg.eval_episodes, cfg.seed, actor.extra_keys, progress)
     bar.close()
-    if rt.is_main:  # the numbers first: a video that cannot be drawn does not take them away
+    if rt.is_main:  # the numbers first: a video that fails while it is written does not take them away
         extras = " ".join(
             f"{k}={v:.4g}" for k, v in result.items() if k not in ("return_mean", "return_std", "episodes")
         )
