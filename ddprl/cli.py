@@ -101,6 +101,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ddprl.runlock import run_dir_held
     from ddprl.runtime import runs_in_this_process
 
+    if "stage=pipeline" in args.overrides:
+        from ddprl.algos.qmix.pipeline import run_pipeline
+
+        return run_pipeline(args.overrides, args.config_name)
     cfg = prepare_train(args.overrides, args.config_name)
     if not runs_in_this_process(cfg):
         forget_checkpoint()  # the ranks read it themselves; don't hold it here meanwhile

@@ -89,7 +89,7 @@ def prepare_train(
         if getattr(cfg, "task", None) != saved.get("task"):
             raise UsageError(f"resume: checkpoint {ckpt_path} is for task={saved['task']}, not task={cfg.task}")
         for key in algorithm.architecture_keys:
-            if getattr(cfg, key) != saved.get(key):
+            if key in saved and getattr(cfg, key) != saved[key]:  # (a key newer than the checkpoint: its default)
                 raise UsageError(
                     f"resume: {key}={getattr(cfg, key)!r} differs from the checkpoint's {saved.get(key)!r}"
                 )

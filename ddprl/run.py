@@ -127,8 +127,10 @@ class Run:
         rate_key: str = "time/global_fps",
         score_name: str = "eval/return_mean",
         step_unit: str = "steps",
+        next_line: str | None = None,
     ):
         self.rt, self.cfg, self.score_mode, self.rate_key = rt, cfg, score_mode, rate_key
+        self.next_line = next_line  # what to run next, for a job that trains no policy (a pretraining stage)
         self.score_name, self.step_unit = score_name, step_unit
         self.checkpoint = load_checkpoint(cfg.resume, expect_algo=cfg.algo) if cfg.resume else None
         forget_checkpoint()  # this Run holds it now; nothing else in the process needs the file again
@@ -468,9 +470,12 @@ class Run:
             )
         lines.extend(self._time_lines())
         # checkpoint=<run directory>: eval and play take its best.pt, else latest.pt
-        lines.append(f"  evaluate         ddprl eval checkpoint={self.dir}")
-        if registry.get(self.cfg.algo, self.cfg.engine).load_actor is not None:  # a policy to watch
-            lines.append(f"  watch            ddprl play checkpoint={self.dir} video={self.cfg.algo}.gif")
+        if self.next_line is not None:
+            lines.append(f"  next             {self.next_line.format(best=self.dir / 'checkpoints' / 'best.pt')}")
+        else:
+            lines.append(f"  evaluate         ddprl eval checkpoint={self.dir}")
+            if registry.get(self.cfg.algo, self.cfg.engine).load_actor is not None:  # a policy to watch
+                lines.append(f"  watch            ddprl play checkpoint={self.dir} video={self.cfg.algo}.gif")
         lines.append(f"  plot             ddprl plot {self.dir}")
         lines.append(f"run directory: {self.dir}")
         return "\n".join(lines)

@@ -364,3 +364,30 @@ def affinity(rt, cfg, out: str) -> None:
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     cores = {"rank": sorted(os.sched_getaffinity(0)), "child": json.loads(child.stdout)}
     torch.save(cores, Path(out) / f"rank{rt.rank}.pt")
+
+
+def graph_stage_learn(rt, cfg, out: str, data_path: str, steps: int) -> None:
+    """A graph stage's updates on this rank's share of fixed node batches; save its modules'
+    weights and buffers (a codebook) and each update's gradient norm."""
+    from ddprl.algos.qmix.graph_stages import NodeBatch, StageContext, stage_named
+    from ddprl.algos.qmix.pretrain import StageLearner
+    from ddprl.envs.marl.graph import NodeLayout
+
+    data = torch.load(data_path)
+    layout = NodeLayout(*data["layout"])
+    torch.manual_seed(0)  # the same initial weights everywhere (DDP would broadcast rank 0's anyway)
+    stage = stage_named(cfg.stage)
+    modules = stage.build(StageContext(layout, cfg, torch.zeros(3, layout.width)))
+    for name in stage.takes:
+        modules[name].requires_grad_(False).eval()
+    learner = StageLearner(rt, stage, modules, cfg.lr, cfg.max_grad_norm)
+    draws = torch.Generator().manual_seed(0)
+    norms = []
+    for partial, full in zip(data["partial"][:steps], data["full"][:steps], strict=True):
+        n = partial.shape[0] // rt.world_size
+        mine = slice(rt.rank * n, (rt.rank + 1) * n)
+        norms.append(float(learner.update(NodeBatch(partial[mine], full[mine]), draws).metrics["grad_norm"][0]))
+    torch.save(
+        {"state": {k: {n: v.clone() for n, v in m.state_dict().items()} for k, m in modules.items()}, "norms": norms},
+        Path(out) / f"rank{rt.rank}.pt",
+    )

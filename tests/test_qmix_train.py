@@ -281,9 +281,12 @@ def random_return(task: str, episodes: int = 400) -> float:
 @pytest.mark.slow
 def test_two_ranks_learn_lbf_clearly_above_random(tmp_path):
     # PyMARL2-style settings (TD(lambda) 0.6, lr 1e-3) on the smallest LBF layout, 2 ranks x 4 envs.
-    # A smoke check: with lambda-returns that bootstrap through terminations (a broken variant) the
-    # final return was 0.79 against the correct code's 0.73 (AMD EPYC, one run each), so no threshold
-    # here tells them apart; the hand-computed targets and TD loss of test_qmix_units.py do.
+    # Beside broken variants (AMD EPYC, one run each; the correct code ends at 0.73): the chosen Qs
+    # read one step late (qs[:, 1:] for qs[:, :-1]) end at 0.02 and fail the threshold (random +
+    # 0.15, about 0.6). Those that still pass: lambda-returns bootstrapping through terminations
+    # (0.79), the target network never updated (0.81), the target's Qs of the current step for the
+    # next one's (0.85): one food on a 5x5 grid is found greedily. The hand-computed targets and TD
+    # loss of test_qmix_units.py catch those.
     res = run_cli(
         [
             "train",

@@ -740,8 +740,10 @@ def test_compile_and_bf16_train_end_to_end(tmp_path):
 # part after the first few updates, as runs do), and -122, -521, -698 with Mish from one exp (an
 # AMD EPYC, 2026-11-28; the earlier ones on an Intel Xeon); at 2500 steps returns were still unstable (-468,
 # -650, -953 over 5 episodes), hence the budget. ~2.5 min on 2 cores.
-# A broken variant does not fail it: with the discount dropped from the TD target (r + q for
-# r + 0.99 q), seed 1 scored -141 (AMD EPYC). Pendulum's 200-step episodes leave the greedy ranking
+# Broken variants (seed 1, AMD EPYC): with the planner's terminal value dropped (a trajectory valued
+# by its rewards alone) it scored -1151, near random, below the threshold -800, which sits between
+# that and the correct runs' worst (-698). With the discount dropped from the TD target (r + q for
+# r + 0.99 q) it scored -141, a pass. Pendulum's 200-step episodes leave the greedy ranking
 # of actions nearly unchanged, so only the hand-computed TD target of test_tdmpc2_pieces.py
 # (test_td_target_is_reward_plus_discounted_min_of_the_two_target_qs_by_hand) catches that bug.
 PENDULUM_RANDOM_RETURN = -1234.0

@@ -271,9 +271,11 @@ def test_bad_checkpoints(tmp_path, two_rank_run):
 def test_default_job_learns_cartpole(tmp_path):
     """The default job (PPO, CartPole-v1, world_size=2) reaches eval return >= 475.
 
-    A smoke check, not a net for subtle bugs: with GAE bootstrapping through terminations (a broken
-    variant), the job also ends at 500, as the correct one does (AMD EPYC, one run each). That bug is
-    caught by the hand-computed GAE tests of test_ppo_units.py."""
+    Measured beside broken variants (AMD EPYC, one run each; the correct job ends at 500): with the
+    clipped surrogate's pessimistic bound made optimistic (``torch.min`` for ``torch.max`` in
+    ``ppo_loss``) it ends at 9.5, so the threshold fails it. With GAE bootstrapping through
+    terminations it also ends at 500: that bug is caught by the hand-computed GAE tests of
+    test_ppo_units.py, not here."""
     res = run_cli(["train", f"run_dir={tmp_path / 'd'}", "progress=false"], cwd=tmp_path, timeout=800)
     assert res.returncode == 0, res.stderr[-3000:]
     final = read_metrics(tmp_path / "d")[-1]

@@ -9,7 +9,14 @@ from typing import Any, Optional
 from ddprl.config.schema import RLConfig, _check, key
 
 MIXERS = ("qmix", "vdn", "none")
-STAGES = ("qmix", "pretrain")
+STAGES = ("qmix", "tokenizer", "mask_predictor", "pretrain")
+GRAPH_STAGES = ("tokenizer", "mask_predictor")  # stages of the graph reconstructer (reconstruct.py)
+MASK_LOSSES = ("ce", "hungarian")
+
+
+def is_graph_stage(stage: str) -> bool:
+    """Whether ``stage`` runs the pretraining loop (a built-in graph stage, or a user's ``module:Class``)."""
+    return stage in GRAPH_STAGES or ":" in stage
 
 
 @dataclass(kw_only=True)
@@ -53,10 +60,47 @@ class QMIXConfig(RLConfig):
     hypernet_embed: int = key("hidden width of 2-layer hypernetworks")
     env_kwargs: dict[str, Any] = key("keyword arguments for the environment (time_limit, action_masks, ...)")
     # -- staged training ----------------------------------------------------------------------
-    stage: str = key("qmix | pretrain (train an observation autoencoder on collected episodes)")
+    stage: str = key(
+        "qmix | tokenizer (stage 1: a VQ-VAE over observation nodes) | mask_predictor (stage 2: predict "
+        "the tokens of unseen nodes) | pretrain (an observation autoencoder on collected episodes)"
+    )
     init_from: str = key("checkpoint whose networks initialise this stage ('' : none)")
     encoder_dim: int = key("observation encoder output width (0: no encoder, the agent reads raw observations)")
     freeze_encoder: bool = key("keep the encoder fixed in the qmix stage (false: fine-tune it)")
+    reconstruct: bool = key(
+        "stage qmix: fill in every node the agent cannot see with the frozen reconstructer of init_from "
+        "(a stage=mask_predictor checkpoint) before the agent network"
+    )
+    full_obs: bool = key("stage qmix: act and learn on the observation with unlimited sight (the oracle)")
+    # -- graph reconstructer (stages tokenizer and mask_predictor) ------------------------------------
+    pretrain_episodes: int = key(
+        "episodes of random play collected for stages tokenizer and mask_predictor, in the whole job "
+        "(each rank plays its share); a tenth as many more are held out for validation"
+    )
+    epochs: int = key("stages tokenizer and mask_predictor: passes over the collected observations")
+    node_batch_size: int = key(
+        "stages tokenizer and mask_predictor: observations (one agent at one step) per rank per optimizer step"
+    )
+    num_codes: int = key("tokenizer: codebook size")
+    code_dim: int = key("tokenizer: code width")
+    node_hidden: int = key("tokenizer: width of the node encoder's and decoder's hidden layers")
+    codebook_decay: float = key("tokenizer: EMA decay of the codebook's statistics")
+    commitment: float = key("tokenizer: weight of the commitment loss (encoder output to its code)")
+    revive_below: float = key(
+        "tokenizer: a code whose EMA count falls below this is moved onto a recent encoder output (0: never)"
+    )
+    d_model: int = key("mask_predictor: transformer width")
+    n_heads: int = key("mask_predictor: attention heads")
+    n_layers: int = key("mask_predictor: transformer layers")
+    ffn_dim: int = key("mask_predictor: feed-forward width")
+    dropout: float = key("mask_predictor: dropout")
+    mask_ratio: float = key(
+        "mask_predictor: besides every unseen node, random seen nodes are masked until this fraction of the "
+        "non-SELF nodes is"
+    )
+    mask_loss: str = key(
+        "mask_predictor: ce (cross-entropy per node) | hungarian (the best matching within each node type)"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -78,11 +122,37 @@ class QMIXConfig(RLConfig):
             _check(getattr(self, name) >= 1, f"{name}={getattr(self, name)} must be >= 1")
         _check(self.mixer in MIXERS, f"mixer={self.mixer!r} is not one of {', '.join(MIXERS)}")
         _check(self.hypernet_layers in (1, 2), f"hypernet_layers={self.hypernet_layers} must be 1 or 2")
-        _check(self.stage in STAGES, f"stage={self.stage!r} is not one of {', '.join(STAGES)}")
+        _check(
+            self.stage in STAGES or ":" in self.stage,
+            f"stage={self.stage!r} is not one of {', '.join(STAGES)} or package.module:StageClass",
+        )
         _check(self.encoder_dim >= 0, f"encoder_dim={self.encoder_dim} must be >= 0")
         _check(
             self.stage != "pretrain" or self.encoder_dim > 0,
             "stage=pretrain trains the observation encoder: give encoder_dim > 0",
+        )
+        for name in ("pretrain_episodes", "epochs", "node_batch_size", "num_codes", "code_dim", "node_hidden"):
+            _check(getattr(self, name) >= 1, f"{name}={getattr(self, name)} must be >= 1")
+        for name in ("d_model", "n_heads", "n_layers", "ffn_dim"):
+            _check(getattr(self, name) >= 1, f"{name}={getattr(self, name)} must be >= 1")
+        _check(self.d_model % self.n_heads == 0, f"d_model={self.d_model} must be a multiple of n_heads={self.n_heads}")
+        _check(0 < self.codebook_decay < 1, f"codebook_decay={self.codebook_decay} must be in (0, 1)")
+        _check(self.commitment >= 0, f"commitment={self.commitment} must be >= 0")
+        _check(self.revive_below >= 0, f"revive_below={self.revive_below} must be >= 0")
+        _check(0 <= self.dropout < 1, f"dropout={self.dropout} must be in [0, 1)")
+        _check(0 <= self.mask_ratio <= 1, f"mask_ratio={self.mask_ratio} must be in [0, 1]")
+        _check(self.mask_loss in MASK_LOSSES, f"mask_loss={self.mask_loss!r} is not one of {', '.join(MASK_LOSSES)}")
+        _check(
+            not (self.reconstruct and self.full_obs),
+            "reconstruct=true fills in the sight-limited observation and full_obs=true replaces it: give one",
+        )
+        _check(
+            self.stage == "qmix" or not (self.reconstruct or self.full_obs),
+            f"reconstruct and full_obs are keys of stage=qmix, not stage={self.stage}",
+        )
+        _check(
+            not (self.reconstruct and self.encoder_dim > 0),
+            "reconstruct=true puts the reconstructer before the agent network: leave encoder_dim at 0",
         )
 
     def check_task(self) -> None:
@@ -94,6 +164,10 @@ class QMIXConfig(RLConfig):
         from ddprl.envs.marl import make_marl_env
 
         self.check_task()
+        if is_graph_stage(self.stage):
+            from ddprl.algos.qmix.graph_stages import stage_named
+
+            stage_named(self.stage)  # a user's stage that does not load is refused here
         warnings = self.schedule_warnings()
         _check(
             self.buffer_size % self.world_size == 0 and self.buffer_size // self.world_size >= self.batch_size,
@@ -119,10 +193,19 @@ class QMIXConfig(RLConfig):
         # One env (bad env_kwargs are refused here), and the networks init_from loads into,
         # built as every rank builds them: a checkpoint that does not fit is refused before
         # any rank starts.
-        env = make_marl_env(self.task, 1, seed=0, device="cpu", **self.env_kwargs)
+        env = make_marl_env(self.task, 1, seed=0, device="cpu", **self.env_options())
         try:
+            if is_graph_stage(self.stage) or self.reconstruct:
+                _check(
+                    getattr(env, "node_layout", None) is not None,
+                    f"stage={self.stage}{' reconstruct=true' if self.reconstruct else ''} needs an observation "
+                    f"made of unit blocks (a node layout); {self.task} has none: use a SMAX battle, e.g. smax/3m",
+                )
             if self.init_from and not self.resume:
                 self._check_init_from(env)
+            elif not self.resume and (self.reconstruct or (is_graph_stage(self.stage) and self.stage != "tokenizer")):
+                what = "stage=mask_predictor" if self.reconstruct else "stage=tokenizer"
+                _check(False, f"{self._wants()} needs init_from=<a {what} checkpoint>")
             limit = env.episode_limit
         finally:
             env.close()
@@ -166,11 +249,49 @@ class QMIXConfig(RLConfig):
             "or leave freeze_encoder out",
         )
 
+    def env_options(self) -> dict[str, Any]:
+        """The env's keyword arguments: ``env_kwargs``, and the full observation where this stage reads it."""
+        if is_graph_stage(self.stage) or self.full_obs:
+            return {**self.env_kwargs, "full_obs": True}
+        return dict(self.env_kwargs)
+
+    def _wants(self) -> str:
+        return "reconstruct=true" if self.reconstruct else f"stage={self.stage}"
+
     def _check_init_from(self, env: Any) -> None:
+        from ddprl.algos.qmix.graph_stages import build_reconstructer, reconstructer_state, stage_named
         from ddprl.algos.qmix.stage import build_networks, init_from_checkpoint
         from ddprl.checkpoint import load_checkpoint
 
-        networks = load_checkpoint(self.init_from, expect_algo="qmix")["state"]["networks"]
+        ckpt = load_checkpoint(self.init_from, expect_algo="qmix")
+        if self.reconstruct or is_graph_stage(self.stage):
+            _check(
+                ckpt["config"].get("task") == self.task,
+                f"init_from={self.init_from} was trained on {ckpt['config'].get('task')}, this job runs {self.task}: "
+                "a reconstructer fits the task whose observations it learned",
+            )
+        if self.reconstruct:
+            build_reconstructer(reconstructer_state(ckpt), env.node_layout, f"init_from={self.init_from}")
+            return
+        if is_graph_stage(self.stage):
+            import torch
+
+            from ddprl.algos.qmix.graph_stages import StageContext
+            from ddprl.algos.qmix.pretrain import load_taken
+
+            stage = stage_named(self.stage)
+            have = ckpt["state"].get("networks", {})
+            lacking = [name for name in stage.takes if name not in have]
+            _check(
+                not lacking,
+                f"init_from={self.init_from} (a stage={ckpt['config'].get('stage')} checkpoint) has no "
+                f"{', '.join(lacking)}: stage={self.stage} needs {', '.join(stage.takes)} from an earlier stage",
+            )
+            layout = env.node_layout
+            modules = stage.build(StageContext(layout, self, torch.zeros(3, layout.width)))
+            load_taken(stage, modules, self.init_from)  # refused here when they do not fit
+            return
+        networks = ckpt["state"]["networks"]
         keeps_encoder = self.stage == "qmix" and self.encoder_dim > 0 and self.freeze_encoder
         _check(
             not keeps_encoder or "encoder" in networks,

@@ -20,10 +20,12 @@ import torch
 
 from ddprl.algos.common import crossed
 from ddprl.algos.qmix.buffer import EpisodeBuffer, EpisodeStaging, episode_fields
+from ddprl.algos.qmix.config import is_graph_stage
+from ddprl.algos.qmix.graph_stages import build_reconstructer, reconstructer_state
 from ddprl.algos.qmix.learner import AutoencoderLearner, QLearner, epsilon_at, select_actions
 from ddprl.algos.qmix.networks import Autoencoder, QNetwork
 from ddprl.algos.qmix.stage import build_networks, init_from_checkpoint, load_networks, q_network
-from ddprl.checkpoint import buffer_path, restore_buffer, strip_prefixes
+from ddprl.checkpoint import buffer_path, load_checkpoint, restore_buffer, strip_prefixes
 from ddprl.envs.marl import make_marl_env
 from ddprl.envs.marl.base import MAObs, MultiAgentVecEnv
 from ddprl.errors import UsageError
@@ -73,16 +75,62 @@ class RandomActing:
         return select_actions(torch.zeros(obs.avail.shape, device=self.device), obs.avail, 1.0)
 
 
+class FullSight:
+    """The env with every agent's observation replaced by its full one (``full_obs=true``: the
+    oracle that shows what seeing everything is worth)."""
+
+    def __init__(self, env: MultiAgentVecEnv):
+        self.env = env
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
+
+    @staticmethod
+    def _full(obs: MAObs) -> MAObs:
+        return obs._replace(obs=obs.full, full=None)
+
+    def reset(self, seed: int | None = None) -> MAObs:
+        return self._full(self.env.reset(seed))
+
+    def step(self, actions: torch.Tensor) -> tuple[MAObs, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        return self._full(obs), reward, terminated, truncated, {**info, "final_obs": self._full(info["final_obs"])}
+
+
+def make_env(cfg: QMIXConfig, num_envs: int, seed: int, device: torch.device | str) -> MultiAgentVecEnv:
+    """The stage's envs: ``task`` with ``env_kwargs``, seen with full sight where ``full_obs``."""
+    env = make_marl_env(cfg.task, num_envs, seed=seed, device=device, **cfg.env_options())
+    return FullSight(env) if cfg.full_obs else env
+
+
+def reconstructer_of(
+    cfg: QMIXConfig, state: dict[str, Any] | None, env: MultiAgentVecEnv, device: torch.device
+) -> tuple[torch.nn.Module | None, dict[str, Any] | None]:
+    """With ``reconstruct=true``: the frozen reconstructer (from a checkpoint's ``state`` of this
+    stage, else from ``init_from``) and what to save to rebuild it; else (None, None)."""
+    if not cfg.reconstruct:
+        return None, None
+    if state is not None:
+        saved, source = state["reconstructer"], "the checkpoint"
+    else:
+        saved, source = (
+            reconstructer_state(load_checkpoint(cfg.init_from, expect_algo="qmix")),
+            f"init_from={cfg.init_from}",
+        )
+    return build_reconstructer(saved, env.node_layout, source).to(device), saved
+
+
 def build_stage(
     rt: Runtime, cfg: QMIXConfig, run: Run, env: MultiAgentVecEnv
-) -> tuple[dict[str, torch.nn.Module], QLearner | AutoencoderLearner, Acting | RandomActing]:
+) -> tuple[dict[str, torch.nn.Module], QLearner | AutoencoderLearner, Acting | RandomActing, dict[str, Any]]:
     """This stage's networks (resumed, or initialised from ``init_from``) and its learner, which
     wraps in DDP what the stage trains (collective: rank 0's weights broadcast, then checked),
-    and how it acts while training."""
+    how it acts while training, and what else its checkpoints keep (a reconstructer's state)."""
     nets = build_networks(cfg, env)  # before wrapping: DDP broadcasts rank 0's weights
+    reconstructer, reconstructer_saved = reconstructer_of(cfg, run.state if run.resumed else None, env, rt.device)
     if run.resumed:
         load_networks(nets, run.state["networks"], "the resumed checkpoint")
-    elif cfg.init_from:
+    elif cfg.init_from and reconstructer is None:
         names = init_from_checkpoint(nets, cfg.init_from)
         log.info("initialised %s from %s", ", ".join(names), cfg.init_from)
     learner: QLearner | AutoencoderLearner
@@ -91,7 +139,7 @@ def build_stage(
         learner = AutoencoderLearner(rt, cfg, Autoencoder(nets["encoder"], nets["decoder"]))
         acting = RandomActing(rt.device)
     else:
-        learner = QLearner(rt, cfg, q_network(cfg, env, nets))
+        learner = QLearner(rt, cfg, q_network(cfg, env, nets, reconstructer))
         acting = Acting(learner.net)
     for module in nets.values():
         module.to(rt.device)  # a frozen encoder is no part of the wrapped module
@@ -100,9 +148,14 @@ def build_stage(
         learner.updates = run.counters["updates"]
     checksum = rt.check_in_sync(learner.model)
     log.info(
-        "%s stage: trains %s (checksum %.6f over %d rank(s))", cfg.stage, trained_names(nets), checksum, rt.world_size
+        "%s stage: trains %s (checksum %.6f over %d rank(s))%s",
+        cfg.stage,
+        trained_names(nets),
+        checksum,
+        rt.world_size,
+        "; a frozen reconstructer fills in what agents cannot see" if reconstructer is not None else "",
     )
-    return nets, learner, acting
+    return nets, learner, acting, {} if reconstructer_saved is None else {"reconstructer": reconstructer_saved}
 
 
 def build_replay(
@@ -130,7 +183,7 @@ def run_eval(rt: Runtime, cfg: QMIXConfig, run: Run, learner: QLearner, env: Mul
     """Collective: greedy episodes of ``learner``'s network on fresh envs (split over ranks); global means."""
     eval_acting = Acting(learner.net)
     return run.evaluate(
-        lambda n, s: make_marl_env(cfg.task, n, seed=s, device=rt.device, **cfg.env_kwargs),
+        lambda n, s: make_env(cfg, n, seed=s, device=rt.device),
         eval_acting,
         env.extra_info_keys,
     )
@@ -161,17 +214,22 @@ def train_metrics(
 
 
 def train(rt: Runtime, cfg: QMIXConfig) -> None:
-    """Train ``cfg.stage`` on ``cfg.task`` for ``cfg.steps`` global env steps (runs on every rank)."""
+    """Train ``cfg.stage`` on ``cfg.task`` for ``cfg.steps`` global env steps (runs on every rank);
+    the graph reconstructer's stages have their own loop (``pretrain.train``)."""
+    if is_graph_stage(cfg.stage):
+        from ddprl.algos.qmix import pretrain
+
+        return pretrain.train(rt, cfg)
     # -- sizes: global in, local derived (docs/distributed.md, invariant 4) ------------------------
     local_num_envs = cfg.local_num_envs(rt.world_size)
     steps_per_iteration = local_num_envs * rt.world_size  # global env steps of one step of every env
 
     run = Run(rt, cfg)  # the checkpoint being resumed (if any), seeds, later the run directory
-    env = make_marl_env(cfg.task, local_num_envs, seed=run.env_seed, device=rt.device, **cfg.env_kwargs)
+    env = make_env(cfg, local_num_envs, seed=run.env_seed, device=rt.device)
     obs = env.reset(seed=run.env_seed)
     update_every = cfg.update_every or env.episode_limit
     warmup_iterations = cfg.warmup_iterations(env.episode_limit, rt.world_size)  # no update before
-    nets, learner, acting = build_stage(rt, cfg, run, env)  # init_from / resume before wrapping
+    nets, learner, acting, kept = build_stage(rt, cfg, run, env)  # init_from / resume before wrapping
     run.restore_rank_state()
 
     fields = episode_fields(env.episode_limit, env.n_agents, env.obs_dim, env.state_dim, env.n_actions)
@@ -187,6 +245,7 @@ def train(rt: Runtime, cfg: QMIXConfig) -> None:
         state = {
             "networks": {name: strip_prefixes(m.state_dict()) for name, m in nets.items()},
             "learner": learner.state_dict(),
+            **kept,
         }
         run.save(step, state, counters={"updates": learner.updates}, score=score)
 
@@ -333,12 +392,13 @@ def load_actor(cfg: QMIXConfig, state: dict[str, Any], device: torch.device) -> 
         )
 
     def make(num_envs: int, seed: int):
-        return make_marl_env(cfg.task, num_envs, seed=seed, device=device, **cfg.env_kwargs)
+        return make_env(cfg, num_envs, seed=seed, device=device)
 
     probe = make(1, cfg.seed)
     nets = build_networks(cfg, probe)
     load_networks(nets, state["networks"], "the checkpoint")
-    net = q_network(cfg, probe, nets).to(device).eval()
+    reconstructer, _ = reconstructer_of(cfg, state, probe, device)
+    net = q_network(cfg, probe, nets, reconstructer).to(device).eval()
     for module in nets.values():
         module.to(device)
     extra_keys = tuple(probe.extra_info_keys)

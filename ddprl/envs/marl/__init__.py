@@ -109,6 +109,11 @@ def make_marl_env(
     """
     check_marl_task(task)
     family = _family(task)
+    if kwargs.get("full_obs") and family != "smax":
+        raise UsageError(
+            f"{task} gives no full observation (an agent's view with unlimited sight): SMAX battles do, "
+            "e.g. smax/3m, smax/5m_vs_6m"
+        )
     if family == "vmas":
         from ddprl.envs.marl.vmas_env import VmasVecEnv
 
