@@ -157,3 +157,24 @@ def test_bad_stage_combinations_are_refused_in_one_line(pipeline, tmp_path, args
     assert res.returncode == 2, res.stderr[-2000:]
     assert message in res.stderr and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert not run_dir.exists()
+
+
+def test_agents_see_their_observations_with_the_unseen_nodes_filled_in(pipeline):
+    from ddprl.algos.qmix.graph_stages import build_reconstructer, reconstructer_state
+    from ddprl.algos.qmix.loop import seen_through
+    from ddprl.envs.marl import make_marl_env
+
+    root = pipeline[0]
+    raw = make_marl_env("smax/3m", 2, seed=7)
+    layout = raw.node_layout
+    reconstructer = build_reconstructer(
+        reconstructer_state(ckpt_of(root / "mask_predictor", "best.pt")), layout, "test"
+    )
+    seen = seen_through(make_marl_env("smax/3m", 2, seed=7), reconstructer)
+    actions = torch.zeros(2, 3, dtype=torch.int64)
+    for observed, filled in ((raw.reset(seed=7), seen.reset(seed=7)), (raw.step(actions)[0], seen.step(actions)[0])):
+        nodes, filled_nodes = layout.to_nodes(observed.obs), layout.to_nodes(filled.obs)
+        visible = layout.visible(nodes)
+        assert torch.equal(filled_nodes[visible], nodes[visible])  # what an agent sees stays as it is
+        assert torch.equal(filled.obs, reconstructer(observed.obs))
+        assert not torch.equal(filled_nodes[~visible], nodes[~visible])  # the rest is filled in

@@ -13,6 +13,7 @@ import functools
 import logging
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ from ddprl.algos.qmix.stage import build_networks, init_from_checkpoint, load_ne
 from ddprl.checkpoint import buffer_path, load_checkpoint, restore_buffer, strip_prefixes
 from ddprl.envs.marl import make_marl_env
 from ddprl.envs.marl.base import MAObs, MultiAgentVecEnv
+from ddprl.envs.marl.graph import NodeLayout
 from ddprl.errors import UsageError
 from ddprl.evaluate import Actor
 from ddprl.run import Run
@@ -75,62 +77,71 @@ class RandomActing:
         return select_actions(torch.zeros(obs.avail.shape, device=self.device), obs.avail, 1.0)
 
 
-class FullSight:
-    """The env with every agent's observation replaced by its full one (``full_obs=true``: the
-    oracle that shows what seeing everything is worth)."""
+class SeenAs:
+    """The env with every observation (final ones too) passed through ``view``: the full one
+    (``full_obs=true``, the oracle) or the reconstructed one (``reconstruct=true``). The replay
+    keeps what the agent saw, so a frozen reconstructer runs once per env step, not per update."""
 
-    def __init__(self, env: MultiAgentVecEnv):
-        self.env = env
+    def __init__(self, env: MultiAgentVecEnv, view: Callable[[MAObs], MAObs]):
+        self.env, self.view = env, view
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.env, name)
 
-    @staticmethod
-    def _full(obs: MAObs) -> MAObs:
-        return obs._replace(obs=obs.full, full=None)
-
     def reset(self, seed: int | None = None) -> MAObs:
-        return self._full(self.env.reset(seed))
+        return self.view(self.env.reset(seed))
 
     def step(self, actions: torch.Tensor) -> tuple[MAObs, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.env.step(actions)
-        return self._full(obs), reward, terminated, truncated, {**info, "final_obs": self._full(info["final_obs"])}
+        return self.view(obs), reward, terminated, truncated, {**info, "final_obs": self.view(info["final_obs"])}
 
 
-def make_env(cfg: QMIXConfig, num_envs: int, seed: int, device: torch.device | str) -> MultiAgentVecEnv:
-    """The stage's envs: ``task`` with ``env_kwargs``, seen with full sight where ``full_obs``."""
+def full_sight(obs: MAObs) -> MAObs:
+    return obs._replace(obs=obs.full, full=None)
+
+
+def make_env(
+    cfg: QMIXConfig, num_envs: int, seed: int, device: torch.device | str, reconstructer: torch.nn.Module | None = None
+) -> MultiAgentVecEnv:
+    """The stage's envs: ``task`` with ``env_kwargs``, seen with full sight where ``full_obs``,
+    through ``reconstructer`` where given."""
     env = make_marl_env(cfg.task, num_envs, seed=seed, device=device, **cfg.env_options())
-    return FullSight(env) if cfg.full_obs else env
+    if cfg.full_obs:
+        return SeenAs(env, full_sight)
+    return seen_through(env, reconstructer) if reconstructer is not None else env
+
+
+def seen_through(env: MultiAgentVecEnv, reconstructer: torch.nn.Module) -> MultiAgentVecEnv:
+    """``env`` whose agents see what ``reconstructer`` makes of their observations."""
+    return SeenAs(env, lambda obs: obs._replace(obs=reconstructer(obs.obs)))
 
 
 def reconstructer_of(
-    cfg: QMIXConfig, state: dict[str, Any] | None, env: MultiAgentVecEnv, device: torch.device
-) -> tuple[torch.nn.Module | None, dict[str, Any] | None]:
+    cfg: QMIXConfig, state: dict[str, Any] | None, layout: NodeLayout | None, device: torch.device | str
+) -> tuple[torch.nn.Module | None, dict[str, Any]]:
     """With ``reconstruct=true``: the frozen reconstructer (from a checkpoint's ``state`` of this
-    stage, else from ``init_from``) and what to save to rebuild it; else (None, None)."""
+    stage, else from ``init_from``) and what this stage's checkpoints keep to rebuild it; else
+    (None, {})."""
     if not cfg.reconstruct:
-        return None, None
+        return None, {}
     if state is not None:
         saved, source = state["reconstructer"], "the checkpoint"
     else:
-        saved, source = (
-            reconstructer_state(load_checkpoint(cfg.init_from, expect_algo="qmix")),
-            f"init_from={cfg.init_from}",
-        )
-    return build_reconstructer(saved, env.node_layout, source).to(device), saved
+        ckpt = load_checkpoint(cfg.init_from, expect_algo="qmix")
+        saved, source = reconstructer_state(ckpt), f"init_from={cfg.init_from}"
+    return build_reconstructer(saved, layout, source).to(device), {"reconstructer": saved}
 
 
 def build_stage(
     rt: Runtime, cfg: QMIXConfig, run: Run, env: MultiAgentVecEnv
-) -> tuple[dict[str, torch.nn.Module], QLearner | AutoencoderLearner, Acting | RandomActing, dict[str, Any]]:
+) -> tuple[dict[str, torch.nn.Module], QLearner | AutoencoderLearner, Acting | RandomActing]:
     """This stage's networks (resumed, or initialised from ``init_from``) and its learner, which
     wraps in DDP what the stage trains (collective: rank 0's weights broadcast, then checked),
-    how it acts while training, and what else its checkpoints keep (a reconstructer's state)."""
+    and how it acts while training."""
     nets = build_networks(cfg, env)  # before wrapping: DDP broadcasts rank 0's weights
-    reconstructer, reconstructer_saved = reconstructer_of(cfg, run.state if run.resumed else None, env, rt.device)
     if run.resumed:
         load_networks(nets, run.state["networks"], "the resumed checkpoint")
-    elif cfg.init_from and reconstructer is None:
+    elif cfg.init_from and not cfg.reconstruct:  # a reconstructer's checkpoint has no networks of this stage
         names = init_from_checkpoint(nets, cfg.init_from)
         log.info("initialised %s from %s", ", ".join(names), cfg.init_from)
     learner: QLearner | AutoencoderLearner
@@ -139,7 +150,7 @@ def build_stage(
         learner = AutoencoderLearner(rt, cfg, Autoencoder(nets["encoder"], nets["decoder"]))
         acting = RandomActing(rt.device)
     else:
-        learner = QLearner(rt, cfg, q_network(cfg, env, nets, reconstructer))
+        learner = QLearner(rt, cfg, q_network(cfg, env, nets))
         acting = Acting(learner.net)
     for module in nets.values():
         module.to(rt.device)  # a frozen encoder is no part of the wrapped module
@@ -153,9 +164,9 @@ def build_stage(
         trained_names(nets),
         checksum,
         rt.world_size,
-        "; a frozen reconstructer fills in what agents cannot see" if reconstructer is not None else "",
+        "; a frozen reconstructer fills in what agents cannot see" if cfg.reconstruct else "",
     )
-    return nets, learner, acting, {} if reconstructer_saved is None else {"reconstructer": reconstructer_saved}
+    return nets, learner, acting
 
 
 def build_replay(
@@ -179,11 +190,18 @@ def build_replay(
     return EpisodeBuffer(cfg.local_buffer_size(rt.world_size), fields, rt.device), warmup_iterations
 
 
-def run_eval(rt: Runtime, cfg: QMIXConfig, run: Run, learner: QLearner, env: MultiAgentVecEnv) -> dict[str, float]:
+def run_eval(
+    rt: Runtime,
+    cfg: QMIXConfig,
+    run: Run,
+    learner: QLearner,
+    env: MultiAgentVecEnv,
+    reconstructer: torch.nn.Module | None,
+) -> dict[str, float]:
     """Collective: greedy episodes of ``learner``'s network on fresh envs (split over ranks); global means."""
     eval_acting = Acting(learner.net)
     return run.evaluate(
-        lambda n, s: make_env(cfg, n, seed=s, device=rt.device),
+        lambda n, s: make_env(cfg, n, seed=s, device=rt.device, reconstructer=reconstructer),
         eval_acting,
         env.extra_info_keys,
     )
@@ -226,10 +244,14 @@ def train(rt: Runtime, cfg: QMIXConfig) -> None:
 
     run = Run(rt, cfg)  # the checkpoint being resumed (if any), seeds, later the run directory
     env = make_env(cfg, local_num_envs, seed=run.env_seed, device=rt.device)
+    layout = getattr(env, "node_layout", None)
+    reconstructer, kept = reconstructer_of(cfg, run.state if run.resumed else None, layout, rt.device)
+    if reconstructer is not None:
+        env = seen_through(env, reconstructer)
     obs = env.reset(seed=run.env_seed)
     update_every = cfg.update_every or env.episode_limit
     warmup_iterations = cfg.warmup_iterations(env.episode_limit, rt.world_size)  # no update before
-    nets, learner, acting, kept = build_stage(rt, cfg, run, env)  # init_from / resume before wrapping
+    nets, learner, acting = build_stage(rt, cfg, run, env)  # init_from / resume before wrapping
     run.restore_rank_state()
 
     fields = episode_fields(env.episode_limit, env.n_agents, env.obs_dim, env.state_dim, env.n_actions)
@@ -302,7 +324,7 @@ def train(rt: Runtime, cfg: QMIXConfig) -> None:
         if crossed(global_step, steps_per_iteration, cfg.log_freq) or evaluating or last:
             metrics = train_metrics(rt, cfg, window, buffer, learner.updates, global_step, epsilon)
             if evaluating:
-                metrics.update(run_eval(rt, cfg, run, learner, env))
+                metrics.update(run_eval(rt, cfg, run, learner, env, reconstructer))
                 score = metrics.get("eval/return_mean")
             run.log(global_step, metrics)
         else:
@@ -391,14 +413,15 @@ def load_actor(cfg: QMIXConfig, state: dict[str, Any], device: torch.device) -> 
             "train stage=qmix with init_from=<this checkpoint> and evaluate that"
         )
 
-    def make(num_envs: int, seed: int):
-        return make_env(cfg, num_envs, seed=seed, device=device)
+    probe = make_env(cfg, 1, seed=cfg.seed, device=device)
+    reconstructer, _ = reconstructer_of(cfg, state, getattr(probe, "node_layout", None), device)
 
-    probe = make(1, cfg.seed)
+    def make(num_envs: int, seed: int):
+        return make_env(cfg, num_envs, seed=seed, device=device, reconstructer=reconstructer)
+
     nets = build_networks(cfg, probe)
     load_networks(nets, state["networks"], "the checkpoint")
-    reconstructer, _ = reconstructer_of(cfg, state, probe, device)
-    net = q_network(cfg, probe, nets, reconstructer).to(device).eval()
+    net = q_network(cfg, probe, nets).to(device).eval()
     for module in nets.values():
         module.to(device)
     extra_keys = tuple(probe.extra_info_keys)

@@ -138,7 +138,7 @@ class QNetwork(nn.Module):
         agent_id: bool,
         last_action: bool,
         encoder: Encoder | None = None,
-        frozen_encoder: nn.Module | None = None,
+        frozen_encoder: Encoder | None = None,
     ):
         super().__init__()
         self.agent, self.mixer, self.encoder = agent, mixer, encoder
@@ -146,7 +146,7 @@ class QNetwork(nn.Module):
         self.n_actions, self.agent_id, self.last_action = n_actions, agent_id, last_action
 
     @property
-    def frozen_encoder(self) -> nn.Module | None:
+    def frozen_encoder(self) -> Encoder | None:
         return self._frozen[0]
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:

@@ -55,20 +55,12 @@ def build_networks(cfg: Architecture, env: MultiAgentVecEnv) -> dict[str, torch.
     return nets
 
 
-def q_network(
-    cfg: Architecture,
-    env: MultiAgentVecEnv,
-    nets: dict[str, torch.nn.Module],
-    reconstructer: torch.nn.Module | None = None,
-) -> QNetwork:
-    """The qmix stage's trained modules in one module; a frozen encoder (or the frozen
-    ``reconstructer``, which fills in what agents cannot see) stays outside it."""
+def q_network(cfg: Architecture, env: MultiAgentVecEnv, nets: dict[str, torch.nn.Module]) -> QNetwork:
+    """The qmix stage's trained modules in one module; a frozen encoder stays outside it."""
     encoder = nets.get("encoder")
     frozen = encoder if encoder is not None and cfg.freeze_encoder else None
     if frozen is not None:
         frozen.requires_grad_(False)
-    if reconstructer is not None:
-        frozen = reconstructer
     return QNetwork(
         nets["agent"],
         nets.get("mixer"),
