@@ -5,6 +5,7 @@ oracle), each its own run directory chained by init_from; bad key combinations r
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -178,3 +179,18 @@ def test_agents_see_their_observations_with_the_unseen_nodes_filled_in(pipeline)
         assert torch.equal(filled_nodes[visible], nodes[visible])  # what an agent sees stays as it is
         assert torch.equal(filled.obs, reconstructer(observed.obs))
         assert not torch.equal(filled_nodes[~visible], nodes[~visible])  # the rest is filled in
+
+
+def test_a_stage_of_ones_own_trains_on_two_ranks_and_hands_its_reconstructer_to_qmix(tmp_path):
+    # tests/user_stage.py, importable from the working directory on every rank
+    here = Path(__file__).parent
+    mine = tmp_path / "mine"
+    res = run_cli(["train", *COMMON, *GRAPH, "stage=user_stage:NodeFill", f"run_dir={mine}"], cwd=here)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = read_metrics(mine)
+    assert len(rows) == 2 and rows[-1]["val/mse"] < rows[0]["train/mse"]
+    assert "trains fill" in res.stderr
+    init = f"init_from={mine / 'checkpoints' / 'best.pt'}"
+    res = run_cli(["train", *COMMON, *QMIX, "reconstruct=true", init, f"run_dir={tmp_path / 'q'}"], cwd=here)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert set(ckpt_of(tmp_path / "q")["state"]["reconstructer"]["networks"]) == {"fill"}

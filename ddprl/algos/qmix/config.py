@@ -62,7 +62,9 @@ class QMIXConfig(RLConfig):
     # -- staged training ----------------------------------------------------------------------
     stage: str = key(
         "qmix | tokenizer (stage 1: a VQ-VAE over observation nodes) | mask_predictor (stage 2: predict "
-        "the tokens of unseen nodes) | pretrain (an observation autoencoder on collected episodes)"
+        "the tokens of unseen nodes) | pipeline (tokenizer, mask_predictor, then qmix reconstruct=true, one "
+        "run directory each under run_dir) | pretrain (an observation autoencoder on collected episodes) | "
+        "package.module:Class (a stage of your own)"
     )
     init_from: str = key("checkpoint whose networks initialise this stage ('' : none)")
     encoder_dim: int = key("observation encoder output width (0: no encoder, the agent reads raw observations)")
@@ -203,9 +205,18 @@ class QMIXConfig(RLConfig):
                 )
             if self.init_from and not self.resume:
                 self._check_init_from(env)
-            elif not self.resume and (self.reconstruct or (is_graph_stage(self.stage) and self.stage != "tokenizer")):
-                what = "stage=mask_predictor" if self.reconstruct else "stage=tokenizer"
-                _check(False, f"{self._wants()} needs init_from=<a {what} checkpoint>")
+            elif not self.resume and self.reconstruct:
+                _check(False, "reconstruct=true needs init_from=<a stage=mask_predictor checkpoint>")
+            elif not self.resume and is_graph_stage(self.stage):
+                from ddprl.algos.qmix.graph_stages import stage_named
+
+                takes = stage_named(self.stage).takes
+                what = (
+                    "a stage=tokenizer checkpoint"
+                    if self.stage == "mask_predictor"
+                    else f"a checkpoint with {', '.join(takes)}"
+                )
+                _check(not takes, f"stage={self.stage} needs init_from=<{what}>")
             limit = env.episode_limit
         finally:
             env.close()
@@ -254,9 +265,6 @@ class QMIXConfig(RLConfig):
         if is_graph_stage(self.stage) or self.full_obs:
             return {**self.env_kwargs, "full_obs": True}
         return dict(self.env_kwargs)
-
-    def _wants(self) -> str:
-        return "reconstruct=true" if self.reconstruct else f"stage={self.stage}"
 
     def _check_init_from(self, env: Any) -> None:
         from ddprl.algos.qmix.graph_stages import build_reconstructer, reconstructer_state, stage_named

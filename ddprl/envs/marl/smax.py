@@ -105,8 +105,11 @@ class _Battles:
         import jax.numpy as jnp
 
         smax = _import_smax()
+        # SMAX indexes its per-unit-type tables with traced values: a list given on the command
+        # line (unit_type_sight_ranges=[...]) must be an array
+        kwargs = {k: jnp.asarray(v, dtype=jnp.float32) if isinstance(v, (list, tuple)) else v for k, v in settings}
         try:
-            env = smax.HeuristicEnemySMAX(scenario=smax.map_name_to_scenario(scenario), **dict(settings))
+            env = smax.HeuristicEnemySMAX(scenario=smax.map_name_to_scenario(scenario), **kwargs)
         except TypeError as e:  # an unknown keyword
             raise UsageError(f"smax/{scenario}: {e}") from None
         self.env, agents, n_allies = env, env.agents, env.num_allies
@@ -217,7 +220,7 @@ class SmaxVecEnv:
         full_obs = kwargs.pop("full_obs", False)
         if not isinstance(full_obs, bool):
             raise UsageError(f"smax/{scenario}: full_obs must be true or false, got {full_obs!r}")
-        settings = {**JAXMARL_SETTINGS, **kwargs}
+        settings = {**JAXMARL_SETTINGS, **{k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()}}
         if settings.get("action_type", "discrete") != "discrete":
             raise UsageError(f"smax/{scenario}: QMIX needs action_type=discrete")
         unit_list = settings.get("observation_type", "unit_list") == "unit_list"
