@@ -122,3 +122,21 @@ def test_full_obs_elsewhere_is_a_usage_error(task):
     with pytest.raises(UsageError, match=f"{task} gives no full observation") as caught:
         make_marl_env(task, 1, seed=0, full_obs=True)
     assert "\n" not in str(caught.value)
+
+
+@needs_jaxmarl
+def test_a_shortened_sight_range_hides_more_of_the_same_battle():
+    # per-unit-type lists from the command line (env_kwargs.unit_type_sight_ranges=[6,6,6,6,6,6])
+    default = make_marl_env("smax/3m", 4, seed=3, full_obs=True)
+    short = make_marl_env("smax/3m", 4, seed=3, full_obs=True, unit_type_sight_ranges=[6.0] * 6)
+    layout, gen = default.node_layout, torch.Generator().manual_seed(0)
+    a, b = default.reset(seed=3), short.reset(seed=3)
+    seen_default = seen_short = 0
+    for _ in range(15):
+        seen_default += int(layout.visible(layout.to_nodes(a.obs)).sum())
+        seen_short += int(layout.visible(layout.to_nodes(b.obs)).sum())
+        # the same battle: who is where does not depend on sight (positions scale with it)
+        assert torch.equal(layout.visible(layout.to_nodes(a.full)), layout.visible(layout.to_nodes(b.full)))
+        actions = random_actions(a, gen)
+        a, b = default.step(actions)[0], short.step(actions)[0]
+    assert seen_short < seen_default
