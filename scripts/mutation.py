@@ -227,6 +227,41 @@ TARGETS: tuple[Target, ...] = (
         ("tests/test_contract.py", "tests/test_train_e2e.py", "tests/test_supervised.py", LOOP_PPO),
     ),
     Target("schedules", "ddprl/algos/common.py", ("crossed",), (UNITS_PPO, LOOP_PPO)),
+    Target(
+        "qmix.reconstruct",
+        "ddprl/algos/qmix/reconstruct.py",
+        (
+            "VectorQuantizer.nearest",
+            "VectorQuantizer.commitment_loss",
+            "VectorQuantizer.forward",
+            "VectorQuantizer.statistics",
+            "VectorQuantizer.ema_update",
+            "VectorQuantizer.dead",
+            "VectorQuantizer.revive",
+            "codebook_stats",
+            "Tokenizer.forward",
+            "reconstruction_error",
+            "MaskedTokenPredictor.forward",
+            "mask_positions",
+            "masked_cross_entropy",
+            "typewise_hungarian_loss",
+            "Reconstructer.predict_nodes",
+            "Reconstructer.forward",
+        ),
+        ("tests/test_reconstruct.py", "tests/test_graph_stage_ddp.py"),
+    ),
+    Target(
+        "qmix.graph_stages",
+        "ddprl/algos/qmix/graph_stages.py",
+        ("node_squared_error", "TokenizerStage.loss", "TokenizerStage.after_step", "MaskPredictorStage.loss"),
+        ("tests/test_graph_stage_ddp.py",),
+    ),
+    Target(
+        "qmix.pretrain",
+        "ddprl/algos/qmix/pretrain.py",
+        ("StageLearner.update",),
+        ("tests/test_graph_stage_ddp.py",),
+    ),
 )
 
 # Mutants that cannot change what the code computes (id -> why). Left out of the kill rate.
