@@ -319,3 +319,23 @@ def test_a_code_counted_exactly_at_the_threshold_is_alive_and_one_candidate_serv
     vq.cluster_size.copy_(torch.tensor([0.01, 0.01, 3.0]))
     vq.revive(vq.dead(0.05), torch.tensor([[7.0, 8.0]]))
     assert vq.codebook.tolist() == [[7.0, 8.0], [7.0, 8.0], [2.0, 2.0]]
+
+
+def test_mask_positions_takes_leading_dims_row_by_row_and_draws_from_its_generator_only():
+    types = torch.tensor([S, A, A, A, A, E, E, E, E])
+    gen = torch.Generator().manual_seed(2)
+    visible = torch.rand(4, 50, 9, generator=gen) < torch.rand(4, 50, 1, generator=gen)  # (4, 50, N): 200 rows
+    torch.manual_seed(0)
+    masked = mask_positions(visible, types, 0.3, torch.Generator().manual_seed(5))
+    hidden = ~visible[..., 1:]
+    assert torch.equal(masked.sum(-1), hidden.sum(-1).clamp_min(3))  # per row, not per column
+    assert (masked[..., 1:] | ~hidden).all() and not masked[..., 0].any()
+    torch.manual_seed(1)  # another global stream: the same draw
+    assert torch.equal(mask_positions(visible, types, 0.3, torch.Generator().manual_seed(5)), masked)
+
+
+def test_revive_refuses_no_candidates_and_codebook_stats_of_a_single_row():
+    vq = small_vq([[0.0, 0.0], [1.0, 1.0]])
+    with pytest.raises(ValueError, match="at least one candidate"):
+        vq.revive(torch.tensor([True, False]), torch.zeros(0, 2))
+    assert codebook_stats(torch.tensor([0.0, 1.0, 0.0, 0.0])) == (1.0, 0.25)
