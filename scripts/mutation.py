@@ -280,6 +280,7 @@ EQUIVALENT: dict[str, str] = {
     "qmix.reconstruct:mask_positions:drop_kwarg:8": "on the CPU the default device is visible's",
     "qmix.reconstruct:MaskedTokenPredictor.forward:binop:0": "a learned embedding of symmetric init enters with either sign",
     "qmix.reconstruct:MaskedTokenPredictor.forward:binop:2": "a learned embedding of symmetric init enters with either sign",
+    "qmix.graph_stages:node_squared_error:unary:4": "the feature mask is 2-D: dim 1 is dim -1",
     "qmix.graph_stages:TokenizerStage.loss:compare:11": "cluster sizes are never negative: no code is below 0",
     "qmix.graph_stages:TokenizerStage.loss:drop_kwarg:1": "the tokenizer reads valid as 0/1 weights: float ones weigh alike",
     "qmix.graph_stages:TokenizerStage.loss:drop_kwarg:2": "on the CPU the default device is the nodes'",
