@@ -33,6 +33,7 @@ from ddprl.algos.qmix.reconstruct import (
     MaskedTokenPredictor,
     Reconstructer,
     Tokenizer,
+    TokenizerOut,
     codebook_stats,
     mask_positions,
     masked_cross_entropy,
@@ -148,15 +149,20 @@ class TokenizerStage:
         self.layout, self.revive_below = ctx.layout, c.revive_below
         return {"tokenizer": tokenizer}
 
+    def _reconstruct(self, tokenizer: nn.Module, nodes: Tensor) -> tuple[TokenizerOut, Tensor, Tensor, Tensor]:
+        """Every node through ``tokenizer``: its output, the error per node, the objective
+        (summed over nodes) and the node count."""
+        valid = torch.ones(nodes.shape[:-1], dtype=torch.bool, device=nodes.device)
+        out = tokenizer(nodes, _type_ids(self.layout, nodes), valid)
+        per_node = node_squared_error(out.recon, nodes, self.layout.feature_mask(nodes.device))
+        count = torch.tensor(float(per_node.numel()), device=nodes.device)
+        return out, per_node, per_node.sum() + out.vq_loss * count, count
+
     def loss(
         self, model: nn.Module, modules: dict[str, nn.Module], batch: NodeBatch, generator: torch.Generator
     ) -> StageLoss:
         nodes = batch.full
-        types = _type_ids(self.layout, nodes)
-        valid = torch.ones(nodes.shape[:-1], dtype=torch.bool, device=nodes.device)
-        out = model(nodes, types, valid)
-        per_node = node_squared_error(out.recon, nodes, self.layout.feature_mask(nodes.device))
-        count = torch.tensor(float(per_node.numel()), device=nodes.device)
+        out, per_node, loss_sum, count = self._reconstruct(model, nodes)
         seen = self.layout.visible(nodes)
         vq = modules["tokenizer"].vq
         z = out.z.reshape(-1, out.z.shape[-1]).detach()
@@ -168,7 +174,7 @@ class TokenizerStage:
             pick = torch.randint(0, z.shape[0], (vq.codebook.shape[0],), generator=generator, device=z.device)
             samples["candidates"] = z[pick]
         return StageLoss(
-            loss_sum=per_node.sum() + out.vq_loss * count,
+            loss_sum=loss_sum,
             count=count,
             metrics={
                 "recon_mse": _sum_count(per_node, seen),  # units that exist (zeros are easy)
@@ -190,14 +196,10 @@ class TokenizerStage:
     def evaluate(self, modules: dict[str, nn.Module], batch: NodeBatch, generator: torch.Generator) -> StageLoss:
         tokenizer = modules["tokenizer"]
         nodes = batch.full
-        types = _type_ids(self.layout, nodes)
-        valid = torch.ones(nodes.shape[:-1], dtype=torch.bool, device=nodes.device)
-        out = tokenizer(nodes, types, valid)
-        per_node = node_squared_error(out.recon, nodes, self.layout.feature_mask(nodes.device))
-        count = torch.tensor(float(per_node.numel()), device=nodes.device)
+        out, per_node, loss_sum, count = self._reconstruct(tokenizer, nodes)
         counts = torch.bincount(out.codes.reshape(-1), minlength=tokenizer.vq.codebook.shape[0]).float()
         return StageLoss(
-            loss_sum=per_node.sum() + out.vq_loss * count,
+            loss_sum=loss_sum,
             count=count,
             metrics={"recon_mse": _sum_count(per_node, self.layout.visible(nodes))},
             statistics={"code_counts": counts},

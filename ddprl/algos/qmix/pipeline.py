@@ -20,7 +20,7 @@ STAGES = (
     ("mask_predictor", ("init_from={root}/tokenizer/checkpoints/best.pt",)),
     ("qmix", ("reconstruct=true", "init_from={root}/mask_predictor/checkpoints/best.pt")),
 )
-OWN_KEYS = ("stage", "run_dir", "resume", "init_from", "reconstruct", "full_obs")
+SET_PER_STAGE = ("resume", "init_from", "reconstruct", "full_obs")  # the pipeline gives each stage its own
 
 
 def run_pipeline(overrides: list[str], config_name: str | None) -> int:
@@ -34,7 +34,7 @@ def run_pipeline(overrides: list[str], config_name: str | None) -> int:
         raise UsageError("stage=pipeline is QMIX's: give algo=qmix")
     if "run_dir" not in given or not given["run_dir"].split("=", 1)[1]:
         raise UsageError("stage=pipeline writes one run directory per stage under run_dir: give run_dir=<a directory>")
-    taken = sorted(k for k in given if k in OWN_KEYS[2:])
+    taken = sorted(k for k in given if k in SET_PER_STAGE)
     if taken:
         raise UsageError(f"stage=pipeline sets {', '.join(taken)} for each stage itself: leave them out")
     root = Path(given["run_dir"].split("=", 1)[1])

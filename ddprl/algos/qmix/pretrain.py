@@ -137,9 +137,10 @@ class Sums:
         self.sums: dict[str, torch.Tensor] = {}
 
     def add(self, out: StageLoss) -> None:
+        """Add a step's sums, kept on their device (no host sync in the training step)."""
         parts = {"loss": (out.loss_sum.detach(), out.count), **out.metrics}
         for name, (total, count) in parts.items():
-            pair = torch.stack([total.double().cpu(), torch.as_tensor(count).double().cpu()])
+            pair = torch.stack([total.double(), torch.as_tensor(count).to(total.device, torch.float64)])
             self.sums[name] = self.sums[name] + pair if name in self.sums else pair
 
     def means(self, rt: Runtime, prefix: str) -> dict[str, float]:

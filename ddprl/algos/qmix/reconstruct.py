@@ -15,7 +15,7 @@ Three stages train and use it (OMAGD's pipeline):
     filled = rec(obs)                  # (..., O) -> (..., O)
 
 Shapes: B batch, N nodes, W node width, K codes, D code width, M rows (nodes flattened).
-Nothing here calls torch.distributed: :meth:`VectorQuantizer.statistics` is local, the caller
+Nothing here talks to other ranks: :meth:`VectorQuantizer.statistics` is local, the caller
 sums it over ranks, and :meth:`VectorQuantizer.ema_update` applies the sum on every rank.
 """
 
