@@ -194,3 +194,16 @@ def test_a_stage_of_ones_own_trains_on_two_ranks_and_hands_its_reconstructer_to_
     res = run_cli(["train", *COMMON, *QMIX, "reconstruct=true", init, f"run_dir={tmp_path / 'q'}"], cwd=here)
     assert res.returncode == 0, res.stderr[-3000:]
     assert set(ckpt_of(tmp_path / "q")["state"]["reconstructer"]["networks"]) == {"fill"}
+
+
+def test_the_oracle_acts_on_the_full_observation():
+    from ddprl.algos.qmix.loop import make_env
+    from ddprl.config import load_config
+    from ddprl.envs.marl import make_marl_env
+
+    cfg = load_config(["algo=qmix", "task=smax/3m", "full_obs=true"])
+    raw = make_marl_env("smax/3m", 2, seed=5, full_obs=True)
+    oracle = make_env(cfg, 2, seed=5, device="cpu")
+    actions = torch.zeros(2, 3, dtype=torch.int64)
+    for expected, seen in ((raw.reset(seed=5), oracle.reset(seed=5)), (raw.step(actions)[0], oracle.step(actions)[0])):
+        assert torch.equal(seen.obs, expected.full) and not torch.equal(seen.obs, expected.obs)
