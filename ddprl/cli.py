@@ -4,7 +4,7 @@
     ddprl eval checkpoint=PATH|RUN_DIR [episodes=10] [device=cpu] [seed=N]
     ddprl play checkpoint=PATH|RUN_DIR [fps=10] [episodes=1] [video=out.gif] [device=cpu] [seed=N]
     ddprl doctor [world_size=auto] [device=auto] [backend=auto] [engine=jax devices=N]
-    ddprl plot RUN_DIR [RUN_DIR ...] [out=curves.png] [keys=a,b] [x=step|wall_time]
+    ddprl plot RUN_DIR [RUN_DIR ...] [out=PATH] [keys=a,b] [x=step|wall_time]
     ddprl keys [algo=NAME] [engine=jax] [task=NAME]
 
 Algorithms come from ``ddprl.registry``: nothing here knows one by name.
@@ -79,7 +79,7 @@ COMMAND_KEYS: dict[str, list[Row]] = {
     ],
     "plot": [
         ("RUN_DIR", "path", "(required)", "one or more run directories (each holds metrics.jsonl or metrics.jsonl.gz)"),
-        ("out", "path", "curves.png", "the picture to write: .png, .pdf or .svg"),
+        ("out", "path", "RUN_DIR/curves.png", "the picture to write: .png, .pdf or .svg (default: beside the runs)"),
         (
             "keys",
             "list",

@@ -12,6 +12,7 @@ import difflib
 import functools
 import json
 import math
+import os
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -55,12 +56,14 @@ def parse_plot_args(args: list[str]) -> tuple[list[str], dict[str, Any]]:
 
 
 def plot_runs(
-    run_dirs: list[str | Path], out: str | Path = "curves.png", keys: list[str] | None = None, x: str = "step"
+    run_dirs: list[str | Path], out: str | Path | None = None, keys: list[str] | None = None, x: str = "step"
 ) -> Path:
-    """Draw ``keys`` (default: ``default_keys``) of every run against ``x`` into ``out``; return ``out``."""
+    """Draw ``keys`` (default: ``default_keys``) of every run against ``x`` into ``out``; return ``out``.
+
+    ``out`` unset: ``curves.png`` beside the runs (:func:`default_out`)."""
     if x not in X_LABELS:
         raise UsageError(f"plot: x={x!r} is not one of {', '.join(X_LABELS)}")
-    out = Path(out)
+    out = default_out(run_dirs) if out is None else Path(out)
     if out.suffix.lower() not in SUFFIXES:
         raise UsageError(f"plot: out={str(out)!r} must end in {', '.join(SUFFIXES)}")
     runs = load_runs(run_dirs)
@@ -79,6 +82,17 @@ def plot_runs(
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
     return out
+
+
+def default_out(run_dirs: list[str | Path]) -> Path:
+    """``curves.png`` inside the run directory, or for several runs in the directory that holds
+    them all (``runs/a runs/b`` -> ``runs/curves.png``): beside the runs, not wherever the
+    command was typed."""
+    paths = [Path(d).resolve() for d in run_dirs]
+    if len(paths) == 1:
+        return Path(run_dirs[0]) / "curves.png"
+    common = Path(os.path.commonpath(paths))
+    return common / "curves.png"
 
 
 def figure(

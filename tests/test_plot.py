@@ -313,3 +313,10 @@ def test_styles_give_a_run_its_line_and_band_colour(two_runs):
     assert bands == [to_rgba("C0")[:3]] * 2
     default = figure(runs, ["eval/return_mean"]).axes[0]
     assert [line.get_color() for line in default.get_lines()] == ["C0", "C1"]
+
+
+def test_the_picture_goes_beside_the_runs_unless_out_says(two_runs, tmp_path):
+    a, b = two_runs
+    assert plot_runs([a]) == a / "curves.png" and (a / "curves.png").is_file()
+    assert plot_runs([a, b]) == tmp_path / "curves.png" and (tmp_path / "curves.png").is_file()
+    assert plot_runs([a], out=tmp_path / "x.svg") == tmp_path / "x.svg"

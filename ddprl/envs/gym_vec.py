@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
+from ddprl.envs.classic_pictures import classic_picture, pygame_available
 from ddprl.envs.flatten import FlatEncoder, unencodable
 from ddprl.envs.mujoco_gl import cannot_render, reason
 from ddprl.errors import UsageError
@@ -197,6 +198,10 @@ class GymVecEnv:
                 "make it inside ddprl.envs.rendering('rgb_array')"
             )
         env = self.envs.envs[i]
+        if not pygame_available():  # the base install: classic control drawn with Pillow instead
+            frame = classic_picture(env)
+            if frame is not None:
+                return frame
         hook, why = sys.unraisablehook, None
         try:
             frame = env.render()
@@ -210,6 +215,8 @@ class GymVecEnv:
             sys.unraisablehook = hook
             if hasattr(env.unwrapped, "mujoco_renderer"):
                 raise cannot_render(self.task, why)
+            if not pygame_available():  # Gymnasium's message names its own extra, not ddprl's
+                raise UsageError(f"video: {self.task} is drawn with pygame, not installed: pip install 'ddprl[video]'")
             raise UsageError(f"cannot render {self.task} ({why})")
         return np.ascontiguousarray(np.asarray(frame, dtype=np.uint8)[..., :3])
 

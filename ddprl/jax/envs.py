@@ -204,7 +204,8 @@ def _gymnax(task: str, name: str, **kwargs: Any) -> JaxEnv:
 
 
 def _gymnax_renderer(name: str, env: Any, params: Any) -> Callable[[Any], np.ndarray] | None:
-    """Frames for gymnax classic control drawn by Gymnasium's own renderer (same physics state);
+    """Frames for gymnax classic control drawn by Gymnasium's own renderer from the same physics state
+    (by ``ddprl.envs.classic_pictures`` where pygame is missing);
     the other tasks with a scene by ``ddprl.jax.pictures``."""
     mapping = {
         "CartPole-v1": ("CartPole-v1", lambda s: [s.x, s.x_dot, s.theta, s.theta_dot]),
@@ -223,6 +224,8 @@ def _gymnax_renderer(name: str, env: Any, params: Any) -> Callable[[Any], np.nda
     def render(state: Any) -> np.ndarray:
         import gymnasium as gym
 
+        from ddprl.envs.classic_pictures import classic_picture, pygame_available
+
         if "env" not in holder:
             holder["env"] = gym.make(gym_id, render_mode="rgb_array")
             holder["env"].reset(seed=0)
@@ -230,6 +233,8 @@ def _gymnax_renderer(name: str, env: Any, params: Any) -> Callable[[Any], np.nda
         inner.state = np.array([float(v) for v in to_state(state)], dtype=np.float64)
         if name == "Pendulum-v1":
             inner.last_u = None
+        if not pygame_available():
+            return classic_picture(inner)
         return np.asarray(holder["env"].render())
 
     return render
