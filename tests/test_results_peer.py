@@ -134,6 +134,33 @@ def test_the_tables_and_the_csv_are_computed_from_the_kept_runs(tmp_store):
     assert len(table) == 1 + 2 * (1 + 1 + 2 + 3 + 1 + 2)  # per seed, each measure of each row once
 
 
+def test_the_reconstruction_table_gives_each_rows_interval_and_its_verdict_against_the_limited_view(tmp_store):
+    """QMIX sight-limited / reconstructed / oracle rows: each the IQM of its seeds' final win rates with rliable's
+    stratified-bootstrap interval (benchmarks/results/stats.py) and above/within/below the sight-limited row's."""
+    from results import stats
+
+    won = {"qmix-smax-3m-sight6": (0.5, 0.6, 0.7), "qmix-smax-3m-sight6-reconstruct": (0.9, 0.95, 1.0)}
+    won["qmix-smax-3m-sight6-full"] = (0.6,)
+    for name, finals in won.items():
+        keep(
+            name,
+            {
+                f"seed{s}": [{"step": 250_000, rows.WON: 0.0}, {"step": 500_000, rows.WON: v}]
+                for s, v in enumerate(finals, 1)
+            },
+        )
+    text = page.page()
+    low, high = stats.bootstrap_interval([0.5, 0.6, 0.7])
+    assert f"| `qmix-smax-3m-sight6` | sight-limited | 0.600 [{low:.3f}, {high:.3f}] | 0.600 ± 0.100 | — | 3 |" in text
+    low, high = stats.bootstrap_interval([0.9, 0.95, 1.0])
+    assert f"| reconstructed | 0.950 [{low:.3f}, {high:.3f}] | 0.950 ± 0.050 | above | 3 |" in text
+    assert "| full observation (oracle) | 0.600 | 0.600 (1 seed) | — | 1 |" in text
+    assert (
+        'qmix-smax-3m-sight6-reconstruct,QMIX,smax/3m sight 6,2,"win rate, final greedy test at 500k",0.95'
+        in (tmp_store / "results.csv").read_text()
+    )
+
+
 def test_a_long_rows_seeds_in_training_say_how_far_they_got(tmp_store):
     for seed, last in ((2, 1_000_000), (10, 2_500_000)):
         progress = store.RUNS / "ppo-atari-pong-cpu" / training.IN_PROGRESS / f"seed{seed}"

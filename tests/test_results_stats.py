@@ -1,0 +1,49 @@
+"""The results page's statistics against rliable (Agarwal et al. 2021): the numbers below were computed with
+rliable 1.2.0 (``rliable.library.get_interval_estimates`` after ``np.random.seed(3)``, 5,000 replicates,
+``metrics.aggregate_iqm`` / ``aggregate_mean``) on the matrix ``SCORES``; rliable is not installed here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.stats
+
+from benchmarks.results import stats
+
+SCORES = np.array(
+    [[0.69, 0.12, 310.0], [0.66, 0.35, 290.5], [0.75, 0.20, 402.0], [0.40, 0.31, 288.0], [0.81, 0.05, 350.0]]
+)
+
+
+@pytest.mark.parametrize(
+    "statistic, point, interval",
+    [
+        (stats.iqm, 64.7188888888889, (64.38555555555556, 73.76777777777778)),
+        (stats.mean, 109.656, (98.08066666666666, 123.22073333333334)),
+    ],
+)
+def test_point_and_interval_equal_rliables(statistic, point, interval):
+    assert statistic(SCORES) == pytest.approx(point, rel=1e-12)
+    assert stats.bootstrap_interval(SCORES, statistic, reps=5000, seed=3) == pytest.approx(interval, rel=1e-12)
+
+
+def test_one_task_is_a_column_and_a_1d_array_is_one_task():
+    column = SCORES[:3, :1]
+    assert stats.bootstrap_interval(column, reps=5000, seed=3) == pytest.approx((0.66, 0.75))
+    assert stats.bootstrap_interval(column.ravel(), reps=5000, seed=3) == stats.bootstrap_interval(
+        column, reps=5000, seed=3
+    )
+
+
+@pytest.mark.parametrize("n", [3, 4, 5, 8, 10, 13])
+def test_iqm_is_scipys_quarter_trimmed_mean(n):
+    values = np.random.default_rng(n).normal(size=(n, 2))
+    assert stats.iqm(values) == pytest.approx(scipy.stats.trim_mean(values, 0.25, axis=None), rel=1e-12)
+    assert stats.iqm(np.array([0.0, 1.0, 2.0, 100.0])) == 1.5  # the outer quarters dropped
+
+
+def test_verdict_by_overlap():
+    assert stats.verdict((0.5, 0.6), (0.2, 0.4)) == "above"
+    assert stats.verdict((0.1, 0.19), (0.2, 0.4)) == "below"
+    assert stats.verdict((0.1, 0.2), (0.2, 0.4)) == "within"  # touching intervals overlap
+    assert stats.verdict((0.0, 1.0), (0.2, 0.4)) == "within"
