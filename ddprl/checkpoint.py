@@ -233,29 +233,71 @@ def buffer_path(checkpoint_dir: Path, rank: int) -> Path:
     return Path(checkpoint_dir) / "buffers" / f"rank{rank}.pt"
 
 
-def restore_buffer(buffer: Any, path: Path, ckpt: dict[str, Any], world_size: int) -> bool:
-    """Fill ``buffer`` (anything with ``load_state_dict``) from ``path`` if that file was saved with
-    ``ckpt`` (same step and world size).
+class Reshardable(Protocol):
+    """A replay buffer that can be saved per rank and dealt out again over another number of ranks."""
 
-    A missing, stale (another step: buffers are kept for the latest checkpoint only) or
-    unreadable file gives False, and the caller refills the buffers instead.
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    @staticmethod
+    def episodes_of(state: dict[str, Any]) -> list[Any]:
+        """The episodes a saved ``state`` holds, oldest first."""
+        ...
+
+    def extend(self, episodes: list[Any]) -> None:
+        """Add ``episodes`` oldest first (the ring drops the oldest beyond its capacity)."""
+        ...
+
+
+def restore_buffer(buffer: Reshardable, checkpoint_dir: Path, ckpt: dict[str, Any], rank: int, world_size: int) -> bool:
+    """Fill this rank's ``buffer`` from the replays saved with ``ckpt`` (``checkpoint_buffer``) in
+    ``checkpoint_dir``; whether it was.
+
+    On as many ranks as saved it, each rank takes its own file back. On another number of ranks the
+    saved episodes are pooled (interleaved by age across the saved ranks) and dealt out in turn, so
+    each rank gets an even share of every saved rank's episodes, oldest first. A missing, stale
+    (buffers are kept for the latest checkpoint only) or unreadable file gives False, and the caller
+    refills the buffers instead.
     """
-    if ckpt["world_size"] != world_size or not path.is_file():
-        return False
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-        if saved["step"] != ckpt["step"]:
-            log.warning(
-                "replay buffer %s is from step %d, the checkpoint from step %d: not restored",
-                path,
-                saved["step"],
-                ckpt["step"],
-            )
+    saved_ranks = int(ckpt["world_size"])
+    own = [rank] if saved_ranks == world_size else list(range(saved_ranks))
+    shards = []
+    for r in own:
+        path = buffer_path(checkpoint_dir, r)
+        if not path.is_file():
             return False
-        buffer.load_state_dict(saved["buffer"])
-    except Exception as e:  # truncated, corrupt, other shapes: whatever it is, the remedy is to refill
-        log.warning("replay buffer %s not restored: %s", path, str(e).splitlines()[0][:200])
-        return False
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            if saved["step"] != ckpt["step"]:
+                log.warning(
+                    "replay buffer %s is from step %d, the checkpoint from step %d: not restored",
+                    path,
+                    saved["step"],
+                    ckpt["step"],
+                )
+                return False
+            if saved_ranks == world_size:
+                buffer.load_state_dict(saved["buffer"])
+                return True
+            shards.append(type(buffer).episodes_of(saved["buffer"]))
+        except Exception as e:  # truncated, corrupt, other shapes: whatever it is, the remedy is to refill
+            log.warning("replay buffer %s not restored: %s", path, str(e).splitlines()[0][:200])
+            return False
+    pooled = [
+        episode
+        for _, _, episode in sorted(
+            ((i / len(shard), r, episode) for r, shard in enumerate(shards) for i, episode in enumerate(shard)),
+            key=lambda entry: entry[:2],
+        )
+    ]
+    buffer.extend(pooled[rank::world_size])
+    if rank == 0:
+        log.info(
+            "replay re-sharded: the %d episodes of %d ranks' replays dealt out over %d rank(s), each keeping "
+            "the newest its capacity holds",
+            len(pooled),
+            saved_ranks,
+            world_size,
+        )
     return True
 
 

@@ -31,6 +31,35 @@ def saved_config(config: dict[str, Any]) -> dict[str, Any]:
     return {**older, **{k: v for k, v in config.items() if k not in NOT_RESUMED}}
 
 
+def same_global_batch(cfg: Any, saved: dict[str, Any], saved_world_size: int) -> tuple[Any, str | None]:
+    """A run resumed on another number of ranks keeps the samples behind each optimizer step: ``batch_size`` is
+    per rank, so it is scaled by saved/new ranks (where that is whole); the line that says so, or why not. A
+    ``batch_size`` or ``sync_freq`` other than the checkpoint's is the user's choice and stays as given (the same
+    value given again, as a requeued job's command does, is not)."""
+    world_size = cfg.world_size
+    if world_size == saved_world_size or not hasattr(cfg, "batch_size"):
+        return cfg, None
+    if any(getattr(cfg, key) != saved.get(key, getattr(cfg, key)) for key in ("batch_size", "sync_freq")):
+        return cfg, None
+    ranks = f"a {saved_world_size}-rank run on {world_size} rank{'s' if world_size > 1 else ''}"
+    if cfg.PER_RANK_BATCH:
+        return cfg, f"resuming {ranks}: batch_size={cfg.batch_size} per rank stays: {cfg.PER_RANK_BATCH}"
+    total = cfg.batch_size * saved_world_size  # per optimizer step, sync_freq aside (the same on both sides)
+    if total % world_size:
+        now = cfg.batch_size * world_size
+        return cfg, (
+            f"resuming {ranks}: batch_size={cfg.batch_size} per rank stays, {total * cfg.sync_freq} samples an "
+            f"optimizer step become {now * cfg.sync_freq} ({total} do not split over {world_size} ranks; "
+            "another batch_size= sets it)"
+        )
+    scaled = dataclasses.replace(cfg, batch_size=total // world_size)
+    scaled.sources = {**cfg.sources, "batch_size": "checkpoint"}
+    return scaled, (
+        f"resuming {ranks}: batch_size={cfg.batch_size} -> {scaled.batch_size} per rank, the same "
+        f"{total * cfg.sync_freq} samples an optimizer step over all ranks (another batch_size= sets it)"
+    )
+
+
 def key_values(args: list[str], allowed: dict[str, Callable[[str], Any]], command: str) -> dict[str, Any]:
     """Parse ``key=value`` arguments of the small commands (eval, doctor)."""
     import difflib
@@ -100,6 +129,11 @@ def prepare_train(
     if cfg.run_dir and holds_the_lock(cfg):
         refuse_if_in_use(Path(cfg.run_dir))  # before the checks: a job refused says only that
     cfg = resolved_config(cfg)
+    notes = []
+    if ckpt_path is not None:
+        saved_ckpt = load_checkpoint(ckpt_path)
+        cfg, note = same_global_batch(cfg, saved_ckpt["config"], int(saved_ckpt["world_size"]))
+        notes += [note] if note else []
     prepare = algorithm.prepare_fn() if prepare_hook else None
     if prepare is not None:
         cfg = prepare(cfg, overrides, config_name, ckpt_path is not None)
@@ -108,6 +142,8 @@ def prepare_train(
         preset = preset_note(cfg)
         if preset:
             print(f"ddprl: {preset}", file=sys.stderr, flush=True)
+        for line in notes:
+            print(f"ddprl: {line}", file=sys.stderr, flush=True)
         for line in warnings:
             print(f"ddprl: warning: {line}", file=sys.stderr, flush=True)
     if cfg.enable_wandb:

@@ -601,10 +601,11 @@ def test_two_rank_run_resumes_on_one_rank(trained_run, tmp_path):
         ["train", *E2E, "world_size=1", "num_envs=1", "steps=400", "resume=auto", f"run_dir={resumed_dir}"], timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    # two ranks' buffers cannot fill one: refilled (seed_steps=200 global steps, none left to update)
-    assert "resumed at step 300 after 150 updates; refilling the replay buffers until step 500" in proc.stderr
+    # the two ranks' replays pooled into the one: updates go on at once, one per transition collected
+    assert "replay re-sharded: the" in proc.stderr and "over 1 rank(s)" in proc.stderr
+    assert "resumed at step 300 after 150 updates with the replay buffers" in proc.stderr
     ckpt = load_checkpoint(resumed_dir / "checkpoints" / "latest.pt")
-    assert ckpt["world_size"] == 1 and ckpt["step"] == 400 and ckpt["counters"]["updates"] == 150
+    assert ckpt["world_size"] == 1 and ckpt["step"] == 400 and ckpt["counters"]["updates"] == 150 + 100
 
 
 def test_buffer_state_dict_round_trip():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import MISSING, dataclass, field
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from ddprl.errors import UsageError
 
@@ -102,6 +102,9 @@ class JobConfig:
     wandb_project: str = key("W&B project", "ddprl")
     wandb_entity: str = key("W&B entity ('' for your default)", "")
     wandb_mode: str = key("online | offline (offline needs no network; sync later)", "online")
+    # Resumed on another number of ranks, the samples behind an optimizer step stay (prepare.same_global_batch
+    # scales batch_size per rank); an algorithm whose batch_size must stay per rank says why here instead.
+    PER_RANK_BATCH: ClassVar[str] = ""
     # Not a key: which layer gave each value (load_config fills it; config.yaml and `ddprl keys` show it).
     sources: dict[str, str] = field(default_factory=dict, repr=False, compare=False, metadata={"internal": True})
 

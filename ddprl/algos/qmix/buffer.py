@@ -131,6 +131,19 @@ class EpisodeBuffer:
             self.data[name][:n] = value.to(self.device)
         self.size, self.pos, self.episodes_in = n, state["pos"], state["episodes_in"]
 
+    @staticmethod
+    def episodes_of(state: dict[str, Any]) -> list[dict[str, torch.Tensor]]:
+        """The episodes of a saved replay, oldest first: from the next slot to overwrite round the ring (until it
+        first fills, that slot is the end of what is stored)."""
+        data, pos = state["data"], state["pos"]
+        n = data["filled"].shape[0]
+        return [{name: value[i] for name, value in data.items()} for i in [*range(pos, n), *range(pos)]]
+
+    def extend(self, episodes: list[dict[str, torch.Tensor]]) -> None:
+        """Add ``episodes`` oldest first (beyond the capacity the newest stay)."""
+        if episodes:
+            self.add({name: torch.stack([e[name] for e in episodes]) for name in episodes[0]})
+
 
 def take(data: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, torch.Tensor]:
     return {name: value[idx] for name, value in data.items()}

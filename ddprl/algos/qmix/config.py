@@ -47,7 +47,7 @@ class QMIXConfig(RLConfig):
     log_freq: int = key("global env steps between metric rows")
     checkpoint_buffer: bool = key(
         "save each rank's episode replay with every checkpoint (checkpoints/buffers/"
-        "rank<r>.pt); a resume on as many ranks then needs no warm-up"
+        "rank<r>.pt); a resume then needs no warm-up (on another number of ranks they are dealt out anew)"
     )
     # -- networks -----------------------------------------------------------------------------
     use_rnn: bool = key("GRU agent network (false: feed-forward, EPyMARL's QMIX default)")

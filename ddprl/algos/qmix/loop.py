@@ -174,13 +174,13 @@ def build_replay(
 ) -> tuple[EpisodeBuffer, int]:
     """This rank's episode replay, and the iterations of warm-up before the first update.
     Collective when resumed: the saved replays come back only when every rank finds its own
-    (saved at this step) and each holds a batch; then updates go on at once, else every rank
-    warms up again."""
+    (saved at this step; on another number of ranks, its share of all of them) and each holds a
+    batch; then updates go on at once, else every rank warms up again."""
     buffer = EpisodeBuffer(cfg.local_buffer_size(rt.world_size), fields, rt.device)
     if not run.resumed:
         return buffer, warmup_iterations
     restored = (
-        restore_buffer(buffer, buffer_path(Path(cfg.resume).parent, rt.rank), run.checkpoint, rt.world_size)
+        restore_buffer(buffer, Path(cfg.resume).parent, run.checkpoint, rt.rank, rt.world_size)
         and buffer.size >= cfg.batch_size
     )
     if rt.all_reduce_sum(int(restored)) == rt.world_size:

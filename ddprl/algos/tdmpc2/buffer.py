@@ -156,6 +156,25 @@ class EpisodeBuffer:
         self.num_added_episodes = int(state["num_added_episodes"])
         self.num_added_transitions = int(state["num_added_transitions"])
 
+    @staticmethod
+    def episodes_of(state: dict[str, Any]) -> list[tuple[torch.Tensor, ...]]:
+        """The episodes of a saved buffer, oldest first, as ``add_episode`` takes them: (obs, actions, rewards,
+        terminated)."""
+        return [
+            (
+                state["obs"][s : s + T + 1],
+                state["action"][s : s + T],
+                state["reward"][s : s + T],
+                state["terminated"][s : s + T],
+            )
+            for s, T in state["episodes"].tolist()
+        ]
+
+    def extend(self, episodes: list[tuple[torch.Tensor, ...]]) -> None:
+        """Add ``episodes`` oldest first (the oldest overwritten beyond the capacity)."""
+        for episode in episodes:
+            self.add_episode(*episode)
+
     def num_starts(self, horizon: int) -> int:
         """Valid sub-trajectory start positions for this horizon (0 means cannot sample)."""
         return sum(max(T - horizon + 1, 0) for _, T in self._episodes)

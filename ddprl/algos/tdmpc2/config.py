@@ -10,6 +10,11 @@ from ddprl.config.schema import RLConfig, _check, key
 
 @dataclass(kw_only=True)
 class TDMPC2Config(RLConfig):
+    PER_RANK_BATCH = (
+        "each rank updates once per transition it collects, so batch_size per rank is what keeps the samples "
+        "learned from per environment step (docs/tdmpc2.md, the replay ratio)"
+    )
+
     # -- model (docs/references.md#architecture; null dims come from model_size) -------------
     model_size: int = key("TD-MPC2 model size in millions of parameters: 1, 5, 19, 48 or 317")
     enc_dim: Optional[int] = key("encoder width (null: from model_size)")

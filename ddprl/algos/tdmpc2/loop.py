@@ -107,11 +107,11 @@ def build_replay(
 ) -> tuple[EpisodeBuffer, int | None]:
     """This rank's replay buffer, and the transitions it got back (None: every rank refills).
     Collective when resumed: the buffers come back only when every rank finds its own, saved at
-    this very step."""
+    this very step (on another number of ranks, its share of all of them)."""
     buffer = EpisodeBuffer(cfg.buffer_size, obs_dim, action_dim)
     if not run.resumed:
         return buffer, None
-    found = restore_buffer(buffer, buffer_path(Path(cfg.resume).parent, rt.rank), run.checkpoint, rt.world_size)
+    found = restore_buffer(buffer, Path(cfg.resume).parent, run.checkpoint, rt.rank, rt.world_size)
     if rt.all_reduce_sum(int(found)) == rt.world_size:
         return buffer, len(buffer)
     return EpisodeBuffer(cfg.buffer_size, obs_dim, action_dim), None
