@@ -5,11 +5,13 @@ Each algorithm's 2-rank run is made once and copied for each resume."""
 from __future__ import annotations
 
 import shutil
+import signal
+import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import TDMPC2_TINY, run_cli
+from conftest import TDMPC2_TINY, run_cli, start_job
 
 from ddprl.algos.qmix.buffer import EpisodeBuffer as EpisodeReplay
 from ddprl.algos.qmix.buffer import episode_fields
@@ -137,6 +139,33 @@ def test_a_two_rank_checkpoint_goes_on_at_another_world_size(two_rank_run, world
     assert _adam_steps(ckpt) == _adam_steps(reference) and _adam_steps(saved) != _adam_steps(reference)
     if algo == "qmix":
         assert "resumed with the episode replays" in err  # updates go on at once, no warm-up
+
+
+@pytest.mark.slow
+def test_the_default_job_stopped_on_two_ranks_learns_cartpole_when_resumed_on_one(tmp_path):
+    """The default job (PPO, CartPole-v1, 2 ranks) stopped by SIGTERM after its first checkpoint (a third of the
+    way), resumed on 1 rank, reaches the default job's own target (eval return >= 475)."""
+    run_dir = tmp_path / "d"
+    job = start_job(["train", f"run_dir={run_dir}", "progress=false"], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 600
+        while not list(run_dir.glob("checkpoints/step_*.pt")):
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1][-3000:]
+            time.sleep(0.2)
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+    assert job.returncode == 75, err[-3000:]
+    stopped_at = load_checkpoint(run_dir / "checkpoints" / "latest.pt")["step"]
+    res = run_cli(["train", f"run_dir={run_dir}", "resume=auto", "world_size=1", "progress=false"], timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resuming a 2-rank run on 1 rank" in res.stderr
+    final = read_metrics(run_dir)[-1]
+    assert stopped_at < final["step"] and final["eval/episodes"] == 10
+    assert final["eval/return_mean"] >= 475, final
 
 
 # -- pieces --------------------------------------------------------------------------------------

@@ -432,7 +432,8 @@ def test_sbatch_script_requeues_after_the_signal_and_resumes(tmp_path):
     stopped_at = load_checkpoint(run_dir / "checkpoints" / "latest.pt")["step"]
     assert stopped_at == rows(run_dir)[-1]["step"]
 
-    env["SLURM_RESTART_COUNT"] = "1"  # the requeued job: the same script, the same job id
+    # The requeued job: the same script and job id, on more tasks (a requeue may get another node count).
+    env.update({"SLURM_RESTART_COUNT": "1", "SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "4"})
     requeued = sbatch(f"steps={stopped_at + 2 * 512}")
     try:
         out, err = requeued.communicate(timeout=300)
@@ -442,3 +443,5 @@ def test_sbatch_script_requeues_after_the_signal_and_resumes(tmp_path):
     steps = [r["step"] for r in rows(run_dir)]
     assert steps[-1] == stopped_at + 2 * 512
     assert all(b - a == 512 for a, b in zip(steps, steps[1:], strict=False)), steps
+    assert "resuming a 2-rank run on 4 ranks: batch_size=64 -> 32 per rank" in err
+    assert load_checkpoint(run_dir / "checkpoints" / "latest.pt")["world_size"] == 4
