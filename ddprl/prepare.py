@@ -31,6 +31,28 @@ def saved_config(config: dict[str, Any]) -> dict[str, Any]:
     return {**older, **{k: v for k, v in config.items() if k not in NOT_RESUMED}}
 
 
+def envs_for_world(saved: dict[str, Any], cfg: Any, size: str) -> tuple[dict[str, Any], str | None]:
+    """A checkpoint's global ``num_envs`` that does not split over this job's ranks (an elastic restart on another
+    number of ranks) is rounded to the nearest multiple of them, and the line says so; a ``num_envs`` given on the
+    command line is left to the usual check. ``cfg``: this job's keys before the checkpoint's are read, without its
+    ``world_size``, ``size`` (a number or auto)."""
+    from ddprl.runtime import resolved_config
+
+    envs = saved.get("num_envs")
+    if not isinstance(envs, int) or getattr(cfg, "engine", "torch") != "torch" or not hasattr(cfg, "num_envs"):
+        return saved, None
+    if cfg.sources.get("num_envs") == "command line":
+        return saved, None
+    world_size = int(size) if size.isdigit() else resolved_config(dataclasses.replace(cfg, num_envs=None)).world_size
+    if envs % world_size == 0:
+        return saved, None
+    fitted = max(world_size, round(envs / world_size) * world_size)
+    return {**saved, "num_envs": fitted}, (
+        f"num_envs={envs} of the checkpoint does not split over {world_size} ranks: num_envs={fitted} "
+        f"({fitted // world_size} per rank)"
+    )
+
+
 def same_global_batch(cfg: Any, saved: dict[str, Any], saved_world_size: int) -> tuple[Any, str | None]:
     """A run resumed on another number of ranks keeps the samples behind each optimizer step: ``batch_size`` is
     per rank, so it is scaled by saved/new ranks (where that is whole); the line that says so, or why not. A
@@ -109,11 +131,17 @@ def prepare_train(
     from ddprl.runtime import resolved_config
 
     overrides = launcher_overrides(overrides)
-    cfg = load_config(overrides, config_name, values=values)
+    sizes = [o.split("=", 1)[1] for o in overrides if o.startswith("world_size=")]
+    # what to resume, before the sizes are checked: a checkpoint's num_envs may have to fit another world size
+    first = load_config([o for o in overrides if not o.startswith("world_size=")], config_name, values=values)
+    cfg = first if sizes else load_config(overrides, config_name, values=values)
     algorithm = registry.get(cfg.algo, cfg.engine)
     ckpt_path = resolve_resume(cfg.resume, cfg.run_dir, cfg.algo)
+    if ckpt_path is None and sizes:
+        cfg = load_config(overrides, config_name, values=values)
     if ckpt_path is not None:
         saved = saved_config(load_checkpoint(ckpt_path, expect_algo=cfg.algo)["config"])
+        saved, envs_note = envs_for_world(saved, first, sizes[-1] if sizes else "auto")
         cfg = load_config(overrides, config_name, resumed=saved, values=values)
         if getattr(cfg, "task", None) != saved.get("task"):
             raise UsageError(f"resume: checkpoint {ckpt_path} is for task={saved['task']}, not task={cfg.task}")
@@ -129,7 +157,7 @@ def prepare_train(
     if cfg.run_dir and holds_the_lock(cfg):
         refuse_if_in_use(Path(cfg.run_dir))  # before the checks: a job refused says only that
     cfg = resolved_config(cfg)
-    notes = []
+    notes = [envs_note] if ckpt_path is not None and envs_note else []
     if ckpt_path is not None:
         saved_ckpt = load_checkpoint(ckpt_path)
         cfg, note = same_global_batch(cfg, saved_ckpt["config"], int(saved_ckpt["world_size"]))

@@ -19,7 +19,7 @@ from ddprl.algos.tdmpc2.buffer import EpisodeBuffer
 from ddprl.checkpoint import buffer_path, load_checkpoint, restore_buffer
 from ddprl.config import load_config
 from ddprl.metrics import read_metrics
-from ddprl.prepare import same_global_batch
+from ddprl.prepare import envs_for_world, same_global_batch
 
 COMMON = ["device=cpu", "progress=false", "dist_timeout=120"]
 JOBS = {  # algo: (keys, the budget, checkpoint_freq: where the 2-rank run is taken up again)
@@ -160,7 +160,7 @@ def test_the_default_job_stopped_on_two_ranks_learns_cartpole_when_resumed_on_on
             job.communicate()
     assert job.returncode == 75, err[-3000:]
     stopped_at = load_checkpoint(run_dir / "checkpoints" / "latest.pt")["step"]
-    res = run_cli(["train", f"run_dir={run_dir}", "resume=auto", "world_size=1", "progress=false"], timeout=900)
+    res = run_cli(["train", f"run_dir={run_dir}", "resume=auto", "world_size=1", "progress=false"], timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resuming a 2-rank run on 1 rank" in res.stderr
     final = read_metrics(run_dir)[-1]
@@ -253,3 +253,13 @@ def test_the_global_batch_is_kept_unless_another_is_given():
     chosen = load_config(["batch_size=50", "world_size=4"])  # another batch_size than the checkpoint's: as given
     assert same_global_batch(chosen, saved, 2) == (chosen, None)
     assert same_global_batch(load_config(["batch_size=64", "world_size=2"]), saved, 2)[1] is None
+
+
+def test_a_checkpoints_num_envs_is_fitted_to_a_world_size_it_does_not_split_over():
+    first = load_config(["task=CartPole-v1"])  # this job's keys before the checkpoint's, world_size left out
+    fitted, line = envs_for_world({"num_envs": 8}, first, "3")
+    assert fitted["num_envs"] == 9 and "num_envs=8 of the checkpoint does not split over 3 ranks: num_envs=9" in line
+    assert envs_for_world({"num_envs": 8}, first, "4") == ({"num_envs": 8}, None)
+    assert envs_for_world({"num_envs": 2}, first, "5")[0]["num_envs"] == 5  # at least one a rank
+    given = load_config(["task=CartPole-v1", "num_envs=6"])  # the user's own: the usual check decides
+    assert envs_for_world({"num_envs": 8}, given, "3") == ({"num_envs": 8}, None)

@@ -117,14 +117,23 @@ class StageLearner:
         averaged gradient's norm before the clip)."""
         rt = self.rt
         out = self.stage.loss(self.model, self.modules, batch, draws)
-        global_count = rt.all_reduce_sum(out.count.detach().float()).clamp_min(1)
+        # One all-reduce for the count and the statistics (known before the backward pass): a stage's
+        # module is small, so each collective's latency, not its bytes, is what a step pays.
+        names = list(out.statistics)
+        parts = [out.count.detach().reshape(1), *(out.statistics[k].detach().reshape(-1) for k in names)]
+        flat = rt.all_reduce_sum(torch.cat([p.to(torch.float64) for p in parts]))
+        pieces = flat.split([p.numel() for p in parts])
+        global_count = pieces[0].to(torch.float32).clamp_min(1).reshape(())
+        summed = {
+            k: piece.view_as(out.statistics[k]).to(out.statistics[k].dtype)
+            for k, piece in zip(names, pieces[1:], strict=True)
+        }
         (out.loss_sum * (rt.world_size / global_count)).backward()
         clip = self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip).detach()
         out.metrics["grad_norm"] = (grad_norm.double(), torch.ones((), dtype=torch.float64))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        summed = {k: rt.all_reduce_sum(v) for k, v in out.statistics.items()}
         gathered = {k: rt.all_gather(v) for k, v in out.samples.items()}
         self.stage.after_step(self.modules, summed, gathered)
         return out
