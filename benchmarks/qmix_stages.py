@@ -7,6 +7,7 @@ validation apart). Reconstructer: vector steps/s of the battle's envs with and w
 device), from a pretrained mask_predictor checkpoint (--checkpoint) or a fresh reconstructer of the default sizes.
 
     python benchmarks/qmix_stages.py [--task smax/3m] [--episodes 400] [--repeats 3] [--checkpoint PATH]
+        [--stages tokenizer,mask_predictor]
 """
 
 from __future__ import annotations
@@ -90,18 +91,20 @@ def main() -> None:
     p.add_argument("--num-envs", type=int, default=8, help="battles a rank steps at once (stage qmix)")
     p.add_argument("--seconds", type=float, default=20.0, help="timing of each env row")
     p.add_argument("--checkpoint", default="", help="a stage=mask_predictor checkpoint for the reconstructer row")
+    p.add_argument("--stages", default="tokenizer,mask_predictor", help="the stages whose samples/s are measured")
     args = p.parse_args()
+    stages = [s for s in args.stages.split(",") if s]
     print(f"{h.machine()}, {args.task}, {args.episodes} random episodes a rank, median of {args.repeats}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        tokenizer = tokenizer_checkpoint(args, tmp)
+        tokenizer = tokenizer_checkpoint(args, tmp) if "mask_predictor" in stages else ""
         plan = {
             (stage, w): (lambda r, s=stage, w=w: stage_run(args, s, w, tokenizer if s == "mask_predictor" else ""))
-            for stage in ("tokenizer", "mask_predictor")
+            for stage in stages
             for w in (1, 2)
         }
         results = h.alternate(plan, args.repeats)
     h.table(["stage", "ranks", "samples/s", "weak-scaling efficiency"])
-    for stage in ("tokenizer", "mask_predictor"):
+    for stage in stages:
         one = h.median(h.column(results[(stage, 1)], "samples_per_s"))
         for w in (1, 2):
             rate = h.median(h.column(results[(stage, w)], "samples_per_s"))

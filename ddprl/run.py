@@ -220,7 +220,7 @@ class Run:
             set_rng_state(own["rng"])
             return own
         reset = sorted(self.checkpoint["ranks"][0]) if self.checkpoint["ranks"] else []
-        (log.warning if self.rt.is_main else log.debug)(
+        (log.warning if self.rt.rank == 0 else log.debug)(
             "resuming a %d-rank checkpoint on %d rank(s): kept the shared state (%s); reset each "
             "rank's own state (%s), reseeded from (seed, step %d, rank)",
             self.checkpoint["world_size"],

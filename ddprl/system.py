@@ -37,6 +37,20 @@ def gpu_stats(device: torch.device) -> dict[str, float]:
     return stats
 
 
+def bf16_units(device: torch.device, cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """What computes bf16 faster than fp32 on ``device``, in words, or None: a GPU of compute capability 8.0 or
+    later (tensor cores), a CPU with AMX or AVX512_BF16 (read from /proc/cpuinfo's flags, Linux only)."""
+    if device.type == "cuda":
+        major, _ = torch.cuda.get_device_capability(device)
+        return "bf16 tensor cores" if major >= 8 else None
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return None
+    return "AMX" if "amx_bf16" in flags else "AVX512_BF16" if "avx512_bf16" in flags else None
+
+
 def system_metrics(rt: JobRuntime) -> dict[str, float]:
     """Collective on CUDA (every rank's GPU stats, keyed by global rank); {} on the CPU."""
     if rt.device.type != "cuda":

@@ -70,3 +70,14 @@ def test_achieved_rates_leave_out_the_first_row():
     assert out["act"] == {"s": 2.0, "flops": 10.0 * 4000 / 2 / 2.0}
     assert out["learn"]["flops"] == 100.0 * 4000 / 2 / 8.0
     assert out["env"] == {"s": 4.0, "flops": None}
+
+
+@pytest.mark.parametrize("text, units", [(ZEN4, "AVX512_BF16"), (SAPPHIRE_RAPIDS, "AMX"), (HASWELL, None)])
+def test_bf16_units_of_a_cpu_from_its_flags(tmp_path, text, units):
+    import torch
+
+    from ddprl.system import bf16_units
+
+    (tmp_path / "cpuinfo").write_text(text)
+    assert bf16_units(torch.device("cpu"), str(tmp_path / "cpuinfo")) == units
+    assert bf16_units(torch.device("cpu"), str(tmp_path / "missing")) is None

@@ -32,7 +32,7 @@ from ddprl.evaluate import Actor
 from ddprl.normalize import ReturnScaler, RunningMeanStd
 from ddprl.run import Run
 from ddprl.runtime.seeding import Seeds
-from ddprl.system import system_metrics
+from ddprl.system import bf16_units, system_metrics
 
 if TYPE_CHECKING:
     from ddprl.algos.ppo.config import PPOConfig
@@ -245,6 +245,10 @@ def train(rt: Runtime, cfg: PPOConfig) -> None:
         num_iterations,
         steps_per_iteration,
     )
+    if cfg.precision == "fp32" and cfg.policy != "mlp" and (units := bf16_units(rt.device)):
+        # a convolutional update is where bf16 pays (docs/benchmarks.md, roofline); not the default until
+        # learning curves show it changes nothing
+        log.info("this %s has %s: precision=bf16 runs the update in bf16 with fp32 weights", rt.device.type, units)
     normalize = observation_normalizer(obs_rms, cfg.norm_obs)
     autocast = autocast_context(rt.device, cfg.precision)
     buffer, rollout, update = rollout_and_update(rt, cfg, env, policy, optimizer, scaler, normalize, autocast, obs)
