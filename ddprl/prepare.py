@@ -139,9 +139,11 @@ def prepare_train(
     ckpt_path = resolve_resume(cfg.resume, cfg.run_dir, cfg.algo)
     if ckpt_path is None and sizes:
         cfg = load_config(overrides, config_name, values=values)
+    notes: list[str] = []  # what a resume on another number of ranks changed, said once
     if ckpt_path is not None:
         saved = saved_config(load_checkpoint(ckpt_path, expect_algo=cfg.algo)["config"])
-        saved, envs_note = envs_for_world(saved, first, sizes[-1] if sizes else "auto")
+        saved, note = envs_for_world(saved, first, sizes[-1] if sizes else "auto")
+        notes += [note] if note else []
         cfg = load_config(overrides, config_name, resumed=saved, values=values)
         if getattr(cfg, "task", None) != saved.get("task"):
             raise UsageError(f"resume: checkpoint {ckpt_path} is for task={saved['task']}, not task={cfg.task}")
@@ -157,10 +159,9 @@ def prepare_train(
     if cfg.run_dir and holds_the_lock(cfg):
         refuse_if_in_use(Path(cfg.run_dir))  # before the checks: a job refused says only that
     cfg = resolved_config(cfg)
-    notes = [envs_note] if ckpt_path is not None and envs_note else []
     if ckpt_path is not None:
-        saved_ckpt = load_checkpoint(ckpt_path)
-        cfg, note = same_global_batch(cfg, saved_ckpt["config"], int(saved_ckpt["world_size"]))
+        ckpt = load_checkpoint(ckpt_path)  # read once per process: the same dict as above
+        cfg, note = same_global_batch(cfg, ckpt["config"], int(ckpt["world_size"]))
         notes += [note] if note else []
     prepare = algorithm.prepare_fn() if prepare_hook else None
     if prepare is not None:
