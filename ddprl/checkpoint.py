@@ -266,7 +266,8 @@ def restore_buffer(buffer: Reshardable, checkpoint_dir: Path, ckpt: dict[str, An
         if not path.is_file():
             return False
         try:
-            saved = torch.load(path, map_location="cpu", weights_only=True)
+            # each rank reads every saved file but copies out only its share: mapped, not read whole
+            saved = torch.load(path, map_location="cpu", weights_only=True, mmap=saved_ranks != world_size)
             if saved["step"] != ckpt["step"]:
                 log.warning(
                     "replay buffer %s is from step %d, the checkpoint from step %d: not restored",
