@@ -133,7 +133,8 @@ def prepare_train(
     overrides = launcher_overrides(overrides)
     sizes = [o.split("=", 1)[1] for o in overrides if o.startswith("world_size=")]
     # what to resume, before the sizes are checked: a checkpoint's num_envs may have to fit another world size
-    first = load_config([o for o in overrides if not o.startswith("world_size=")], config_name, values=values)
+    unsized = [o for o in overrides if not o.startswith("world_size=")] + ["world_size=auto"]  # whatever a file says
+    first = load_config(unsized, config_name, values=values)
     cfg = first if sizes else load_config(overrides, config_name, values=values)
     algorithm = registry.get(cfg.algo, cfg.engine)
     ckpt_path = resolve_resume(cfg.resume, cfg.run_dir, cfg.algo)
@@ -142,7 +143,8 @@ def prepare_train(
     notes: list[str] = []  # what a resume on another number of ranks changed, said once
     if ckpt_path is not None:
         saved = saved_config(load_checkpoint(ckpt_path, expect_algo=cfg.algo)["config"])
-        saved, note = envs_for_world(saved, first, sizes[-1] if sizes else "auto")
+        # the job's world size: the command line's (a launcher's), else the checkpoint's own
+        saved, note = envs_for_world(saved, first, sizes[-1] if sizes else str(saved.get("world_size", "auto")))
         notes += [note] if note else []
         cfg = load_config(overrides, config_name, resumed=saved, values=values)
         if getattr(cfg, "task", None) != saved.get("task"):
