@@ -91,6 +91,25 @@ def start_job(
     )
 
 
+def stop_with_sigterm(job: subprocess.Popen, ready, timeout: float) -> str:
+    """SIGTERM to ``job`` once ``ready()`` holds (failing if the job ends first or ``timeout`` passes); its stderr.
+    The job is killed if it does not end by itself."""
+    import time
+
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert job.poll() is None, job.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, f"not ready within {timeout:.0f} s"
+            time.sleep(0.1)
+        job.send_signal(signal.SIGTERM)
+        return job.communicate(timeout=120)[1]
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+
+
 @pytest.fixture
 def cli():
     return run_cli

@@ -5,13 +5,11 @@ Each algorithm's 2-rank run is made once and copied for each resume."""
 from __future__ import annotations
 
 import shutil
-import signal
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import TDMPC2_TINY, run_cli, start_job
+from conftest import TDMPC2_TINY, run_cli, start_job, stop_with_sigterm
 
 from ddprl.algos.qmix.buffer import EpisodeBuffer as EpisodeReplay
 from ddprl.algos.qmix.buffer import episode_fields
@@ -147,17 +145,7 @@ def test_the_default_job_stopped_on_two_ranks_learns_cartpole_when_resumed_on_on
     way), resumed on 1 rank, reaches the default job's own target (eval return >= 475)."""
     run_dir = tmp_path / "d"
     job = start_job(["train", f"run_dir={run_dir}", "progress=false"], cwd=tmp_path)
-    try:
-        deadline = time.monotonic() + 600
-        while not list(run_dir.glob("checkpoints/step_*.pt")):
-            assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1][-3000:]
-            time.sleep(0.2)
-        job.send_signal(signal.SIGTERM)
-        _, err = job.communicate(timeout=120)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.communicate()
+    err = stop_with_sigterm(job, lambda: bool(list(run_dir.glob("checkpoints/step_*.pt"))), 600)
     assert job.returncode == 75, err[-3000:]
     stopped_at = load_checkpoint(run_dir / "checkpoints" / "latest.pt")["step"]
     res = run_cli(["train", f"run_dir={run_dir}", "resume=auto", "world_size=1", "progress=false"], timeout=600)

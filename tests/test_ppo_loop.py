@@ -5,13 +5,11 @@ and the checkpoint a SIGTERM leaves. Each job is a few seconds of CartPole."""
 from __future__ import annotations
 
 import json
-import signal
-import time
 
 import gymnasium as gym
 import pytest
 import torch
-from conftest import run_cli, start_job
+from conftest import run_cli, start_job, stop_with_sigterm
 
 from ddprl.checkpoint import load_checkpoint
 from ddprl.metrics import read_metrics
@@ -118,18 +116,7 @@ def test_each_rank_steps_its_own_envs_seeded_seed_plus_10000_rank_plus_index(run
 def test_sigterm_saves_a_checkpoint_at_the_step_the_job_stopped(tmp_path):
     run_dir = tmp_path / "run"
     job = start_job([*JOB, "steps=100000000", "checkpoint_freq=0", f"run_dir={run_dir}"], tmp_path)
-    try:
-        deadline = time.monotonic() + 120
-        while not (run_dir / "metrics.jsonl").exists() or len(read_metrics(run_dir)) < 2:
-            assert job.poll() is None, job.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "no metrics rows within 120 s"
-            time.sleep(0.1)
-        job.send_signal(signal.SIGTERM)
-        _, err = job.communicate(timeout=60)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.communicate()
+    err = stop_with_sigterm(job, lambda: (run_dir / "metrics.jsonl").exists() and len(read_metrics(run_dir)) >= 2, 120)
     assert job.returncode == PREEMPTED_EXIT_CODE, err[-3000:]
     ckpt = load_checkpoint(run_dir / "checkpoints" / "latest.pt")
     last = read_metrics(run_dir)[-1]["step"]
