@@ -7,6 +7,7 @@ import csv
 import importlib.util
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -329,8 +330,9 @@ def test_random_actions_on_a_smax_battle_count_the_battles_won(tmp_store):
 
 @pytest.mark.slow
 def test_a_long_row_stopped_by_sigterm_goes_on_from_its_checkpoint(tmp_path):
-    """A real run in a long row's work directory: SIGTERM saves a checkpoint, keeps how far it got and raises
-    Stopped; the next sitting resumes it to the end, keeps one curve, both sittings' time and the final agent."""
+    """A real run in a long row's work directory: SIGTERM saves a checkpoint, keeps how far it got with the
+    checkpoint and raises Stopped; the next sitting, its work directory gone, rebuilds it from what was kept and
+    resumes it to the end, keeps one curve, both sittings' time and the final agent."""
     keys = ("task=CartPole-v1", "world_size=1", "steps=30000", "checkpoint_freq=4096", "eval_episodes=2")
     work, keep = tmp_path / "work", tmp_path / "runs" / "row" / "seed1"
     progress, stopped = tmp_path / "runs" / "row" / training.IN_PROGRESS / "seed1", []
@@ -352,6 +354,11 @@ def test_a_long_row_stopped_by_sigterm_goes_on_from_its_checkpoint(tmp_path):
     assert stopped and "--resume" in stopped[0] and (work / "checkpoints" / "latest.pt").exists() and not keep.exists()
     so_far, (first,) = store.read_rows(progress), training.sittings(progress)
     assert so_far == store.read_rows(work) and first["machine"] == store.this_machine()
+    state = load_checkpoint(progress / training.STATE)  # committed between sittings: the next may be elsewhere
+    assert state["step"] == load_checkpoint(work / "checkpoints" / "latest.pt")["step"] > 0
+    assert not training.restore_state(progress.parents[1], 1, work)  # the work directory's own checkpoint first
+    shutil.rmtree(work)  # the next sitting on another machine: only the repository's files
+    assert training.restore_state(progress.parents[1], 1, work) and training.sittings(work) == [first]
     wall = training.train_and_keep(keys, 1, keep, "cartpole seed 1", work=work)
     steps = [r["step"] for r in store.read_rows(keep)]
     assert steps == sorted(set(steps)) and steps[-1] >= 30000 and store.read_rows(keep)[: len(so_far)] == so_far

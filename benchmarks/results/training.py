@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gzip
 import json
 import os
 import shutil
@@ -25,7 +26,8 @@ from .rows import ROWS, SUPERVISED_ROWS, TRAIN
 from .store import at_steps, curve, window_mean
 
 COMMON = ("progress=false", "checkpoint_freq=0", "keep_last=1")  # the row's own keys win
-IN_PROGRESS, LOST, SITTINGS = "in_progress", "lost", "sittings.json"
+IN_PROGRESS, LOST, SITTINGS, STATE = "in_progress", "lost", "sittings.json", "state.pt"
+STATE_LIMIT = 25 * 2**20  # the largest checkpoint kept in the repository between sittings
 LIVE_RUNS: set[subprocess.Popen] = set()  # the ddprl processes this script waits on
 STOPPING = threading.Event()  # a stop signal came: no seed starts after it
 
@@ -92,6 +94,7 @@ def train_and_keep(keys, seed: int, keep: Path, what: str, env: dict | None = No
             (work / SITTINGS).write_text(json.dumps([*sittings(work), sitting]) + "\n")
             if code == 75:
                 keep_run(run_dir, progress, SITTINGS)
+                keep_state(work, progress)
                 raise Stopped(f"{what}: stopped with a checkpoint in {work}; `--resume` goes on from it")
         if code != 0:
             raise SystemExit(f"{what}: ddprl train exited {code}")
@@ -108,6 +111,37 @@ def train_and_keep(keys, seed: int, keep: Path, what: str, env: dict | None = No
     wall = sum(s["wall_s"] for s in sittings(work))
     shutil.rmtree(work)
     return round(wall, 1)
+
+
+def keep_state(work: Path, progress: Path) -> None:
+    """A stopped seed's checkpoint beside its record, to commit, where it fits ``STATE_LIMIT`` (model, optimizer,
+    normalizers, counters and RNG; a replay buffer does not fit): the next sitting goes on from it anywhere."""
+    latest, state = work / "checkpoints" / "latest.pt", progress / STATE
+    state.unlink(missing_ok=True)
+    if latest.exists() and latest.stat().st_size <= STATE_LIMIT:
+        shutil.copyfile(latest, state)
+    elif latest.exists():
+        print(
+            f"{progress.name}: checkpoint of {latest.stat().st_size / 2**20:.0f} MB, over the "
+            f"{STATE_LIMIT / 2**20:.0f} MB kept in the repository: it goes on only where {work} is kept",
+            flush=True,
+        )
+
+
+def restore_state(out: Path, seed: int, work: Path) -> bool:
+    """A seed's run directory rebuilt in ``work`` from its kept record and ``state.pt`` when ``work`` holds no
+    checkpoint (a sitting on another machine); ``resume=auto`` then goes on from it, its metrics cut back to the
+    checkpoint's step by ddprl. False where there is nothing to rebuild from."""
+    progress = out / IN_PROGRESS / f"seed{seed}"
+    if (work / "checkpoints" / "latest.pt").exists() or not (progress / STATE).exists():
+        return False
+    (work / "checkpoints").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(progress / STATE, work / "checkpoints" / "latest.pt")
+    shutil.copyfile(progress / "config.yaml", work / "config.yaml")
+    shutil.copyfile(progress / SITTINGS, work / SITTINGS)
+    with gzip.open(progress / "metrics.jsonl.gz", "rb") as src, (work / "metrics.jsonl").open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return True
 
 
 def set_aside_lost(out: Path, seed: int, work: Path) -> Path | None:
@@ -176,6 +210,8 @@ def run_row(name: str, seeds: int, resume: bool = False, jobs: int = 1) -> dict:
             lost = [path for path in (out / LOST).glob("seed*") if path.name.split("-")[0] == f"seed{seed}"]
             for path in (work, out / IN_PROGRESS / f"seed{seed}", *lost):
                 shutil.rmtree(path, ignore_errors=True)
+        elif work is not None and restore_state(out, seed, work):
+            print(f"{name} seed {seed}: goes on from its kept checkpoint ({out / IN_PROGRESS / f'seed{seed}' / STATE})")
         elif work is not None and (lost := set_aside_lost(out, seed, work)):
             print(f"{name} seed {seed}: no checkpoint in {work}: starts again; kept in {lost}", flush=True)
         try:
