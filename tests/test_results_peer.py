@@ -100,7 +100,8 @@ def test_statistics():
 
 def test_the_tables_and_the_csv_are_computed_from_the_kept_runs(tmp_store):
     """Fake runs of a Humanoid-v4 row with CleanRL run here, a QMIX row with EPyMARL's, a peer row and a supervised
-    row: each table line is the runs' mean ± std over seeds and its gap in the reference's std."""
+    row: each table line is the runs' IQM over seeds with its bootstrap interval, the reference's, and the verdict;
+    the suites' verdicts counted at the top."""
     two = lambda records: {f"seed{s}": records(s) for s in (1, 2)}  # noqa: E731 (two seeds' runs)
     keep("ppo-humanoid-v4", two(lambda s: [{"step": 900_000, TRAIN: 0}, {"step": 960_000, TRAIN: 540.0 + 60 * s}]))
     cleanrl = {"steps": 10**6, "cleanrl_commit": "fe8d8a0"}
@@ -114,24 +115,27 @@ def test_the_tables_and_the_csv_are_computed_from_the_kept_runs(tmp_store):
     seeds = [{"seed": s, "baselines": {"LR": 0.95, "MLP": 0.9 + s / 100}} for s in (1, 2)]
     keep("supervised-digits", two(lambda s: [{"step": 10, "test/accuracy": 0.9 + 0.02 * s}]), seeds)
     text = page.page()
-    gap = f"{(630 - 716.11) / 49.08:+.2f}"
-    last5 = "training episodes, last 5 % of 1M"
-    assert f"| `ppo-humanoid-v4` | 630.0 ± 42.4 | 716.11 ± 49.08 | CleanRL pr-424, Humanoid-v4 | {last5} |" in text
-    assert f"| {last5} | ddprl std over 2 seeds; ref. std over 3 seeds | {gap} | 2 |" in text
-    assert f"| 630.0 ± 42.4 | 625.0 ± 35.4 | CleanRL `fe8d8a0` run here, Humanoid-v4 | {last5} |" in text
-    assert f"| {last5} | std over 2 seeds, both | +0.14 | 2 |" in text  # (630 - 625) / 35.4
-    assert "| `ppo-humanoid` | not run | 716.11 ± 49.08 | CleanRL pr-424, Humanoid-v4; ddprl Humanoid-v5 |" in text
-    assert "| -15.50 ± 0.71 | -15.00 ± 1.41 | EPyMARL `c` run here, simple_spread_v3 |" in text  # per agent
-    assert "| final greedy test at 2.05M (EPyMARL's at 2.05M) | std over 2 seeds, both | -0.35 | 2 |" in text
-    assert "| `jax-breakout` jax, 2 devices | 15.0 ± 7.1 | 15.0 ± 7.1 | PureJaxRL `31756b1` run here," in text
+    last5, v4 = "training episodes, last 5 % of 1M", "| Humanoid-v4 | `ppo-humanoid-v4` | 630.0 [600.0, 660.0] |"
+    # two seeds: IQM = mean, the bootstrap's replicates 600, 630 or 660; a published mean is a point to compare
+    assert f"{v4} 716.11 ± 49.08 (3 seeds) | CleanRL pr-424 | {last5} | below | 2 |" in text
+    assert f"{v4} 625.0 [600.0, 650.0] | CleanRL `fe8d8a0` run here | {last5} | within | 2 / 2 |" in text
+    assert "| Humanoid-v5 | `ppo-humanoid` | not run | 716.11 ± 49.08 (3 seeds) | CleanRL pr-424, Humanoid-v4 |" in text
+    assert "| `qmix-mpe-simple-spread` | -15.50 [-16.00, -15.00] | -15.00 [-16.00, -14.00] | EPyMARL `c` run" in text
+    assert "| final greedy test at 2.05M (EPyMARL's at 2.05M) | within | 2 / 2 |" in text  # per agent
+    assert "| `jax-breakout` jax, 2 devices | 15.0 [10.0, 20.0] | 15.0 [10.0, 20.0] | PureJaxRL `31756b1` run" in text
     assert "| `jax-breakout` | 3.0 / 1.0 / 2.0 | 3.0 / 1.0 / 2.0 | 3.0 / 1.0 / 2.0 | — |" in text  # seconds per seed
-    assert "| `supervised-digits` | 0.9300 ± 0.0141 | 0.9150 ± 0.0071 | MLP, same split | test accuracy |" in text
-    assert "| `jax-cartpole` | not run |" in text and (tmp_store / "results" / "curves.png").exists()
-    assert text.count(f"{page.COLUMNS}\n|---|---|---|---|---|---|---|---|\n") == 5  # one table per algorithm
+    assert "| `supervised-digits` | 0.9300 [0.9200, 0.9400] | 0.9500 [0.9500, 0.9500] | LR |" in text
+    assert (
+        "| `supervised-digits` | 0.9300 [0.9200, 0.9400] | 0.9150 [0.9100, 0.9200] | MLP | test accuracy | within |"
+        in text
+    )
+    assert "| `jax-cartpole` | not run |" in text and (tmp_store / "results" / "ppo-mujoco.png").exists()
+    assert "| PPO, MuJoCo | 14 | 0 | 1 | 1 | 12 |" in text and "| Supervised | 2 | 0 | 1 | 1 | 0 |" in text  # counts
+    assert text.count(f"{page.COLUMNS}\n|---|---|---|---|---|---|---|---|---|---|\n") == len(page.SUITES)
     table = (tmp_store / "results.csv").read_text().splitlines()
-    assert table[0] == "row,algorithm,task,seed,metric,value,steps_reached"
-    assert 'ppo-humanoid-v4,PPO,Humanoid-v4,2,"training episodes, last 5 % of 1M",660.0,960000' in table
-    assert "epymarl-mpe-simple-spread,QMIX (EPyMARL),simple_spread_v3,1,final greedy test,-14.0,2050000" in table
+    assert table[0] == "row,algorithm,task,seed,metric,value,steps_reached,commit,library_commit,machine,torch,date"
+    assert 'ppo-humanoid-v4,PPO,Humanoid-v4,2,"training episodes, last 5 % of 1M",660.0,960000,,,,,' in table
+    assert "epymarl-mpe-simple-spread,QMIX (EPyMARL),simple_spread_v3,1,final greedy test,-14.0,2050000,,,,," in table
     assert len(table) == 1 + 2 * (1 + 1 + 2 + 3 + 1 + 2)  # per seed, each measure of each row once
 
 
@@ -169,7 +173,7 @@ def test_a_long_rows_seeds_in_training_say_how_far_they_got(tmp_store):
         records = [{"step": step, TRAIN: step / 100_000 - 21} for step in range(last // 4, last + 1, last // 4)]
         (progress / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     text = page.page()  # and their curves in the figure
-    assert "| `ppo-atari-pong-cpu` | in training (notes) | 20.45 ± 0.09 |" in text
+    assert "| `ppo-atari-pong-cpu` | in training (notes) | 20.45 ± 0.09 (3 seeds) |" in text
     said = "In training: seed 2 at 1M of 10M steps (training return over its last 5 % -11.0); seed 10 at 2.5M"
     assert said in " ".join(text.split()) and "(training return over its last 5 % 4.0)." in " ".join(text.split())
     assert "`ppo-atari-breakout`: In training" not in text
@@ -184,7 +188,7 @@ def test_a_long_rows_lost_attempts_say_how_far_they_got(tmp_store):
         records = [{"step": step, TRAIN: step / 100_000 - 21} for step in range(last // 4, last + 1, last // 4)]
         (gone / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     text = " ".join(page.page().split())
-    assert "| `ppo-atari-pong-cpu` | stopped (notes) | 20.45 ± 0.09 |" in text and "In training" not in text
+    assert "| `ppo-atari-pong-cpu` | stopped (notes) | 20.45 ± 0.09 (3 seeds) |" in text and "In training" not in text
     said = "Attempts lost with their machine's checkpoint: seed 1 at 1M of 10M steps (training return over its last"
     assert said in text and "5 % -11.0); seed 1, attempt 2 at 500k of 10M steps" in text
 
@@ -460,5 +464,5 @@ def test_jaxmarl_qmix_on_smax_is_kept_per_seed_and_tabled_as_a_win_rate(tmp_stor
     assert [s["final"] for s in summary["seeds"]] == [0.1, 0.2] and summary["jaxmarl_commit"] == rows.JAXMARL_COMMIT
     keep("qmix-smax-3m", {f"seed{s}": [{"step": 500_000, won: 0.8 + s / 10, EVAL: 1.5}] for s in (1, 2)})
     text = page.page()
-    where = "JaxMARL `c793d09` run here, smax/3m | win rate, final greedy test at 500k (JaxMARL's at 24.6k)"
-    assert f"| `qmix-smax-3m` | 0.950 ± 0.071 | 0.150 ± 0.071 | {where} | std over 2 seeds, both | +11.31 | 2 |" in text
+    where = "JaxMARL `c793d09` run here | win rate, final greedy test at 500k (JaxMARL's at 24.6k) | above | 2 / 2 |"
+    assert f"| smax/3m | `qmix-smax-3m` | 0.950 [0.900, 1.000] | 0.150 [0.100, 0.200] | {where}" in text

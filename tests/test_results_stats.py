@@ -47,3 +47,14 @@ def test_verdict_by_overlap():
     assert stats.verdict((0.1, 0.19), (0.2, 0.4)) == "below"
     assert stats.verdict((0.1, 0.2), (0.2, 0.4)) == "within"  # touching intervals overlap
     assert stats.verdict((0.0, 1.0), (0.2, 0.4)) == "within"
+
+
+def test_the_probability_of_improvement_counts_pairs_per_task_and_averages_the_tasks():
+    # task 1: ours 3, 5 against theirs 4, 4 -> pairs (3<4, 3<4, 5>4, 5>4) = 0.5; task 2: 2 against 2, 1, 3 -> ties
+    # count half: (0.5 + 1 + 0) / 3 = 0.5; ddprl runs may differ in number from the peer's
+    assert stats.improvement([[3, 5], [2]], [[4, 4], [2, 1, 3]]) == pytest.approx(0.5)
+    assert stats.improvement([[10, 11, 12]], [[1, 2]]) == 1.0 and stats.improvement([[1]], [[2, 3]]) == 0.0
+    low, high = stats.improvement_interval([[10, 11, 12]], [[1, 2]], reps=200)
+    assert low == high == 1.0  # every redraw keeps every pair ordered
+    low, high = stats.improvement_interval([[1.0, 2.0, 3.0, 4.0]], [[2.5, 2.6, 2.4]], reps=500)
+    assert low < stats.improvement([[1.0, 2.0, 3.0, 4.0]], [[2.5, 2.6, 2.4]]) == 0.5 < high

@@ -1,4 +1,4 @@
-"""docs/results.md, docs/results.csv and docs/results/curves.png, built only from the runs kept under ``runs/``:
+"""docs/results.md, docs/results.csv and docs/results/<suite>.png, built only from the runs kept under ``runs/``:
 every ddprl number is computed here from the kept metrics, every reference is a cited value of rows.py or
 computed from a peer library's runs kept beside ddprl's."""
 
@@ -8,25 +8,34 @@ import csv
 import functools
 import io
 import json
+import re
 import statistics
 import textwrap
+from dataclasses import dataclass
 
+from . import figures, provenance, stats, store
 from . import rows as R
-from . import stats, store
-from .store import at_steps, curve, gap, mean_std, welch, window_mean
+from .store import at_steps, curve, mean_std, welch, window_mean
 from .training import IN_PROGRESS, LOST
 
 RUN = "python benchmarks/results/run.py"
-HEADER = f"""# Results: published numbers, reproduced
+HEADER = f"""# Results: ddprl against published numbers and peer libraries
 
-ddprl, one run per seed, beside published numbers and peer libraries run on the same machine; each ± says
-what it is over, and gap = (ddprl mean - reference) / the reference's ±. Per-seed values: [results.csv](results.csv);
-`{RUN} --page` rebuilds page, CSV and figure from `benchmarks/results/runs/`.
+Each row trains ddprl from scratch, one run per seed, and sets its score beside a published number or a peer
+library run on the same machine with the same budget. Scores are the interquartile mean (IQM) over seeds with its
+95 % stratified-bootstrap interval (Agarwal et al. 2021, the `rliable` method); a reference with per-seed numbers
+gets the same, one with a mean only (shown ± its std over what it says) is compared as that value. The verdict:
+ddprl's interval lies above, below, or overlaps (within) the reference's. The figures: each implementation's IQM
+over seeds at each step, its 95 % interval shaded ({figures.REPS:,} replicates). A commit marked * was recorded
+after the run, from git history (the commit before the run was kept); a row marked stale ran keys its command now
+gives otherwise. Per-seed values with each run's commit, machine and torch: [results.csv](results.csv);
+`{RUN} --page` rebuilds page, CSV and figures from `benchmarks/results/runs/`.
 """
-COLUMNS = "| row | ddprl | reference | source, task version | metric | ± over | gap (ref. std) | seeds |"
+COLUMNS = "| task | row | ddprl IQM [95 % CI] | reference | source | metric | verdict | seeds | commit | machine |"
 JAX = "The JAX engine against PureJaxRL, on the same CPU"
-LEGEND = "here orange (CleanRL, EPyMARL, PureJaxRL); the published reference dashed, with its ± shaded.\n"
+YLABELS = {R.TRAIN: "training episode return", R.EVAL: "return, greedy evaluation", R.WON: "greedy battles won"}
 SECONDS = ("wall_s", "compile_s", "train_s")
+PROVENANCE = ("commit", "library_commit", "machine", "torch", "date")  # of each kept run, in the CSV
 NOTES = {
     "": "A published reference's ± is what its source reports. Runs made before ddprl hashed evaluation seeds shared "
     "all but one evaluation environment between consecutive seeds (every row but `ppo-ant`, the Humanoid rows, "
@@ -69,49 +78,137 @@ def described(metric: str, steps: int | None) -> str:
     return f"greedy eval at {k(steps)}" if steps else "final greedy test"
 
 
-def reference(values: list[float], digits: int) -> tuple:
-    """Another library's runs kept here as a reference: (its cell, mean, std, what its ± is over)."""
-    std = statistics.stdev(values) if len(values) > 1 else None
-    return mean_std(values, digits), statistics.mean(values), std, f"std over {len(values)} seeds"
+SUITES = {  # the page's tables: each row's suite by its name's start, in this order
+    "PPO, classic control": ("ppo-cartpole", "ppo-acrobot", "ppo-pendulum", "ppo-mountaincar", "ppo-lunarlander"),
+    "PPO, MuJoCo": ("ppo-halfcheetah", "ppo-hopper", "ppo-walker2d", "ppo-ant", "ppo-humanoid"),
+    "PPO, Atari": ("ppo-atari",),
+    "QMIX, LBF, RWARE and MPE": ("qmix-lbf", "qmix-rware", "qmix-mpe"),
+    "QMIX, SMAX": ("qmix-smax",),
+    "TD-MPC2, DeepMind Control": ("tdmpc2-",),
+    JAX: ("jax-",),
+    "Supervised": ("supervised-",),
+}
+
+
+def suite_of(name: str) -> str:
+    return next(suite for suite, starts in SUITES.items() if name.startswith(starts))
+
+
+@dataclass(frozen=True)
+class Versus:
+    """What a table line sets ddprl against: its cell, the interval a verdict compares with (a published mean
+    alone: that value at both ends; None: nothing to compare) and its number of runs ("": not given)."""
+
+    cell: str
+    interval: tuple[float, float] | None
+    runs: str = ""
+    values: tuple[float, ...] = ()  # its runs' scores, where known: for the probability of improvement
+
+
+def scored(values: list[float], digits: int) -> tuple[str, tuple[float, float] | None]:
+    """Seeds' cell, IQM [95 % CI], and the interval (one seed: its value, no interval)."""
+    if len(values) < 2:
+        return (f"{values[0]:.{digits}f} (1 seed)" if values else ""), None
+    low, high = stats.bootstrap_interval(values)
+    return f"{stats.iqm(values):.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]", (low, high)
+
+
+def runs_here(values: list[float], digits: int) -> Versus:
+    """Another library's runs kept here as the reference."""
+    cell, interval = scored(values, digits)
+    return Versus(cell or "not run", interval, str(len(values)), tuple(values))
+
+
+def published(ref: R.Reference, digits: int) -> Versus:
+    """A published number: its per-seed values where the source gives them, else its mean (± what it says)."""
+    if ref.seeds:
+        cell, interval = scored(list(ref.seeds), digits)
+        return Versus(cell, interval, str(len(ref.seeds)), ref.seeds)
+    over = ref.spread.removeprefix("std over ").replace("episodes of 1 agent", "1 agent's episodes")
+    spread = f" ± {ref.std!r} ({over})" if ref.std is not None else ""
+    return Versus(f"{ref.value!r}{spread}", (ref.value, ref.value))
+
+
+def stale(name: str, prefix: str = "seed") -> list[str]:
+    """Each key the row now gives another value of than its kept seeds ran, with those seeds."""
+    changed: dict[str, list[str]] = {}
+    for seed, _ in seed_runs(name, prefix):
+        for key in provenance.stale_keys(name, store.RUNS / name / f"{prefix}{seed}"):
+            changed.setdefault(key, []).append(str(seed))
+    return [f"{key} (seed{'s' * (len(seeds) > 1)} {', '.join(seeds)})" for key, seeds in changed.items()]
+
+
+def made(name: str, prefix: str = "seed") -> tuple[str, str]:
+    """The table's commit and machine cells: each distinct one of the row's kept seeds (a commit recorded
+    afterwards, from git history, marked *)."""
+    kept = [store.provenance_of(name, prefix, seed) for seed, _ in seed_runs(name, prefix)]
+    commits = dict.fromkeys(
+        f"`{p['commit'][:7]}`" + ("*" if p.get("recorded", "").startswith("afterwards") else "")
+        for p in kept
+        if p["commit"]
+    )
+    machines = dict.fromkeys(p["machine"] for p in kept if p["machine"])
+    return ", ".join(commits) or "—", "; ".join(machines) or "—"
 
 
 class Page:
-    """The tables' lines, the CSV's records and the figure's panels, built row by row."""
+    """The tables' lines, the CSV's records, the verdicts and the figure's panels, built row by row."""
 
     def __init__(self) -> None:
         self.csv: dict[tuple, tuple] = {}
-        self.panels: list[tuple] = []
+        self.panels: dict[str, list[figures.Panel]] = {}
+        self.tables: dict[str, list[str]] = {suite: [] for suite in SUITES}
+        self.verdicts: dict[str, list[str]] = {suite: [] for suite in SUITES}
+        self.stale: dict[str, list[str]] = {}  # row: the keys its kept runs ran otherwise
+        self.pairs: dict[str, list[tuple[list[float], tuple[float, ...]]]] = {suite: [] for suite in SUITES}
 
     def values(self, name, algo, task, metric, steps=None, agents=1, prefix="seed", what=None) -> list[float]:
         """Each kept seed's ``metric`` at ``steps`` (TRAIN: the mean over the last 5 %; no steps: its last value)
-        divided by ``agents``, recorded for the CSV."""
+        divided by ``agents``, recorded for the CSV with the run's provenance."""
         out = []
         for seed, rows in seed_runs(name, prefix):
             points = curve(rows, metric)
             value = points[-1][1] if steps is None else (window_mean if metric == R.TRAIN else at_steps)(points, steps)
             if value is not None:
                 key, value = (name, algo, seed, what or described(metric, steps)), value / agents
-                self.csv[key] = (task, value, rows[-1]["step"])
+                made_by = store.provenance_of(name, prefix, seed)
+                self.csv[key] = (task, value, rows[-1]["step"], *(made_by[f] or "" for f in PROVENANCE))
                 out.append(value)
         return out
 
-    def line(self, label, ours, ref: tuple, source: str, metric: str, digits: int = 1, none="not run") -> str:
-        """A table line; ``none``: ddprl's cell when no seed is kept."""
-        cell, value, std, spread = ref
-        n = len(ours)
-        over = "—" if not n else f"std over {n} seeds, both" if spread == f"std over {n} seeds" else None
-        over = over or f"ddprl std over {n} seeds; ref. {spread}"
-        ddprl = mean_std(ours, digits) if ours else none
-        cells = [label, ddprl, cell, source, metric, over, gap(ours, value, std), str(n)]
-        return "| " + " | ".join(cells) + " |"
+    def line(self, suite, task, label, ours, versus: Versus, source, metric, digits=1, **more) -> None:
+        """A table line of ``suite`` and its verdict. ``more``: ``none``, ddprl's cell when no seed is kept;
+        ``made``, the commit and machine cells; ``lower``, True where lower is better (said in the verdict)."""
+        cell, interval = scored(ours, digits)
+        verdict = stats.verdict(interval, versus.interval) if interval and versus.interval else "—"
+        self.verdicts[suite].append(verdict)
+        if ours and versus.values:  # lower better: negated, so that "above" is better here too
+            sign = -1 if more.get("lower") else 1
+            self.pairs[suite].append(([sign * v for v in ours], tuple(sign * v for v in versus.values)))
+        if more.get("lower") and verdict != "within" and verdict != "—":
+            verdict += " (worse)" if verdict == "above" else " (better)"
+        seeds = f"{len(ours)}" + (f" / {versus.runs}" if versus.runs else "")
+        commit, machine = more.get("made") or ("—", "—")
+        if more.get("stale"):
+            label += " (stale: notes)"
+            self.stale[label.split("`")[1]] = more["stale"]
+        cells = [task, label, cell or more.get("none", "not run"), versus.cell, source, metric, verdict, seeds]
+        self.tables[suite].append("| " + " | ".join([*cells, commit, machine]) + " |")
 
-    def panel(self, title, metric, series, agents=1, ref=None) -> None:
-        """A figure panel: for each (colour, row, prefix) of ``series``, each kept seed's curve of ``metric``
-        (prefix IN_PROGRESS: each seed's in training)."""
-        curves = [(c, curve(rows, metric)) for c, name, prefix in series for _, rows in runs_of(name, prefix)]
-        curves = [(c, [(s, v / agents) for s, v in points]) for c, points in curves if points]
-        if curves:
-            self.panels.append((title, metric, curves, ref))
+    def panel(self, suite, title, metric, series, agents=1, ref: R.Reference | None = None) -> None:
+        """A figure panel of ``suite``: for each (label, colour, row, prefix) of ``series``, the kept seeds' curves
+        of ``metric`` (prefix IN_PROGRESS: the seeds in training), and the reference's line."""
+        drawn = []
+        for label, colour, name, prefix in series:
+            seeds = [[(s, v / agents) for s, v in curve(rows, metric)] for _, rows in runs_of(name, prefix)]
+            if seeds := [points for points in seeds if points]:
+                drawn.append(figures.Series(label, colour, seeds))
+        if drawn:
+            line = (ref.value, ref.std) if ref else None
+            what = f"{ref.who} ({'train' if ref.metric == R.TRAIN else 'eval'})" if ref else ""
+            xlabel = "agent steps (millions)" if suite.startswith("TD-MPC2") else "environment steps (millions)"
+            panel = figures.Panel(title, YLABELS[metric], drawn, line, what, xlabel)
+            self.panels.setdefault(suite, []).append(panel)
 
 
 def metric_of(row: R.Row) -> str:
@@ -150,7 +247,7 @@ def reconstruction_table(p: Page) -> list[str]:
     limited = None
     for name, (sees, _) in R.RECONSTRUCTION_ROWS.items():
         ours = p.values(name, "QMIX", "smax/3m sight 6", R.WON, what="win rate, final greedy test at 500k")
-        p.panel(name, R.WON, [("C0", name, "seed")])
+        p.panel(RECONSTRUCTION, f"QMIX sees: {sees}", R.WON, [("ddprl", "C0", name, "seed")])
         if not ours:
             lines.append(f"| `{name}` | {sees} | not run | | | 0 |")
             continue
@@ -176,22 +273,23 @@ def reconstruction_table(p: Page) -> list[str]:
     return lines
 
 
-def rl_tables(p: Page) -> dict[str, list[str]]:
-    tables: dict[str, list[str]] = {"PPO": [], "QMIX": [], "TD-MPC2": []}
+def rl_tables(p: Page) -> None:
     qmix = k(R.QMIX_STEPS)
     for name, row in R.ROWS.items():
         if name in R.RECONSTRUCTION_ROWS:  # a table of their own
             continue
         algo, task = {"qmix": "QMIX", "tdmpc2": "TD-MPC2"}.get(row.key("algo"), "PPO"), row.key("task")
+        suite, label = suite_of(name), f"`{name}`"
         for ref in row.references:
-            where = f"{ref.who}, {ref.task}" + ("" if ref.task == task else f"; ddprl {task}")
+            where = ref.who + ("" if ref.task == task else f", {ref.task}")  # the task column: ddprl's
             what = described(ref.metric, ref.steps) + (" agent steps" if algo == "TD-MPC2" else "")
             ours = p.values(name, algo, task, ref.metric, ref.steps, what=what)
-            cell = f"{ref.value!r} ± {ref.std!r}"
             training, lost = attempts(name, IN_PROGRESS), attempts(name, LOST)
             none = "in training (notes)" if training else "stopped (notes)" if lost else "not run"
-            ref_cells = (cell, ref.value, ref.std, ref.spread)
-            tables[algo].append(p.line(f"`{name}`", ours, ref_cells, where, what, none=none))
+            versus = published(ref, row.digits)
+            p.line(
+                suite, task, label, ours, versus, where, what, row.digits, none=none, made=made(name), stale=stale(name)
+            )
         for peer, library in ((row.cleanrl, "CleanRL"), (row.epymarl, "EPyMARL"), (row.jaxmarl, "JaxMARL")):
             if not (kept := peer and store.kept_summary(peer)):
                 continue
@@ -204,52 +302,71 @@ def rl_tables(p: Page) -> dict[str, list[str]]:
                 ends = {k(points[-1][0]) for _, rows in seed_runs(peer) if (points := curve(rows, metric))}
                 budget, last = k(R.SMAX_STEPS) if row.jaxmarl else qmix, "/".join(sorted(ends))
                 what = ("win rate, " if row.jaxmarl else "") + f"final greedy test at {budget} ({library}'s at {last})"
-            where = f"{library} `{kept[library.lower() + '_commit'][:7]}` run here, {task}"
-            tables[algo].append(p.line(f"`{name}`", ours, reference(theirs, row.digits), where, what, row.digits))
-        metric = metric_of(row)
-        peers = (row.cleanrl, row.epymarl, row.jaxmarl)
-        series = [("C0", name, "seed")] + [("C0", name, IN_PROGRESS)] * row.long
-        series += [("C1", peer, "seed") for peer in peers if peer]
-        ref = (row.references[0].value, row.references[0].std) if row.references else None
-        p.panel(name, metric, series if metric == R.TRAIN or not row.cleanrl else series[:1], row.agents, ref)
-    return tables
+            where = f"{library} `{kept[library.lower() + '_commit'][:7]}` run here"
+            versus = runs_here(theirs, row.digits)
+            p.line(suite, task, label, ours, versus, where, what, row.digits, made=made(name), stale=stale(name))
+        metric, ref = metric_of(row), row.references[0] if row.references else None
+        series = [("ddprl", "C0", name, "seed")] + [("ddprl, in training", "C2", name, IN_PROGRESS)] * row.long
+        for peer, library in ((row.cleanrl, "CleanRL"), (row.epymarl, "EPyMARL"), (row.jaxmarl, "JaxMARL")):
+            series += (
+                [(f"{library} run here", "C1", peer, "seed")] if peer and (metric == R.TRAIN or not row.cleanrl) else []
+            )
+        p.panel(suite, name.split("-", 1)[1], metric, series, row.agents, ref)  # the row's name, its algorithm gone
 
 
-def peer_tables(p: Page) -> tuple[list[str], list[str]]:
-    """The PureJaxRL table, and its seconds per seed (end to end, then compile and training alone)."""
-    lines, times = [], ["| row | " + " | ".join(R.IMPLS.values()) + " |", "|---" * 5 + "|"]
+def peer_tables(p: Page) -> list[str]:
+    """The PureJaxRL lines, and its seconds per seed (end to end, then compile and training alone)."""
+    times = ["| row | " + " | ".join(R.IMPLS.values()) + " |", "|---" * 5 + "|"]
     for name, row in R.PEER_ROWS.items():
         if not (kept := store.kept_summary(name)):
-            lines.append(f"| `{name}` | not run | | | | | | 0 |")
+            p.line(JAX, f"gymnax {row.task}", f"`{name}`", [], Versus("not run", None), "PureJaxRL", "")
             continue
         steps, colours = kept["steps"], {"purejaxrl": "C1", "jax1": "C0", "jax": "C2", "torch": "C3"}
-        ref = reference(p.values(name, "PPO (PureJaxRL)", row.task, R.TRAIN, steps, prefix="purejaxrl-seed"), 1)
+        series = [(R.IMPLS[impl], colours[impl], name, f"{impl}-seed") for impl in row.impls]
+        p.panel(JAX, row.task, R.TRAIN, series)
+        theirs = p.values(name, "PPO (PureJaxRL)", row.task, R.TRAIN, steps, prefix="purejaxrl-seed")
         for impl in row.ddprl_impls:
             task = row.torch_task if impl == "torch" else row.task
             ours = p.values(name, f"PPO (ddprl {impl})", task, R.TRAIN, steps, prefix=f"{impl}-seed")
-            where = f"PureJaxRL `{kept['purejaxrl']['commit'][:7]}` run here, gymnax {row.task}"
+            where = f"PureJaxRL `{kept['purejaxrl']['commit'][:7]}` run here, gymnax"
             where += "; ddprl Gymnasium" if impl == "torch" else ""
-            lines.append(p.line(f"`{name}` {R.IMPLS[impl]}", ours, ref, where, described(R.TRAIN, steps)))
+            label, made_by = f"`{name}` {R.IMPLS[impl]}", made(name, f"{impl}-seed")
+            versus, what, changed = runs_here(theirs, 1), described(R.TRAIN, steps), stale(name, f"{impl}-seed")
+            p.line(JAX, row.task, label, ours, versus, where, what, made=made_by, stale=changed)
         cells = []  # each's mean seconds per seed: end to end (compile, training)
         for impl in R.IMPLS:
             means = [[s[impl][key] for s in kept["seeds"] if s.get(impl, {}).get(key) is not None] for key in SECONDS]
             cells.append(" / ".join(f"{statistics.mean(m):.1f}" if m else "—" for m in means) if means[0] else "—")
         times.append(f"| `{name}` | " + " | ".join(cells) + " |")
-        p.panel(name, R.TRAIN, [(colours[impl], name, f"{impl}-seed") for impl in row.impls])
-    return lines, times
+    return times
 
 
-def supervised_table(p: Page) -> list[str]:
-    lines = []
+def supervised_table(p: Page) -> None:
     for name, row in R.SUPERVISED_ROWS.items():
         what = f"test {row.metric}" + (" (lower is better)" if row.metric == "mse" else "")
         ours = p.values(name, "supervised", row.dataset, f"test/{row.metric}", what=what)
         seeds = (store.kept_summary(name) or {"seeds": []})["seeds"]
         for model in seeds[0]["baselines"] if seeds else []:
-            p.csv.update({(name, model, s["seed"], what): (row.dataset, s["baselines"][model], "") for s in seeds})
-            ref = reference([s["baselines"][model] for s in seeds], 4)
-            lines.append(p.line(f"`{name}`", ours, ref, f"{model}, same split", what, 4))
-    return lines
+            for s in seeds:  # fitted when the ddprl seed was kept, on its machine
+                made_by = store.provenance_of(name, "seed", s["seed"])
+                record = (row.dataset, s["baselines"][model], "", *(made_by[f] or "" for f in PROVENANCE))
+                p.csv[(name, model, s["seed"], what)] = record
+            versus = runs_here([s["baselines"][model] for s in seeds], 4)
+            lower, made_by = row.metric == "mse", made(name)
+            changed = stale(name)
+            p.line(
+                "Supervised",
+                row.dataset,
+                f"`{name}`",
+                ours,
+                versus,
+                model,
+                what,
+                4,
+                lower=lower,
+                made=made_by,
+                stale=changed,
+            )
 
 
 def versus(spec: str) -> str:
@@ -301,14 +418,18 @@ def unfinished(name: str) -> str:
     return " ".join(part for part in said if part)
 
 
-def notes(section: str) -> list[str]:
+def notes(section: str, p: Page) -> list[str]:
     out = [f"- {note}" for note in NOTES[section].split("\n")]
-    sections = {"ppo": "PPO", "qmix": "QMIX", "tdmpc2": "TD-MPC2", "jax": JAX}
-    for name in [*R.ROWS, *R.PEER_ROWS]:
+    sections = {"ppo": "PPO", "qmix": "QMIX", "tdmpc2": "TD-MPC2", "jax": JAX, "supervised": "Supervised"}
+    for name in [*R.ROWS, *R.PEER_ROWS, *R.SUPERVISED_ROWS]:
         if sections[name.split("-")[0]] != section:
             continue
+        changed = p.stale.get(name) and "Stale: its kept runs ran keys the row now gives otherwise: " + "; ".join(
+            p.stale[name]
+        )
         parts = (R.NOTES.get(name, ""), versus(R.VERSUS[name]) if name in R.VERSUS else "", unfinished(name))
-        if parts[0] or parts[2]:  # a comparison alone makes no note
+        parts += (changed or "",)
+        if parts[0] or parts[2] or parts[3]:  # a comparison alone makes no note
             out.append(f"- `{name}`: " + " ".join(part for part in parts if part))
     if section == "QMIX":
         paths = {task: (store.RUNS / row / "random.json", n) for row, (task, n) in R.RANDOM_TASKS.items()}
@@ -325,30 +446,32 @@ def battles(floor: dict) -> str:
     return f", {floor['won']} of {floor['episodes']} battles won" if "won" in floor else ""
 
 
-def draw(panels: list, path) -> None:
-    """All rows' curves in one figure: each kept seed's (training returns in 50 bins), the published reference
-    dashed with its ± band."""
-    from matplotlib.figure import Figure
+def figure(p: Page, suite: str) -> list[str]:
+    """A suite's figure below its table (none while no curve of it is kept)."""
+    if suite not in p.panels:
+        return []
+    path = store.IMAGES / (re.sub(r"[^a-z0-9]+", "-", suite.lower()).strip("-") + ".png")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figures.draw_suite(path, f"{suite}: IQM over seeds, 95 % CI shaded", p.panels[suite])
+    return [f"![{suite}: curves]({path.relative_to(store.PAGE.parent)})", ""]
 
-    cols, rows = 6, -(-len(panels) // 6)
-    fig = Figure(figsize=(cols * 2.6, rows * 2.1))
-    for i, (title, metric, curves, ref) in enumerate(panels):
-        ax = fig.add_subplot(rows, cols, i + 1)
-        for colour, points in curves:
-            if metric == R.TRAIN:  # the mean of each 2 % of the steps: one iteration's few episodes are noisy
-                bins: dict[int, list[float]] = {}
-                for step, value in points:
-                    bins.setdefault(int((step - 1) // (points[-1][0] / 50)), []).append(value)
-                points = [((b + 0.5) * points[-1][0] / 50, statistics.mean(v)) for b, v in sorted(bins.items())]
-            ax.plot([s / 1e6 for s, _ in points], [v for _, v in points], color=colour, linewidth=0.7, alpha=0.8)
-        if ref:
-            ax.axhline(ref[0], color="k", linestyle="--", linewidth=0.8)
-            ax.axhspan(ref[0] - (ref[1] or 0), ref[0] + (ref[1] or 0), color="k", alpha=0.08, linewidth=0)
-        ax.set_title(f"{title} ({'train' if metric == R.TRAIN else 'eval'})", fontsize=7)
-        ax.tick_params(labelsize=6)
-    fig.supxlabel("millions of steps (TD-MPC2: agent steps); each line one seed", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=64)
+
+def verdict_counts(p: Page) -> list[str]:
+    """The top of the page: each suite's comparisons by verdict."""
+    lines = [
+        "| suite | comparisons | above | within | below | no verdict (a side not run, or one seed) "
+        "| P(a ddprl run better than a reference run) [95 % CI], comparisons with per-seed references |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for suite, verdicts in p.verdicts.items():
+        counts = [verdicts.count(v) for v in ("above", "within", "below", "—")]
+        ours, theirs = [list(a) for a, _ in p.pairs[suite]], [list(b) for _, b in p.pairs[suite]]
+        chance = "—"
+        if ours:
+            low, high = stats.improvement_interval(ours, theirs)
+            chance = f"{stats.improvement(ours, theirs):.2f} [{low:.2f}, {high:.2f}], {len(ours)}"
+        lines.append(f"| {suite} | {len(verdicts)} | " + " | ".join(map(str, counts)) + f" | {chance} |")
+    return lines
 
 
 def page() -> str:
@@ -356,13 +479,12 @@ def page() -> str:
     seed_runs.cache_clear()
     attempts.cache_clear()
     p = Page()
-    tables = rl_tables(p)
-    tables[JAX], times = peer_tables(p)
-    tables["Supervised"] = supervised_table(p)
-    text = [
-        HEADER,
-        *(f"## {name}\n\n{COLUMNS}\n|{'---|' * 8}\n" + "\n".join(rows) + "\n" for name, rows in tables.items()),
-    ]
+    rl_tables(p)
+    times = peer_tables(p)
+    supervised_table(p)
+    text = [HEADER, *verdict_counts(p), ""]
+    for suite, lines in p.tables.items():
+        text += [f"## {suite}\n", COLUMNS, "|---" * COLUMNS.count(" | ") + "|---|", *lines, "", *figure(p, suite)]
     section = [
         f"## {RECONSTRUCTION}\n",
         "OMAGD's staged training (docs/qmix.md, \"Staged training\") on `smax/3m` with every unit's sight shortened "
@@ -373,6 +495,7 @@ def page() -> str:
         "verdict says whether it lies above, below or overlaps the sight-limited row's.\n",
         *reconstruction_table(p),
         "",
+        *figure(p, RECONSTRUCTION),
         "The stages, run once on 2 ranks (stage 2 with a smaller predictor than OMAGD's: docs/qmix.md):\n",
         "| stage | command |",
         "|---|---|",
@@ -380,19 +503,12 @@ def page() -> str:
         "",
     ]
     text += [paragraph(line) for line in section]
-    if p.panels:  # no kept curve (a new store): no figure
-        store.IMAGES.mkdir(parents=True, exist_ok=True)
-        draw(p.panels, store.IMAGES / "curves.png")
-        image = (store.IMAGES / "curves.png").relative_to(store.PAGE.parent)
-        text += ["## Curves\n", f"![Every row's curves: each seed, and the reference with its ±]({image})\n"]
-        text += [
-            f"Each line one seed: ddprl blue (`jax-*`: jax, 1 device; green 2 devices, red torch), the library run "
-            f"{LEGEND}"
-        ]
-    text += ["## Notes\n", *notes(""), ""]
-    for section in tables:
+    text += ["## Notes\n", *notes("", p), ""]
+    for section in NOTES:
+        if not section:
+            continue
         timing = ["", "Seconds per seed, mean: end to end / compile / training alone.", "", *times]
-        text += [f"### {section}\n", *notes(section), *(timing if section == JAX else []), ""]
+        text += [f"### {section}\n", *notes(section, p), *(timing if section == JAX else []), ""]
     sources = dict.fromkeys(ref.source for row in R.ROWS.values() for ref in row.references)
     text += ["## References\n", *(f"- {source}" for source in sources), "", "## Commands\n"]
     text += [
@@ -403,8 +519,8 @@ def page() -> str:
         "\n| row | command |\n|---|---|",
         *(f"| `{name}` | `{row.command()}` |" for name, row in {**R.ROWS, **R.SUPERVISED_ROWS}.items()),
     ]
-    out, header = io.StringIO(), [("row", "algorithm", "task", "seed", "metric", "value", "steps_reached")]
-    records = [(n, a, t, s, w, repr(v), x) for (n, a, s, w), (t, v, x) in p.csv.items()]
+    out, header = io.StringIO(), [("row", "algorithm", "task", "seed", "metric", "value", "steps_reached", *PROVENANCE)]
+    records = [(n, a, t, s, w, repr(v), *more) for (n, a, s, w), (t, v, *more) in p.csv.items()]
     csv.writer(out, lineterminator="\n").writerows(header + records)
     store.PAGE.with_suffix(".csv").write_text(out.getvalue())
     wrap = dict(width=100, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False)  # prose bullets

@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import tempfile
@@ -48,22 +49,48 @@ def random_baseline(name: str, episodes: int = 400, seed: int = 0) -> dict:
     return result
 
 
-def run_library_row(name, seeds, resume, jobs, command, metric, one: Callable, **extra) -> None:
+SEED_ARGS = {"epymarl": "seed={}", "cleanrl": "--seed {}", "jaxmarl": "alg.SEED={}"}  # each library's command
+
+
+def run_library_row(
+    name, seeds, resume, jobs, command, metric, one: Callable, library: dict, seed_arg: str, **extra
+) -> None:
     """Another library's row, seeds 1..``seeds``, ``jobs`` at once (one core each): ``one(seed)`` returns the
     seed's records (ddprl's metrics format), wall seconds and more for its summary entry; each is kept as
-    ``seed<K>/metrics.jsonl.gz`` and the summary rewritten, as ``training.run_row`` does."""
-    out = store.RUNS / name
+    ``seed<K>/metrics.jsonl.gz`` with its provenance (``library``: :func:`library_provenance`; ``seed_arg``: how
+    the library's command takes the seed, ``--seed {}``) and the summary rewritten, as ``training.run_row`` does."""
+    out, origins = store.RUNS / name, {}
     results, missing = training.seeds_to_train(out, name, command, seeds, resume)
+
+    def started(seed: int) -> tuple[list[dict], float, dict] | None:
+        origins[seed] = store.code_state()  # the harness's code as the seed starts, not as it ends
+        return one(seed)
 
     def keep(seed: int, run: tuple[list[dict], float, dict]) -> None:
         (out / f"seed{seed}").mkdir(parents=True, exist_ok=True)
         (out / f"seed{seed}" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in run[0]))
         store.pack(out / f"seed{seed}")
+        store.write_provenance(out / f"seed{seed}", f"{command} {seed_arg.format(seed)}", origins[seed], **library)
         entry = store.seed_summary(seed, run[1], curve(run[0], metric))
         results.append({**entry, **run[2], "jobs": min(jobs, len(missing))})
         store.write_summary(out, name, command, sorted(results, key=lambda s: s["seed"]), **extra)
 
-    training.run_seeds(name, missing, min(jobs, len(missing)), one, keep)
+    training.run_seeds(name, missing, min(jobs, len(missing)), started, keep)
+
+
+def library_provenance(library: str, commit: str, python: str) -> dict:
+    """A peer library's fields of its runs' provenance, asked of its own environment once a row: its commit,
+    Python, torch (or why none) and jax."""
+    ask = "import importlib.metadata as m, platform\nprint('python', platform.python_version())\n"
+    ask += "for p in ('torch', 'jax'):\n try: print(p, m.version(p))\n except m.PackageNotFoundError: pass"
+    try:
+        out = subprocess.run([python, "-c", ask], capture_output=True, text=True, timeout=120).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    found = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+    fields = {"library": library, "library_commit": commit, **{k: found.get(k) for k in ("python", "torch", "jax")}}
+    why = f"no torch in {library}'s environment" if out else f"{python} did not answer"
+    return fields | ({} if fields["torch"] else {"torch_note": why})
 
 
 EPYMARL_TESTS = [f"test_nepisode={R.QMIX_EVAL_EPISODES}", f"test_interval={R.QMIX_EVAL_FREQ}"]
@@ -122,7 +149,8 @@ def run_epymarl_row(name: str, seeds: int, checkout: Path, python: str | None, r
         return tests, round(wall, 1), {}
 
     peer = {"epymarl_commit": epymarl_commit(str(checkout)), "epymarl_versions": h.versions(python, PACKAGES)}
-    run_library_row(name, seeds, resume, jobs, command, R.EVAL, one, **peer)
+    library = library_provenance("EPyMARL", peer["epymarl_commit"], python)
+    run_library_row(name, seeds, resume, jobs, command, R.EVAL, one, library, SEED_ARGS["epymarl"], **peer)
 
 
 def cleanrl_episode(line: str) -> dict | None:
@@ -176,7 +204,8 @@ def run_cleanrl_row(name, seeds, checkout: Path, python, resume=False, jobs=1, s
 
     versions = h.versions(python, ("torch", "gymnasium", "mujoco", "numpy"))
     peer = {"steps": budget, "cleanrl_commit": R.CLEANRL_COMMIT, "cleanrl_versions": versions}
-    run_library_row(name, seeds, resume, jobs, command, R.TRAIN, one, **peer)
+    library = library_provenance("CleanRL", R.CLEANRL_COMMIT, python)
+    run_library_row(name, seeds, resume, jobs, command, R.TRAIN, one, library, SEED_ARGS["cleanrl"], **peer)
 
 
 def impl_env(impl: str) -> dict[str, str]:
@@ -225,8 +254,10 @@ def run_peer_row(name: str, seeds: int, checkout: Path, python, steps: int | Non
                 print("$ purejaxrl_ppo.py --seed", seed, json.dumps(config), flush=True)
                 cmd = [python, str(store.HERE / "purejaxrl_ppo.py"), "--purejaxrl", str(checkout), "--seed", str(seed)]
                 cmd += ["--out", str(keep), "--config", json.dumps(config)]
+                origin = store.code_state()
                 wall = round(h.run(cmd, cwd=store.ROOT, env=impl_env("purejaxrl"))["wall"], 1)
                 store.pack(keep)
+                keep_purejaxrl_provenance(keep, cmd, origin)
             else:
                 wall = training.train_and_keep(row.keys(impl, steps), seed, keep, what, impl_env(impl))
             result[impl] = peer_measures(keep, impl, wall, budget)
@@ -239,6 +270,15 @@ def run_peer_row(name: str, seeds: int, checkout: Path, python, steps: int | Non
         summary["seeds"] = results
         (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return json.loads((out / "summary.json").read_text())
+
+
+def keep_purejaxrl_provenance(keep: Path, cmd: list[str], origin: dict) -> None:
+    """A PureJaxRL run's provenance, its environment's versions and commit as its ``result.json`` recorded them."""
+    result, env = json.loads((keep / "result.json").read_text()), impl_env("purejaxrl")
+    command = " ".join([f"{k}={v}" for k, v in env.items() if v] + [shlex.join(cmd)])
+    fields = dict(library="PureJaxRL", library_commit=result.get("purejaxrl_commit", R.PUREJAXRL_COMMIT))
+    fields |= dict(python=result.get("python"), torch=None, torch_note="PureJaxRL runs on JAX (jax: its version)")
+    store.write_provenance(keep, command, origin, **fields, jax=result.get("versions", {}).get("jax"))
 
 
 def jaxmarl_overrides(name: str) -> dict:
@@ -266,4 +306,5 @@ def run_jaxmarl_row(name: str, seeds: int, checkout: Path, python, resume=False,
             return store.read_rows(Path(scratch)), round(run["wall"], 1), {}
 
     peer = {"jaxmarl_commit": R.JAXMARL_COMMIT, "jaxmarl_versions": h.versions(python, ("jax", "jaxmarl", "flax"))}
-    run_library_row(name, seeds, resume, jobs, command, R.WON, one, **peer)
+    library = library_provenance("JaxMARL", R.JAXMARL_COMMIT, python)
+    run_library_row(name, seeds, resume, jobs, command, R.WON, one, library, SEED_ARGS["jaxmarl"], **peer)

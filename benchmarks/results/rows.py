@@ -21,6 +21,7 @@ class Reference:
     who: str = ""  # the table's short name of the source, the task version it ran, and what its ± is over
     task: str = ""
     spread: str = ""
+    seeds: tuple[float, ...] = ()  # each seed's value, where the source gives them
 
 
 @dataclass(frozen=True)
@@ -278,7 +279,7 @@ TDMPC2_TASKS = {  # the CSV's 3 seeds at 100k environment steps
 for task, published in TDMPC2_TASKS.items():
     source = TDMPC2_CSV.format(task=task, seeds=" / ".join(f"{v:g}" for v in published))
     mean, std = round(statistics.mean(published), 1), round(statistics.stdev(published), 1)
-    ref = Reference(source, mean, std, 50_000, EVAL, "TD-MPC2 CSV (5M)", task, "std over 3 seeds")
+    ref = Reference(source, mean, std, 50_000, EVAL, "TD-MPC2 CSV (5M)", task, "std over 3 seeds", published)
     # in this order: a kept run's command is matched to its row's as a string
     keys = "algo=tdmpc2 task={} model_size={} world_size=1 steps=50000 eval_freq=10000 eval_episodes={} "
     keys += "checkpoint_freq={} checkpoint_buffer=true"

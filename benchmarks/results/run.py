@@ -3,6 +3,7 @@
     python benchmarks/results/run.py ROW [--seeds 3] [--resume] [--jobs N]   # train its seeds, keep their curves
     python benchmarks/results/run.py --page      # docs/results.md, results.csv and results/curves.png from runs/
     python benchmarks/results/run.py --list      # the rows and their commands
+    python benchmarks/results/run.py --stale     # the kept runs whose row's keys now resolve to other values
     python benchmarks/results/run.py QMIX_ROW --random   # random actions' return on its task (random.json)
 
 Long rows (TD-MPC2) train across sittings (training.py): SIGTERM or SIGUSR1 checkpoints them (exit 75), ``--resume``
@@ -22,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: this package, harness.py, qmix_speed.py
 
-from results import peers, rows, store, training  # noqa: E402 (the path above first)
+from results import peers, provenance, rows, store, training  # noqa: E402 (the path above first)
 from results.page import page  # noqa: E402
 
 LIBRARIES = {"purejaxrl": rows.PEER_ROWS, "epymarl": rows.EPYMARL_ROWS, "cleanrl": rows.CLEANRL_ROWS}
@@ -39,6 +40,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1, help="seeds at once (EPyMARL and CleanRL: one core each)")
     parser.add_argument("--page", action="store_true", help="rebuild docs/results.md from the kept runs")
     parser.add_argument("--list", action="store_true")
+    parser.add_argument("--stale", action="store_true", help="the kept runs whose config the row no longer gives")
     parser.add_argument("--random", action="store_true", help="QMIX rows: random actions' return on the task")
     for library in LIBRARIES:
         parser.add_argument(f"--{library}", type=Path, help=f"{library} rows: the library's checkout")
@@ -55,6 +57,11 @@ def main() -> int:
         commands |= {n: f"{peers.cleanrl_row_command(n)} --seed K  (CleanRL's tree)" for n in rows.CLEANRL_ROWS}
         commands |= {n: f"{peers.jaxmarl_row_command(n)} alg.SEED=K  (JaxMARL's tree)" for n in rows.JAXMARL_ROWS}
         print("\n".join(f"{name:34s} {command}" for name, command in commands.items()))
+        return 0
+    if args.stale:
+        stale = provenance.stale_runs()
+        print("\n".join(f"{folder.relative_to(store.RUNS)}: {'; '.join(keys)}" for folder, keys in stale))
+        print(f"{len(stale)} of {len(provenance.kept_runs())} kept runs are stale")
         return 0
     library = next((lib for lib, named in LIBRARIES.items() if args.row in named), None)
     if library and getattr(args, library) is None:

@@ -1,6 +1,6 @@
-"""Where a row's runs are kept: ``runs/<row>/seed<K>/`` (gzipped ``metrics.jsonl``, ``config.yaml``) and
-``summary.json`` beside them; and the numbers read from their curves. The paths are read at each call (``run.py
---runs DIR`` and the tests move them)."""
+"""Where a row's runs are kept: ``runs/<row>/seed<K>/`` (gzipped ``metrics.jsonl``, ``config.yaml``, and
+``provenance.json``: the code, command and machine it came from) and ``summary.json`` beside them; and the numbers
+read from their curves. The paths are read at each call (``run.py --runs DIR`` and the tests move them)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import functools
 import gzip
 import json
 import os
+import platform
 import shutil
 import statistics
 import subprocess
@@ -24,6 +25,9 @@ RUNS = HERE / "runs"
 WORK = HERE / "work"  # long rows' runs between sittings (git-ignored): checkpoints, replay buffers
 PAGE = ROOT / "docs" / "results.md"  # and results.csv beside it
 IMAGES = ROOT / "docs" / "results"
+# the code a run depends on, for its provenance's `dirty`: the kept runs themselves are data, rewritten as rows run
+CODE = ("ddprl", "benchmarks", ":(exclude)benchmarks/results/runs")
+PROVENANCE = "provenance.json"
 
 
 def kept_summary(row: str) -> dict | None:
@@ -55,6 +59,33 @@ def this_machine() -> str:
     except (OSError, subprocess.SubprocessError):  # no driver: a CPU machine
         gpu = ""
     return f"{gpu}, {cpu}" if gpu else cpu
+
+
+def code_state() -> dict:
+    """ddprl's commit and whether its code had uncommitted changes to tracked files: taken as a run starts, since
+    the tree may change while it trains (None for both outside a git checkout)."""
+    git = lambda *args: subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)  # noqa: E731
+    head, diff = git("rev-parse", "HEAD").stdout.strip(), git("diff", "--quiet", "HEAD", "--", *CODE).returncode
+    return {"commit": head or None, "dirty": {0: False, 1: True}.get(diff) if head else None}
+
+
+def write_provenance(keep: Path, command: str, origin: dict | None = None, **extra: object) -> None:
+    """``keep/provenance.json``: the code (``origin``, :func:`code_state` at the run's start), the command line as
+    run, the machine and the versions a kept run came from; ``extra`` adds or replaces fields (a peer library's
+    commit, its environment's versions)."""
+    import torch  # the interpreter that runs `python -m ddprl train`: this one
+
+    record = {**(origin or code_state()), "command": command, "machine": this_machine(), "torch": torch.__version__}
+    record |= {"python": platform.python_version(), "date": time.strftime("%Y-%m-%d"), "recorded": "at the run"}
+    (keep / PROVENANCE).write_text(json.dumps({**record, **extra}, indent=1) + "\n")
+
+
+def provenance_of(name: str, prefix: str, seed: int | str) -> dict:
+    """Commit, library commit (peer libraries), machine, torch, date and how they were recorded of a kept run
+    (``prefix``: ``seed``, a peer row's ``<impl>-seed``, ``in_progress/seed``); None where not recorded."""
+    path = RUNS / name / f"{prefix}{seed}" / PROVENANCE
+    record = json.loads(path.read_text()) if path.exists() else {}
+    return {key: record.get(key) for key in ("commit", "library_commit", "machine", "torch", "date", "recorded")}
 
 
 def seed_summary(seed: int, wall: float, evals: list[tuple[int, float]], machine: str | None = None) -> dict:

@@ -80,6 +80,10 @@ def train_and_keep(keys, seed: int, keep: Path, what: str, env: dict | None = No
         cmd = [sys.executable, "-m", "ddprl", "train", *keys, *common, f"seed={seed}", f"run_dir={run_dir}"]
         cmd += ["resume=auto"] if work is not None and (work / "checkpoints" / "latest.pt").exists() else []
         print("$", " ".join(cmd[2:]), flush=True)
+        # the command as run, for its provenance: the variables it was given, without the scratch run_dir
+        words = [f"{k}={v}" for k, v in (env or {}).items() if v] + ["ddprl", *cmd[3:]]
+        command = " ".join(word for word in words if not word.startswith("run_dir="))
+        origin = store.code_state()  # the code it runs: the tree may change before it is kept
         start = time.time()
         env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "disable"), **(env or {})}
         proc = subprocess.Popen(cmd, cwd=store.ROOT, env=env)
@@ -90,10 +94,11 @@ def train_and_keep(keys, seed: int, keep: Path, what: str, env: dict | None = No
             LIVE_RUNS.discard(proc)
         progress = keep.parent / IN_PROGRESS / keep.name
         if work is not None and work.is_dir():  # a run refused at its start (exit 2) made no directory
-            sitting = {"wall_s": round(time.time() - start, 1), "machine": store.this_machine()}
+            sitting = {"wall_s": round(time.time() - start, 1), "machine": store.this_machine(), **origin}
             (work / SITTINGS).write_text(json.dumps([*sittings(work), sitting]) + "\n")
             if code == 75:
                 keep_run(run_dir, progress, SITTINGS)
+                keep_provenance(progress, command, origin, sittings(work))
                 keep_state(work, progress)
                 raise Stopped(f"{what}: stopped with a checkpoint in {work}; `--resume` goes on from it")
         if code != 0:
@@ -103,6 +108,7 @@ def train_and_keep(keys, seed: int, keep: Path, what: str, env: dict | None = No
             with contextlib.suppress(OSError):
                 progress.parent.rmdir()
         keep_run(run_dir, keep, *([SITTINGS] if work is not None else []))
+        keep_provenance(keep, command, origin, sittings(work) if work is not None else [])
     if work is None:
         return round(time.time() - start, 1)
     if (latest := work / "checkpoints" / "latest.pt").exists():
@@ -111,6 +117,16 @@ def train_and_keep(keys, seed: int, keep: Path, what: str, env: dict | None = No
     wall = sum(s["wall_s"] for s in sittings(work))
     shutil.rmtree(work)
     return round(wall, 1)
+
+
+def keep_provenance(keep: Path, command: str, origin: dict, kept: list[dict]) -> None:
+    """A run's provenance; a long run's (``kept``: its sittings) has the code of its first sitting, the run's
+    start, the machine of each sitting, and each sitting's commit where they differ."""
+    first = next((s for s in kept if "commit" in s), origin)
+    commits = list(dict.fromkeys(s["commit"] for s in kept if "commit" in s))
+    more = {"machine": sittings_machine(kept)} if kept else {}
+    more |= {"sitting_commits": commits} if len(commits) > 1 else {}
+    store.write_provenance(keep, command, {"commit": first["commit"], "dirty": first["dirty"]}, **more)
 
 
 def keep_state(work: Path, progress: Path) -> None:
