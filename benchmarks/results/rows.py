@@ -95,11 +95,11 @@ ROWS: dict[str, Row] = {
     ),
     "ppo-acrobot": row("task=Acrobot-v1 world_size=2 steps=1000000", zoo("Acrobot-v1", -73.506, 18.201)),
     "ppo-pendulum": row(
-        "task=Pendulum-v1 world_size=2 steps=200000 eval_freq=10000",
+        "task=Pendulum-v1 world_size=2 steps=100000 eval_freq=10000",
         zoo("Pendulum-v1", -172.225, 104.159, *GSDE, steps=100_000),
     ),
     "ppo-mountaincar": row(
-        "task=MountainCarContinuous-v0 world_size=2 eval_freq=10000",
+        "task=MountainCarContinuous-v0 world_size=2 steps=20000 eval_freq=10000",
         zoo("MountainCarContinuous-v0", 88.343, 2.572, *GSDE, steps=20_000),
     ),
     "ppo-lunarlander": row("task=LunarLander-v3 world_size=2", LUNAR),
