@@ -132,7 +132,7 @@ def published(ref: R.Reference, digits: int) -> Versus:
 def stale(name: str, prefix: str = "seed") -> list[str]:
     """Each key the row now gives another value of than its kept seeds ran, with those seeds."""
     changed: dict[str, list[str]] = {}
-    for seed, _ in seed_runs(name, prefix):
+    for seed in (s["seed"] for s in (store.kept_summary(name) or {"seeds": []})["seeds"]):
         for key in provenance.stale_keys(name, store.RUNS / name / f"{prefix}{seed}"):
             changed.setdefault(key, []).append(str(seed))
     return [f"{key} (seed{'s' * (len(seeds) > 1)} {', '.join(seeds)})" for key, seeds in changed.items()]
@@ -510,7 +510,7 @@ def page() -> str:
         timing = ["", "Seconds per seed, mean: end to end / compile / training alone.", "", *times]
         text += [f"### {section}\n", *notes(section, p), *(timing if section == JAX else []), ""]
     sources = dict.fromkeys(ref.source for row in R.ROWS.values() for ref in row.references)
-    text += ["## References\n", *(f"- {source}" for source in sources), "", "## Commands\n"]
+    text += ["## References\n", *(f"* {source}" for source in sources), "", "## Commands\n"]  # * : not wrapped
     text += [
         f"`{RUN} ROW --seeds 3` reruns a row; `{RUN} --list` prints every row's command. The peer libraries run "
         f"from checkouts and environments of their own: `{RUN} ROW --purejaxrl DIR --purejaxrl-python PY` "
