@@ -191,6 +191,7 @@ class Page:
         commit, machine = more.get("made") or ("—", "—")
         if more.get("stale"):
             label += " (stale: notes)"
+            self.verdicts[suite][-1] += " stale"  # counted apart: its verdict is of runs of other keys
             self.stale[label.split("`")[1]] = more["stale"]
         cells = [task, label, cell or more.get("none", "not run"), versus.cell, source, metric, verdict, seeds]
         self.tables[suite].append("| " + " | ".join([*cells, commit, machine]) + " |")
@@ -459,12 +460,13 @@ def figure(p: Page, suite: str) -> list[str]:
 def verdict_counts(p: Page) -> list[str]:
     """The top of the page: each suite's comparisons by verdict."""
     lines = [
-        "| suite | comparisons | above | within | below | no verdict (a side not run, or one seed) "
+        "| suite | comparisons | above | within | below | no verdict (a side not run, or one seed) | stale "
         "| P(a ddprl run better than a reference run) [95 % CI], comparisons with per-seed references |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for suite, verdicts in p.verdicts.items():
         counts = [verdicts.count(v) for v in ("above", "within", "below", "—")]
+        counts.append(sum(v.endswith(" stale") for v in verdicts))
         ours, theirs = [list(a) for a, _ in p.pairs[suite]], [list(b) for _, b in p.pairs[suite]]
         chance = "—"
         if ours:
