@@ -275,23 +275,38 @@ RANDOM_TASKS = QMIX_TASKS | {f"qmix-smax-{name}": (f"smax/{name}", 1) for name i
 # CPU rows at model_size 1 (4 evaluation episodes), GPU rows at the CSVs' 5 (`bash benchmarks/gpu_session.sh`)
 TDMPC2_CSV = (
     "official TD-MPC2 per-task CSV (github.com/nicklashansen/tdmpc2 `results/tdmpc2/{task}.csv`, the default "
-    "5M-parameter model; mean ± std of its 3 seeds, {seeds}, at 100,000 environment steps = 50,000 agent steps)"
+    "5M-parameter model; mean ± std of its 3 seeds, {seeds}, at {env_steps:,} environment steps = {steps:,} agent "
+    "steps)"
 )
 TDMPC2_TASKS = {  # the CSV's 3 seeds at 100k environment steps
     "cartpole-swingup": (789.8, 867.9, 860.5),
     "reacher-easy": (972.8, 977.9, 859.9),
     "finger-spin": (985.6, 937.3, 919.6),
 }
-for task, published in TDMPC2_TASKS.items():
-    source = TDMPC2_CSV.format(task=task, seeds=" / ".join(f"{v:g}" for v in published))
+# in this order: a kept run's command is matched to its row's as a string
+TDMPC2_KEYS = "algo=tdmpc2 task={} model_size={} world_size=1 steps={} eval_freq=10000 eval_episodes={} "
+TDMPC2_KEYS += "checkpoint_freq={} checkpoint_buffer=true"
+
+
+def tdmpc2_reference(task: str, published: tuple[float, ...], steps: int) -> Reference:
+    seeds = " / ".join(f"{v:g}" for v in published)
+    source = TDMPC2_CSV.format(task=task, seeds=seeds, env_steps=2 * steps, steps=steps)  # action repeat 2
     mean, std = round(statistics.mean(published), 1), round(statistics.stdev(published), 1)
-    ref = Reference(source, mean, std, 50_000, EVAL, "TD-MPC2 CSV (5M)", task, "std over 3 seeds", published)
-    # in this order: a kept run's command is matched to its row's as a string
-    keys = "algo=tdmpc2 task={} model_size={} world_size=1 steps=50000 eval_freq=10000 eval_episodes={} "
-    keys += "checkpoint_freq={} checkpoint_buffer=true"
-    ROWS[f"tdmpc2-{task}"] = row(keys.format(task, 1, 4, 2500), ref, long=True)
-    gpu = keys.format(task, "5 device=cuda compile=true", 10, 10000)
+    return Reference(source, mean, std, steps, EVAL, "TD-MPC2 CSV (5M)", task, "std over 3 seeds", published)
+
+
+for task, published in TDMPC2_TASKS.items():
+    ref = tdmpc2_reference(task, published, 50_000)
+    ROWS[f"tdmpc2-{task}"] = row(TDMPC2_KEYS.format(task, 1, 50000, 4, 2500), ref, long=True)
+    gpu = TDMPC2_KEYS.format(task, "5 device=cuda compile=true", 50000, 10, 10000)
     ROWS[f"tdmpc2-{task}-gpu"] = row(gpu, ref, long=True)
+# a harder task at twice the budget, GPU only: the CSV at e9f5932, 200k environment steps
+WALKER_RUN = (767.8, 773.5, 800.2)
+ROWS["tdmpc2-walker-run-gpu"] = row(
+    TDMPC2_KEYS.format("walker-run", "5 device=cuda compile=true", 100000, 10, 10000),
+    tdmpc2_reference("walker-run", WALKER_RUN, 100_000),
+    long=True,
+)
 
 
 SUPERVISED_ROWS = {
