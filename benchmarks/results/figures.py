@@ -95,8 +95,7 @@ def bootstrap_band(values: np.ndarray, reps: int = REPS, seed: int = stats.SEED)
     """``stats.bootstrap_interval(values[:, j], stats.iqm, reps, seed=seed)`` for every column j at once: the same
     resampled seeds (one draw of ``reps`` x seeds from ``RandomState(seed)``) applied to every grid step."""
     runs = values.shape[0]
-    rng = np.random.RandomState(seed)
-    draws = rng.choice(runs, (reps, runs), replace=True)  # as stats' reps draws of (runs, 1), in the same order
+    draws = stats.replicate_runs(runs, 1, reps, seed)[:, :, 0]  # the draws of one task's interval
     cut = int(0.25 * runs)
     replicates = np.sort(values[draws], axis=1)[:, cut : runs - cut].mean(axis=1)  # reps x steps
     tail = 100 * (1 - stats.CONFIDENCE) / 2
