@@ -185,8 +185,8 @@ NOTES = {  # at most ~3 lines each on the page
     "MuJoCo rows have been run so. Both task versions:",
     "ppo-atari-pong": "The three GPU rows are not run yet: no GPU has been available to run them. On a 2-core CPU "
     "machine a 10M-step seed takes 6 to 13 h (221 to 495 steps/s, benchmarks.md, Atari).",
-    "ppo-atari-pong-cpu": "Pong on 2 CPU cores, stopped and resumed from its checkpoints: a seed needs 6 h or more, "
-    "longer than any machine running it has kept its checkpoint so far, so no seed has finished.",
+    "ppo-atari-pong-cpu": "Pong on 2 CPU cores, a seed over several sittings: 6 h or more. Its checkpoint (model, "
+    "optimizer, normalizers, RNG; 21 MB) is kept in runs/ beside its record, so the next sitting goes on anywhere.",
     "qmix-lbf-2s-8x8-2p-2f-coop": "One seed of each ddprl row drops at its final test (to 0.43 and 0.24, from "
     "best tests of 0.66 and 0.56); 3 seeds a side do not resolve a gap this size.",
     "qmix-lbf-10x10-3p-3f": "Most food needs two or three agents loading it together. Neither library learns much "
