@@ -143,7 +143,7 @@ def made(name: str, prefix: str = "seed") -> tuple[str, str]:
     afterwards, from git history, marked *)."""
     kept = [store.provenance_of(name, prefix, seed) for seed, _ in seed_runs(name, prefix)]
     commits = dict.fromkeys(
-        f"`{p['commit'][:7]}`" + ("*" if p.get("recorded", "").startswith("afterwards") else "")
+        f"`{p['commit'][:7]}`" + ("*" if (p["recorded"] or "").startswith("afterwards") else "")
         for p in kept
         if p["commit"]
     )
@@ -178,7 +178,8 @@ class Page:
 
     def line(self, suite, task, label, ours, versus: Versus, source, metric, digits=1, **more) -> None:
         """A table line of ``suite`` and its verdict. ``more``: ``none``, ddprl's cell when no seed is kept;
-        ``made``, the commit and machine cells; ``lower``, True where lower is better (said in the verdict)."""
+        ``made``, the commit and machine cells; ``lower``, True where lower is better (said in the verdict);
+        ``stale``, the keys the kept runs ran otherwise (the row marked, its verdict counted apart)."""
         cell, interval = scored(ours, digits)
         verdict = stats.verdict(interval, versus.interval) if interval and versus.interval else "—"
         self.verdicts[suite].append(verdict)
