@@ -57,11 +57,7 @@ print(json.dumps({"threads": started - (threads() - before - 1), "envpool": envp
 
 def measured(name: str, points: list[tuple[int, float]], run: dict, **more) -> dict:
     """The rate from (step, time) at the end of each iteration, the first WARMUP left out."""
-    kept = points[WARMUP - 1 :]
-    if len(kept) < 2:
-        raise RuntimeError(f"{name}: {len(points)} iterations, too few (--steps >= {(WARMUP + 1) * ITERATION})")
-    rate = (kept[-1][0] - kept[0][0]) / (kept[-1][1] - kept[0][1])
-    return dict(name=name, steps_per_s=rate, other_load=run["other"], **more)
+    return dict(name=name, steps_per_s=h.rate(points, WARMUP), other_load=run["other"], **more)
 
 
 def run_cleanrl(args, core: str, steps: int) -> dict:
@@ -69,10 +65,9 @@ def run_cleanrl(args, core: str, steps: int) -> dict:
     argv = ["taskset", "-c", core, args.cleanrl_python, str(Path(args.cleanrl) / SCRIPT), *flags]
     with tempfile.TemporaryDirectory() as scratch:  # the script writes runs/ where it runs
         run = h.run(argv, env=h.ONE_THREAD, cwd=scratch, timeout=args.timeout)
-    sps = [(t, int(text.split()[1])) for t, text in run["lines"] if text.startswith("SPS: ")]
-    points = [((i + 1) * ITERATION, t) for i, (t, _) in enumerate(sps)]  # the n-th: the end of iteration n
     command = f"OMP_NUM_THREADS=1 taskset -c {core} python {SCRIPT} " + " ".join(flags)
-    return measured("cleanrl", points, run, command=command, own=float(sps[-1][1]))
+    own = h.last_sps(run["lines"])
+    return measured("cleanrl", h.sps_points(run["lines"], ITERATION), run, command=command, own=own)
 
 
 def run_ddprl(args, name: str, cores: list[str], steps: int) -> dict:

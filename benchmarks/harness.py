@@ -57,13 +57,39 @@ def versions(python: str, packages: tuple[str, ...]) -> str:
     return ", ".join(out.splitlines())
 
 
+def busy_seconds(cpu: str = "cpu") -> float:
+    """Busy CPU-seconds so far of the machine (``cpu``) or of one core (``cpu3``); nan without /proc/stat."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        line = next(s for s in Path("/proc/stat").read_text().splitlines() if s.split(" ", 1)[0] == cpu)
+        f = [int(v) for v in line.split()[1:]]
+        return (f[0] + f[1] + f[2] + f[5] + f[6]) / os.sysconf("SC_CLK_TCK")  # user nice system irq softirq
+    return float("nan")
+
+
 def cpu_counters() -> tuple[float, float, float, float]:
     """Busy CPU-seconds of the machine (nan without /proc/stat), of this process, of its waited-for children; time."""
-    busy, t = float("nan"), os.times()
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        f = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        busy = (f[0] + f[1] + f[2] + f[5] + f[6]) / os.sysconf("SC_CLK_TCK")  # user nice system irq softirq
-    return busy, t.user + t.system, t.children_user + t.children_system, time.perf_counter()
+    t = os.times()
+    return busy_seconds(), t.user + t.system, t.children_user + t.children_system, time.perf_counter()
+
+
+def rate(points: list[tuple[int, float]], warmup: int = 1) -> float:
+    """Steps/s from the end of iteration ``warmup`` (>= 1) to the end of the last, ``points`` being (steps, time)
+    at the end of each iteration."""
+    kept = points[warmup - 1 :]
+    if len(kept) < 2:
+        raise RuntimeError(f"{len(points)} iterations, too few to leave {warmup} out")
+    return (kept[-1][0] - kept[0][0]) / (kept[-1][1] - kept[0][1])
+
+
+def sps_points(lines: list[tuple[float, str]], iteration: int) -> list[tuple[int, float]]:
+    """A CleanRL script's ``SPS: N`` lines as (steps at the end of that iteration, the time the line was read)."""
+    times = [t for t, text in lines if text.startswith("SPS: ")]
+    return [((i + 1) * iteration, t) for i, t in enumerate(times)]
+
+
+def last_sps(lines: list[tuple[float, str]]) -> float:
+    """A CleanRL script's own figure: its last ``SPS: N`` (steps over the time since its start)."""
+    return float(next(text.split()[1] for _, text in reversed(lines) if text.startswith("SPS: ")))
 
 
 def foreign_load(before: tuple, after: tuple, tree_cpu: float | None = None) -> float:

@@ -38,7 +38,6 @@ pins torch 2.9.0):
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -202,54 +201,25 @@ def ddprl_keys(pair: Pair, steps: int, extra=()) -> list[str]:
     return [*job.split(), *pair.keys.split(), *h.QUIET, *extra]
 
 
-def sps_points(lines: list[tuple[float, str]], iteration: int) -> list[tuple[int, float]]:
-    """CleanRL's ``SPS: N`` lines as (steps at the end of that iteration, the time the line was read)."""
-    times = [t for t, text in lines if text.startswith("SPS: ")]
-    return [((i + 1) * iteration, t) for i, t in enumerate(times)]
-
-
-def last_sps(lines: list[tuple[float, str]]) -> float:
-    """CleanRL's own figure: its last ``SPS: N`` (steps over the time since its start)."""
-    return float(next(text.split()[1] for _, text in reversed(lines) if text.startswith("SPS: ")))
-
-
 def driver_result(lines: list[tuple[float, str]]) -> dict:
     """SB3_DRIVER's or PUFFER_DRIVER's JSON line."""
     return json.loads(next(text for _, text in reversed(lines) if text.startswith("{")))
 
 
-def rate(points: list[tuple[int, float]], warmup: int = WARMUP) -> float:
-    """Steps/s from the end of iteration ``warmup`` (>= 1) to the end of the last, ``points`` being (steps, time)
-    at the end of each iteration."""
-    kept = points[warmup - 1 :]
-    if len(kept) < 2:
-        raise RuntimeError(f"{len(points)} iterations, too few to leave {warmup} out")
-    return (kept[-1][0] - kept[0][0]) / (kept[-1][1] - kept[0][1])
-
-
-def core_busy(core: str) -> float:
-    """Busy CPU-seconds of one core so far (nan without /proc/stat)."""
-    with contextlib.suppress(OSError, ValueError, StopIteration):
-        line = next(s for s in Path("/proc/stat").read_text().splitlines() if s.startswith(f"cpu{core} "))
-        f = [int(v) for v in line.split()[1:]]
-        return (f[0] + f[1] + f[2] + f[5] + f[6]) / os.sysconf("SC_CLK_TCK")
-    return float("nan")
-
-
 def pinned(core: str, fn) -> dict:
     """``fn()`` (a :func:`harness.run` result) with the core's share the program got (its CPU-seconds over the
     wall time) and the others' load on that core (cores' worth)."""
-    busy, mine, start = core_busy(core), os.times(), time.perf_counter()
+    busy, mine, start = h.busy_seconds(f"cpu{core}"), os.times(), time.perf_counter()
     result = fn()
     wall, after = time.perf_counter() - start, os.times()
     cpu = (after.children_user + after.children_system) - (mine.children_user + mine.children_system)
-    return {**result, "share": cpu / wall, "core_other": max(0.0, (core_busy(core) - busy - cpu) / wall)}
+    return {**result, "share": cpu / wall, "core_other": max(0.0, (h.busy_seconds(f"cpu{core}") - busy - cpu) / wall)}
 
 
 def measured(run: dict, points: list[tuple[int, float]], own: float, command: str, **more) -> dict:
     """A run's record: its rate from ``points``, its own figure, the load beside it (machine and core)."""
     load = {k: run[k] for k in ("other", "share", "core_other")}
-    return dict(rate=rate(points), own=own, command=command, **load, **more)
+    return dict(rate=h.rate(points, WARMUP), own=own, command=command, **load, **more)
 
 
 def run_ddprl(args, pair: Pair) -> dict:
@@ -289,7 +259,7 @@ def run_cleanrl(args, pair: Pair) -> dict:
     with tempfile.TemporaryDirectory() as scratch:  # the script writes runs/ where it runs
         run = pinned(args.core, lambda: h.run(argv, env=h.ONE_THREAD, cwd=scratch, timeout=args.timeout))
     command = f"OMP_NUM_THREADS=1 taskset -c {args.core} python {pair.script} " + " ".join(flags)
-    return measured(run, sps_points(run["lines"], pair.iteration), last_sps(run["lines"]), command)
+    return measured(run, h.sps_points(run["lines"], pair.iteration), h.last_sps(run["lines"]), command)
 
 
 def cells(results: list[dict], key: str, fmt: str = "{:,.0f}") -> str:

@@ -94,8 +94,6 @@ def test_statistics():
     assert store.at_steps(points, 10_000) == 6.0  # the last evaluation within 2.5 % past the budget
     assert store.window_mean(points, 10_000) == 4.0  # the last 5 %: 9,600, 10,000 and 10,200
     assert store.mean_std([1.0, 2.0, 3.0], 2) == "2.00 ± 1.00" and store.mean_std([1.0], 1) == "1.0 (1 seed)"
-    assert store.gap([1.0, 3.0], 4.0, 2.0) == "-1.00" and store.gap([4.0], 4.0, 0.0) == "0"
-    assert store.gap([5.0], 4.0, 0.0) == "— (ref. std 0)" and store.gap([], 4.0, 1.0) == "—"
     assert store.welch([0.1, 0.2, 0.3], [0.5, 0.6, 0.7]) == pytest.approx(0.00805, abs=1e-5)  # t = -4.90, 4 dof
 
 
@@ -468,3 +466,16 @@ def test_jaxmarl_qmix_on_smax_is_kept_per_seed_and_tabled_as_a_win_rate(tmp_stor
     text = page.page()
     where = "JaxMARL `c793d09` run here | win rate, final greedy test at 500k (JaxMARL's at 24.6k) | above | 2 / 2 |"
     assert f"| smax/3m | `qmix-smax-3m` | 0.950 [0.900, 1.000] | 0.150 [0.100, 0.200] | {where}" in text
+
+
+def test_a_row_whose_kept_run_ran_other_keys_is_marked_stale_and_counted_apart(tmp_store):
+    kept = RESULTS / "runs" / "ppo-cartpole" / "seed1" / "config.yaml"
+    keep("ppo-cartpole", {f"seed{s}": [{"step": 100_000, EVAL: 500.0}] for s in (1, 2)})
+    for s, lr in ((1, "0.001"), (2, "0.002")):  # the preset's lr, and another
+        (store.RUNS / "ppo-cartpole" / f"seed{s}" / "config.yaml").write_text(
+            kept.read_text().replace("lr: 0.001\n", f"lr: {lr}\n")
+        )
+    text = page.page()
+    assert "| CartPole-v1 | `ppo-cartpole` (stale: notes) |" in text
+    assert "| PPO, classic control | 6 | 0 | 0 | 0 | 5 | 1 |" in text  # its verdict counted as stale alone
+    assert "lr: 0.002 -> 0.001 (seed 2)" in " ".join(text.split())

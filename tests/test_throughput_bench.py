@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import throughput as T  # noqa: E402 (the path above first)
+import harness as h  # noqa: E402 (the path above first)
+import throughput as T  # noqa: E402
 
 from ddprl.config import load_config  # noqa: E402
 
@@ -86,18 +87,18 @@ CLEANRL_OUT = [
 
 
 def test_cleanrl_sps_lines():
-    points = T.sps_points(CLEANRL_OUT, 512)
+    points = h.sps_points(CLEANRL_OUT, 512)
     assert points == [(512, 10.5), (1024, 12.5), (1536, 14.5)]
-    assert T.rate(points) == pytest.approx(1024 / 4.0)  # the first iteration left out
-    assert T.last_sps(CLEANRL_OUT) == 1250.0
+    assert h.rate(points) == pytest.approx(1024 / 4.0)  # the first iteration left out
+    assert h.last_sps(CLEANRL_OUT) == 1250.0
 
 
 def test_a_drivers_line_and_rate():
     line = json.dumps({"points": [[2048, 5.0], [4096, 6.0], [6144, 8.0]], "own": 900.0, "n_steps": 2048})
     out = T.driver_result([(0.0, "Using cpu device"), (1.0, line), (1.1, "Exception ignored in atexit")])
-    assert out["own"] == 900.0 and T.rate(out["points"]) == pytest.approx(4096 / 3.0)
+    assert out["own"] == 900.0 and h.rate(out["points"]) == pytest.approx(4096 / 3.0)
     with pytest.raises(RuntimeError, match="too few"):
-        T.rate([(2048, 5.0)])
+        h.rate([(2048, 5.0)])
     for name in {pair.script for pair in T.PAIRS.values() if pair.peer != "cleanrl"}:
         compile(getattr(T, name), name, "exec")  # each driver a pair names is Python
 

@@ -478,7 +478,7 @@ def verdict_counts(p: Page) -> list[str]:
 
 
 def page() -> str:
-    """Writes docs/results.csv and docs/results/curves.png, and returns docs/results.md's text."""
+    """Writes docs/results.csv and a figure per suite in docs/results/, and returns docs/results.md's text."""
     seed_runs.cache_clear()
     attempts.cache_clear()
     p = Page()

@@ -1,7 +1,7 @@
 """Published results, reproduced: run one row of docs/results.md, or rebuild the page.
 
     python benchmarks/results/run.py ROW [--seeds 3] [--resume] [--jobs N]   # train its seeds, keep their curves
-    python benchmarks/results/run.py --page      # docs/results.md, results.csv and results/curves.png from runs/
+    python benchmarks/results/run.py --page      # docs/results.md, results.csv and a figure per suite from runs/
     python benchmarks/results/run.py --list      # the rows and their commands
     python benchmarks/results/run.py --stale     # the kept runs whose row's keys now resolve to other values
     python benchmarks/results/run.py QMIX_ROW --random   # random actions' return on its task (random.json)

@@ -120,14 +120,6 @@ def mean_std(values: list[float], digits: int) -> str:
     return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
-def gap(values: list[float], value: float, std: float | None) -> str:
-    """(mean of ``values`` - ``value``) in units of ``std``, the reference's ±."""
-    diff = statistics.mean(values) - value if values and std is not None else None
-    if diff is None or std == 0:
-        return "0" if diff == 0 else "— (ref. std 0)" if std == 0 else "—"
-    return f"{diff / std:+.2f}"
-
-
 def welch(a: list[float], b: list[float]) -> float:
     """Welch's t-test of two means: the chance that seeds alone part them this far."""
     from scipy.stats import ttest_ind
