@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ddprl.algos.ppo.loss import ppo_loss, standardize
-from ddprl.algos.ppo.networks import ActorCritic, PolicyOutput
+from ddprl.algos.ppo.networks import ActorCritic, PolicyOutput, run_mlp
 from ddprl.algos.ppo.rollout import Rollout, RolloutBuffer, compute_gae, obs_storage_dtype
 from ddprl.normalize import ReturnScaler, RunningMeanStd
 
@@ -207,6 +207,28 @@ def test_output_heads_stay_fp32_under_bf16_autocast(policy):
     expected = features.float() @ value_head.weight.t().float() + value_head.bias
     torch.testing.assert_close(out.value, expected.squeeze(-1), rtol=0, atol=1e-4)
     assert (out.value - 100.5).abs().min() > 1e-3  # not on the bf16 grid around 100
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_run_mlp_gives_the_module_calls_bits_and_gradients(activation, bf16):
+    torch.manual_seed(0)
+    net = ActorCritic(
+        gym.spaces.Box(-1, 1, (5,)), gym.spaces.Box(-1, 1, (3,)), hidden_sizes=[16, 8], activation=activation
+    )
+    obs = torch.randn(7, 5)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    results = []
+    for run in (lambda layers, x: layers(x), run_mlp):
+        net.zero_grad()
+        with autocast:
+            actor, critic = run(net.actor, obs), run(net.critic, obs)
+        (actor.sum() + critic.square().sum()).backward()
+        results.append([actor, critic, *(p.grad.clone() for p in net.parameters() if p.grad is not None)])
+    assert results[0][0].dtype == results[1][0].dtype == torch.float32  # the heads in fp32 either way
+    assert len(results[0]) == len(results[1]) == 2 + 12  # each Linear's weight and bias got a gradient
+    for by_module, by_ops in zip(*results, strict=True):
+        assert torch.equal(by_module, by_ops)
 
 
 def test_eval_action_argmax_or_sampled_from_its_own_generator():
