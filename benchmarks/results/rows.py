@@ -146,10 +146,12 @@ for task, (value, std) in ATARI_TASKS.items():
     source = CLEANRL_ATARI.format(task=task)
     ref = Reference(source, value, std, 10_000_000, TRAIN, "CleanRL pr-424", task, "std over 3 seeds")
     ROWS[f"ppo-atari-{task.removesuffix('-v5').lower()}"] = row(f"task={task} world_size=1 device=cuda", ref, long=True)
-# Pong on the CPU, many sittings a seed: 2 ranks of one core each, the preset's 8 games split 4 a rank (the same
+# Atari on the CPU, many sittings a seed: 2 ranks of one core each, the preset's 8 games split 4 a rank (the same
 # global keys as the GPU row), a checkpoint every 250k steps to go on from; compiled updates (1.13x the steps/s)
-PONG_CPU = "task=Pong-v5 world_size=2 device=cpu cpu_bind=cores checkpoint_freq=250000 compile=true"
-ROWS["ppo-atari-pong-cpu"] = row(PONG_CPU, ROWS["ppo-atari-pong"].references[0], long=True)
+ATARI_CPU = "task={} world_size=2 device=cpu cpu_bind=cores checkpoint_freq=250000 compile=true"
+for task in ATARI_TASKS:
+    name = f"ppo-atari-{task.removesuffix('-v5').lower()}"
+    ROWS[f"{name}-cpu"] = row(ATARI_CPU.format(task), ROWS[name].references[0], long=True)
 
 # the page compares rows a, b pooled against c, d ("a+b:c+d", Welch's t-test)
 VERSUS = {
@@ -187,6 +189,8 @@ NOTES = {  # at most ~3 lines each on the page
     "machine a 10M-step seed takes 6 to 13 h (221 to 495 steps/s, benchmarks.md, Atari).",
     "ppo-atari-pong-cpu": "Pong on 2 CPU cores, a seed over several sittings: 6 h or more. Its checkpoint (model, "
     "optimizer, normalizers, RNG; 21 MB) is kept in runs/ beside its record, so the next sitting goes on anywhere.",
+    "ppo-atari-breakout-cpu": "Breakout on 2 CPU cores, kept and resumed across sittings as `ppo-atari-pong-cpu`.",
+    "ppo-atari-beamrider-cpu": "BeamRider on 2 CPU cores, kept and resumed across sittings as `ppo-atari-pong-cpu`.",
     "qmix-lbf-2s-8x8-2p-2f-coop": "One seed of each ddprl row drops at its final test (to 0.43 and 0.24, from "
     "best tests of 0.66 and 0.56); 3 seeds a side do not resolve a gap this size.",
     "qmix-lbf-10x10-3p-3f": "Most food needs two or three agents loading it together. Neither library learns much "
