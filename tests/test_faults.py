@@ -38,6 +38,7 @@ from ddprl.runlock import LOCK_NAME, lock, run_dir_held, unlock
 PPO = [
     "world_size=2",
     "device=cpu",
+    "compile=false",  # eager, as these runs are short whatever their budget
     "n_steps=64",
     "batch_size=64",
     "epochs=1",

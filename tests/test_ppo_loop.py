@@ -33,6 +33,7 @@ JOB = [
     "eval_episodes=0",
     "progress=false",
     "device=cpu",
+    "compile=false",  # eager, as these runs are short whatever their budget
     "dist_timeout=60",
 ]
 

@@ -492,6 +492,64 @@ def test_plan_says_what_stays_out_of_the_graphs():
     ]
 
 
+class TwoRanks(LocalRuntime):
+    """A world of two seen from one rank: ``all_reduce_sum`` adds what the other rank says."""
+
+    world_size = 2
+
+    def __init__(self, peer_cannot: bool, device: str = "cpu"):
+        self.peer_cannot, self.device = peer_cannot, torch.device(device)
+
+    def all_reduce_sum(self, values):
+        return {key: value + float(self.peer_cannot) for key, value in values.items()}
+
+
+def test_compile_auto_compiles_long_cpu_runs_where_every_rank_can(monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="ddprl")
+    choose = loop.compile_choice
+    many, few = loop.COMPILE_AUTO, loop.COMPILE_AUTO - 1
+    assert choose(TwoRanks(False), True, 1) is True and choose(TwoRanks(True), False, many) is False  # as given
+    assert choose(TwoRanks(False), "auto", few) is False and not caplog.messages  # short: eager, nothing said
+    if training_step_unsupported() is None and loop.cpp_compiler() is not None:
+        assert choose(TwoRanks(False), "auto", many) is True
+        assert caplog.messages[-1].startswith(f"compile=auto: compiled, for {many} optimizer steps")
+    assert choose(TwoRanks(True), "auto", many) is False  # the other rank cannot: neither compiles
+    assert caplog.messages[-1] in (
+        "compile=auto: eager: 1 of 2 ranks cannot compile",
+        f"compile=auto: eager: {training_step_unsupported()}",
+        "compile=auto: eager: no C++ compiler (g++, c++, clang++) to build torch.compile's CPU code",
+    )
+    assert choose(TwoRanks(False, "cuda"), "auto", many) is False
+    assert "on cuda compiled updates are not measured yet" in caplog.messages[-1]
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("CXX", raising=False)
+    assert loop.cpp_compiler() is None
+    assert choose(TwoRanks(False), "auto", many) is False
+    if training_step_unsupported() is None:
+        assert (
+            caplog.messages[-1]
+            == "compile=auto: eager: no C++ compiler (g++, c++, clang++) to build torch.compile's CPU code"
+        )
+
+
+@pytest.mark.parametrize("threshold", [1, 10**9])
+def test_compile_auto_reaches_the_loop_as_true_or_false(tmp_path, monkeypatch, capfd, threshold):
+    """The choice is what the rollout and the update are built with (regions run eagerly here)."""
+    monkeypatch.setattr(ppo_rollout, "compile_region", lambda fn, *args, **kwargs: fn)
+    monkeypatch.setattr(ppo_update, "compile_region", lambda fn, *args, **kwargs: fn)
+    monkeypatch.setattr(loop, "COMPILE_AUTO", threshold)
+    monkeypatch.setattr(loop, "cpp_compiler", lambda: "/usr/bin/g++")  # compiling itself is skipped above
+    keys = ["task=snake", "world_size=1", "num_envs=8", "n_steps=4", "batch_size=16", "epochs=1", "steps=32"]
+    keys += ["eval_episodes=0", "progress=false", "policy=cnn", "policy_width=4", "policy_depth=1"]
+    keys += ["hidden_sizes=[16]", "env_kwargs={grid_size: 5}", "device=cpu", f"run_dir={tmp_path}"]
+    launch(train, prepare_train(keys, None))  # compile: auto, the default
+    err = capfd.readouterr().err
+    compiled = threshold == 1 and training_step_unsupported() is None
+    assert ("compile=auto: compiled, for 2 optimizer steps" in err) == compiled
+    assert ("rollout as graphs of 2 env steps, update as one graph per optimizer step" in err) == compiled
+    assert [r["step"] for r in read_metrics(tmp_path)] == [32]
+
+
 def test_train_on_regions_resumes_to_the_same_parameters(tmp_path, monkeypatch, capfd):
     """``compile=true`` on Snake runs the loop on both regions (run eagerly here: the compiled ==
     eager tests above cover inductor); interrupted and resumed == never interrupted."""

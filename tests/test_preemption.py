@@ -27,6 +27,7 @@ from ddprl.runtime.preemption import PREEMPTED_EXIT_CODE, StopCheck
 
 PPO = [
     "device=cpu",
+    "compile=false",  # eager, as these runs are short whatever their budget
     "n_steps=64",
     "batch_size=64",
     "epochs=2",

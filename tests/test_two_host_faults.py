@@ -44,6 +44,7 @@ PPO = [
     "n_steps=64",
     "batch_size=64",
     "epochs=2",
+    "compile=false",  # eager, as these runs are short whatever their budget
     f"checkpoint_freq={8 * STEP}",
     "keep_last=0",
     "eval_episodes=2",

@@ -19,6 +19,9 @@ from .training import COMMON
 PER_RUN = {"seed", "run_dir", "resume", "master_addr", "master_port", "node_rank", "dist_timeout", "progress"}
 PER_RUN |= {"checkpoint_freq", "checkpoint_buffer", "keep_last", "enable_wandb", "wandb_project", "wandb_entity"}
 PER_RUN |= {"wandb_mode", "malloc", "cpu_bind"}
+# how the update runs, not what it computes (eager and compiled steps are held to the same numbers by tests): PPO's
+# compile=auto since, and an explicit compile=false before, run the same algorithm
+PER_RUN |= {"compile"}
 # checkpoints a kept run read from where they were before they were committed: the same file (the stages were trained
 # once, then moved into runs/), so a run that read it there ran what its row now gives
 MOVED = dict.fromkeys(

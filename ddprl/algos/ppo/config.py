@@ -58,6 +58,12 @@ class PPOConfig(RLConfig):
     )
     eval_deterministic: bool = key("evaluate (and play) with the most likely action; false: sample from the policy")
     autoscale: bool = key("choose num_envs, n_steps and batch_size from the device's memory (keys you set win)")
+    compile: Any = key(
+        "auto | true | false: torch.compile the update whole and the policy's act (Snake: its rollout too; CUDA "
+        "graphs on one GPU); auto = true on a CPU with a C++ compiler for runs of 50,000 optimizer steps or more, "
+        "where the compile's 10-50 s pay back, else false",
+        type_name="bool | auto",
+    )
     compile_unroll: int = key(
         "compile=true, on-device envs (snake): at most this many env steps per compiled rollout graph "
         "(a divisor of n_steps; more steps per graph: fewer launches, longer compile)"
@@ -97,6 +103,10 @@ class PPOConfig(RLConfig):
         _check(self.policy_width >= 1, f"policy_width={self.policy_width} must be >= 1")
         _check(self.policy_depth >= 1, f"policy_depth={self.policy_depth} must be >= 1")
         _check(self.compile_unroll >= 1, f"compile_unroll={self.compile_unroll} must be >= 1")
+        _check(
+            isinstance(self.compile, bool) or self.compile == "auto",
+            f"compile={self.compile!r} is not auto, true or false",
+        )
 
     def resolved(self, world_size: int) -> PPOConfig:
         cfg = super().resolved(world_size)

@@ -10,9 +10,12 @@ through the runtime ``rt``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
+import os
+import shutil
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -41,7 +44,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("ddprl")
 
 
-COMPILE_PAYS = 20_000  # optimizer steps from which a run is told that compile=true saves time
+# compile=auto compiles from this many optimizer steps on: on a CPU core an MLP update runs 3.3x (HalfCheetah) to 4.2x
+# (CartPole) faster compiled after 10 to 50 s of compiling (docs/benchmarks.md), which 20,000 steps about repay
+COMPILE_AUTO = 50_000
 
 
 def norm_obs_mask(env: Any) -> torch.Tensor | None:
@@ -78,6 +83,43 @@ def steps_per_call(cfg: PPOConfig, env: VecEnv) -> int:
     if not getattr(env, "traceable_step", False):
         return 1
     return max(d for d in range(1, min(cfg.compile_unroll, cfg.n_steps) + 1) if cfg.n_steps % d == 0)
+
+
+def cpp_compiler() -> str | None:
+    """The C++ compiler that torch.compile's CPU code would be built with (``CXX``, else g++, c++ or
+    clang++ on the PATH), or None."""
+    names = [os.environ["CXX"]] if os.environ.get("CXX") else []
+    return next((path for name in [*names, "g++", "c++", "clang++"] if (path := shutil.which(name))), None)
+
+
+def compile_choice(rt: Runtime, setting: bool | str, optimizer_steps: int) -> bool:
+    """Whether this job compiles: ``compile=true/false`` as given; ``auto`` compiles a run of
+    :data:`COMPILE_AUTO` optimizer steps or more on CPUs that can (torch and a C++ compiler: the
+    same answer on every rank, agreed in one collective). GPUs stay eager under auto: compiled
+    updates there are not measured yet. Says which and why when it is not obvious."""
+    if isinstance(setting, bool):
+        return setting
+    if optimizer_steps < COMPILE_AUTO:  # a short run: the compile would cost more than it saves
+        return False
+    if rt.device.type != "cpu":
+        why = f"on {rt.device.type} compiled updates are not measured yet (compile=true compiles them)"
+    elif (unsupported := training_step_unsupported()) is not None:
+        why = unsupported
+    elif cpp_compiler() is None:
+        why = "no C++ compiler (g++, c++, clang++) to build torch.compile's CPU code"
+    else:
+        why = None
+    ranks_without = rt.all_reduce_sum({"cannot": float(why is not None)})["cannot"]
+    if why is None and ranks_without:
+        why = f"{int(ranks_without)} of {rt.world_size} ranks cannot compile"
+    if why is not None:
+        log.info("compile=auto: eager: %s", why)
+        return False
+    log.info(
+        "compile=auto: compiled, for %d optimizer steps (10-50 s of compiling first; compile=false runs eagerly)",
+        optimizer_steps,
+    )
+    return True
 
 
 def plan(cfg: PPOConfig, env: VecEnv) -> Plan:
@@ -253,10 +295,7 @@ def train(rt: Runtime, cfg: PPOConfig) -> None:
         # learning curves show it changes nothing
         log.info("this %s has %s: precision=bf16 runs the update in bf16 with fp32 weights", rt.device.type, units)
     optimizer_steps = num_iterations * cfg.epochs * (local_rollout // cfg.batch_size) // cfg.sync_freq
-    if not cfg.compile and optimizer_steps >= COMPILE_PAYS:
-        # measured on a CPU core: an MLP update 3.3x (HalfCheetah) to 4x (CartPole) faster compiled, the Atari CNN's
-        # 1.13x, for 10 to 50 s of compiling at the start (docs/benchmarks.md); a short run spends more compiling
-        log.info("compile=true compiles the update whole: %d optimizer steps in this run", optimizer_steps)
+    cfg = dataclasses.replace(cfg, compile=compile_choice(rt, cfg.compile, optimizer_steps))
     normalize = observation_normalizer(obs_rms, cfg.norm_obs)
     autocast = autocast_context(rt.device, cfg.precision)
     buffer, rollout, update = rollout_and_update(rt, cfg, env, policy, optimizer, scaler, normalize, autocast, obs)
