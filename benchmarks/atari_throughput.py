@@ -82,7 +82,9 @@ def run_ddprl(args, name: str, cores: list[str], steps: int) -> dict:
         return {**pair[0], **summed, "name": name, "command": f"{command}, one a core at once", "split": ""}
     world_size = 1 if name == "ddprl-1" else 2
     cpus = ",".join(cores[:world_size])
-    keys = f"task={TASK} world_size={world_size} device=cpu steps={steps} seed={SEED} " + " ".join(h.QUIET)
+    # eager unless --keys compile=true: compile=auto would compile a long enough run
+    keys = f"task={TASK} world_size={world_size} device=cpu steps={steps} seed={SEED} compile=false "
+    keys += " ".join(h.QUIET)
     keys += " cpu_bind=cores" * (world_size > 1) + " num_envs=16" * (name == "ddprl-2-weak")
     keys += "".join(f" {key}" for key in args.keys)
     run = h.train(keys, prefix=["taskset", "-c", cpus], env=h.ONE_THREAD, timeout=args.timeout)

@@ -196,8 +196,9 @@ print(json.dumps({"points": points, "own": own}))
 
 
 def ddprl_keys(pair: Pair, steps: int, extra=()) -> list[str]:
-    """The keys of the ddprl run of ``pair``: the peer's hyperparameters, one rank on the CPU, nothing untimed."""
-    job = f"task={pair.task} world_size=1 device=cpu steps={steps} seed={SEED}"
+    """The keys of the ddprl run of ``pair``: the peer's hyperparameters, one rank on the CPU, nothing untimed; eager
+    unless ``extra`` says compile=true (compile=auto would compile a long enough run: the table's rows say which)."""
+    job = f"task={pair.task} world_size=1 device=cpu steps={steps} seed={SEED} compile=false"
     return [*job.split(), *pair.keys.split(), *h.QUIET, *extra]
 
 

@@ -75,6 +75,7 @@ def test_the_targets_and_extra_keys():
         "cartpole-pufferlib": 0.0,
     }
     assert load_config(T.ddprl_keys(T.PAIRS["cartpole-sb3"], 4096, ["compile=true"])).compile is True
+    assert load_config(T.ddprl_keys(T.PAIRS["cartpole-sb3"], 10**8)).compile is False  # eager, however long
 
 
 CLEANRL_OUT = [
