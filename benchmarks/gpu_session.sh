@@ -9,10 +9,12 @@
 #   jax      all2's JAX engine steps with brax/humanoid at 1,024 and 4,096 envs, within PHASE_BUDGET too
 #   results  the results page's GPU rows: their next seeds (RESULTS_S s, RESULTS_JOBS at once, RESULTS_ROWS)
 #   regions  compiled regions: their GPU tests, TD-MPC2 walker-run twice (warm caches; the act as one graph), dog-run
+#   ppo      PPO eager against compile=true (CUDA graphs) on CartPole (SB3's keys) and HalfCheetah-v5: whether
+#            compile=auto, eager on GPUs until measured, should compile there too
 #
 # GPU_SESSION_DRY=1: all1..all3 on the CPU with tiny sizes, to check this script without a GPU.
 set -uo pipefail
-phase=${1:?phase: all | all1 | all2 | all3 | results | jax | regions}
+phase=${1:?phase: all | all1 | all2 | all3 | results | jax | regions | ppo}
 if [ "$phase" = all ]; then
   failed=0
   for p in all1 all2 all3; do bash "$0" "$p" || failed=1; done
@@ -182,6 +184,19 @@ case "$phase" in
     echo "=== the same, a second process (warm compile caches), then the act as one graph" | tee -a "$log"
     timeout 200 $speed whole --task walker-run 2>&1 | tee -a "$log"
     timeout 90 $speed --task dog-run 2>&1 | tee -a "$log"
+    ;;
+  ppo)
+    rm -rf "$RUNS"/ppo-* && mkdir -p "$RUNS"
+    quiet="eval_freq=0 eval_episodes=0 steps=$(pick 40960 4096)"
+    sb3="num_envs=1 n_steps=2048 batch_size=64 epochs=10 lr=0.0003 anneal_lr=false clip_vloss=false vf_coef=1.0
+      ent_coef=0.0 norm_adv=minibatch"
+    for compile in false true; do
+      step "ppo CartPole compile=$compile" 120 train ppo-cartpole-$compile task=CartPole-v1 $sb3 $quiet compile=$compile
+      step "ppo HalfCheetah compile=$compile" 150 train ppo-halfcheetah-$compile task=HalfCheetah-v5 $quiet \
+        compile=$compile
+    done
+    step "ppo fps" 15 fps "$RUNS"/ppo-*
+    finish
     ;;
   *)
     echo "unknown phase $phase" >&2; exit 2 ;;
