@@ -2,7 +2,9 @@
 ``ppo_atari_envpool.py`` unchanged (results/rows.py's CLEANRL_COMMIT) in its own environment on one core; ``ddprl-1``,
 ddprl's Atari preset (the same keys) on that core; ``ddprl-2``, 2 ranks with cpu_bind=cores on two, the preset's 8
 games split between them (strong scaling); ``ddprl-2-weak``, the same with 8 games a rank; ``ddprl-1-pair``, two 1-rank
-runs at once, a core each, their steps/s summed: what two cores give this workload with no collective. Measured
+runs at once, a core each, their steps/s summed: what two cores give this workload with no collective; ``ddprl-1-2c``,
+1 rank on two cores (``env_overlap=auto``: half the games step on the second core while the policy acts on the other
+half) and ``ddprl-1-2c-sync``, the same with ``env_overlap=false`` (all games step, then the policy acts). Measured
 alike: env steps from the end of the first iteration (1,024 steps) to the end of the last over the time between
 (CleanRL: its ``SPS:`` lines as read; ddprl: metrics.jsonl); beside each program's own figure. A probe first counts
 the EnvPool worker threads each program starts on its cores.
@@ -33,23 +35,24 @@ from ddprl.timesplit import PHASES, shares
 
 TASK, SEED, ITERATION, WARMUP = "Breakout-v5", 1, 8 * 128, 1  # 8 envs x 128 steps: CleanRL's and the preset's
 SCRIPT, FPS = "cleanrl/ppo_atari_envpool.py", "time/global_fps"
-RUNS = ("cleanrl", "ddprl-1", "ddprl-2", "ddprl-2-weak", "ddprl-1-pair")
+RUNS = ("cleanrl", "ddprl-1", "ddprl-2", "ddprl-2-weak", "ddprl-1-pair", "ddprl-1-2c", "ddprl-1-2c-sync")
 # the issue's: run / base >= goal; the pair's ratio is the machine's ceiling for any 2-core run of this workload
 TARGETS = (("ddprl-1", "cleanrl", 1.0), ("ddprl-2", "ddprl-1", 1.8), ("ddprl-2-weak", "ddprl-1", 1.8))
+CORES = {"ddprl-2": 2, "ddprl-2-weak": 2, "ddprl-1-2c": 2, "ddprl-1-2c-sync": 2}  # else one (the pair: one a run)
 CEILING = ("ddprl-1-pair", "ddprl-1")
 PACKAGES = ("torch", "numpy", "envpool", "gym", "gymnasium", "tyro", "tensorboard")
 # In either environment: the worker threads of the program's EnvPool (CleanRL's envpool.make, or ddprl's AtariVecEnv),
 # less the helper threads any pool adds (counted on a pool of one worker)
 PROBE = """import json, os, sys
 import envpool
-program, task, num_envs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+program, task, num_envs, parts = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 threads = lambda: len(os.listdir("/proc/self/task"))
 before = threads()
 if program == "cleanrl":  # ppo_atari_envpool.py's call, word for word
     made = envpool.make(task, env_type="gym", num_envs=num_envs, episodic_life=True, reward_clip=True, seed=1)
 else:
     from ddprl.envs.atari import AtariVecEnv
-    made = AtariVecEnv(task, num_envs, seed=1, training=True, backend="envpool")
+    made = AtariVecEnv(task, num_envs, seed=1, training=True, backend="envpool", parts=parts)
 started, before = threads() - before, threads()
 pool = envpool.make(task, env_type="gym", num_envs=8, num_threads=1, episodic_life=True, reward_clip=True, seed=1)
 print(json.dumps({"threads": started - (threads() - before - 1), "envpool": envpool.__version__}))"""
@@ -80,12 +83,13 @@ def run_ddprl(args, name: str, cores: list[str], steps: int) -> dict:
         summed["other_load"] = max(0.0, sum(r["other_load"] for r in pair) / 2 - 1)
         command = pair[0]["command"].replace(f"taskset -c {cores[0]}", f"taskset -c {{{cores[0]},{cores[1]}}}")
         return {**pair[0], **summed, "name": name, "command": f"{command}, one a core at once", "split": ""}
-    world_size = 1 if name == "ddprl-1" else 2
-    cpus = ",".join(cores[:world_size])
+    world_size = 1 if name.startswith("ddprl-1") else 2
+    cpus = ",".join(cores[: CORES.get(name, 1)])
     # eager unless --keys compile=true: compile=auto would compile a long enough run
     keys = f"task={TASK} world_size={world_size} device=cpu steps={steps} seed={SEED} compile=false "
     keys += " ".join(h.QUIET)
     keys += " cpu_bind=cores" * (world_size > 1) + " num_envs=16" * (name == "ddprl-2-weak")
+    keys += " env_overlap=false" * (name == "ddprl-1-2c-sync")
     keys += "".join(f" {key}" for key in args.keys)
     run = h.train(keys, prefix=["taskset", "-c", cpus], env=h.ONE_THREAD, timeout=args.timeout)
     rows = [r for r in run["rows"] if FPS in r]  # one an iteration
@@ -112,6 +116,8 @@ def report(args, runs: dict, threads: dict, steps: int, versions: dict) -> None:
     print("\n" + "\n".join(f"{name}: {v}" for name, v in versions.items()))
     targets = [f"{t} / {b} {rate(t, b):.2f}x (target >= {goal})" for t, b, goal in TARGETS if t in runs and b in runs]
     print("Targets: " + "; ".join(targets) if targets else "")
+    if "ddprl-1-2c" in runs and "ddprl-1-2c-sync" in runs:
+        print(f"env_overlap on 2 cores: ddprl-1-2c / ddprl-1-2c-sync {rate('ddprl-1-2c', 'ddprl-1-2c-sync'):.2f}x")
     if all(name in runs for name in CEILING):
         print(f"Machine ceiling: {' / '.join(CEILING)} {rate(*CEILING):.2f}x (2 cores, no collective)")
 
@@ -137,10 +143,12 @@ def main() -> None:
     threads = {}
     for name in chosen:  # EnvPool threads as each program makes them on the cores one of its processes has
         program, envs = name.split("-")[0], 4 if name == "ddprl-2" else 8
-        argv = ["taskset", "-c", cores[0], pythons[program], "-c", PROBE, program, TASK, str(envs)]
+        on, parts = ",".join(cores[: CORES.get(name, 1)]), 2 if name == "ddprl-1-2c" else 1
+        argv = ["taskset", "-c", on, pythons[program], "-c", PROBE, program, TASK, str(envs), str(parts)]
         lines = h.run(argv, env=h.ONE_THREAD, timeout=600)["lines"]
         found = json.loads(next(text for _, text in reversed(lines) if text.startswith("{")))
         each = {"ddprl-2": " per rank", "ddprl-2-weak": " per rank", "ddprl-1-pair": " per run"}.get(name, "")
+        each += " in 2 EnvPools" * (parts == 2)
         threads[name] = f"{found['envpool']}, {found['threads']} for {envs} games{each}"
     plan = {n: lambda r, n=n: run_ddprl(args, n, cores, steps) for n in chosen}
     plan |= {"cleanrl": lambda r: run_cleanrl(args, cores[0], steps)} if "cleanrl" in chosen else {}  # keeps its place

@@ -8,6 +8,7 @@ import contextlib
 import functools
 import importlib.util
 import json
+import logging
 import math
 import re
 import subprocess
@@ -20,6 +21,7 @@ import pytest
 import torch
 from conftest import cli_env, run_cli
 
+from ddprl.algos.ppo import loop as ppo_loop
 from ddprl.algos.ppo.networks import ActorCritic, NatureCNN
 from ddprl.algos.ppo.rollout import RolloutBuffer, RolloutStep
 from ddprl.cli import main
@@ -35,6 +37,8 @@ from ddprl.envs.atari import (
     missing_packages,
 )
 from ddprl.errors import UsageError
+from ddprl.metrics import read_metrics
+from ddprl.prepare import prepare_train
 from ddprl.runtime import launch, resolved_config
 
 # find_spec, not an import: importing ale-py registers its own ids (BreakoutNoFrameskip-v4) with Gymnasium
@@ -124,14 +128,15 @@ def test_observations_are_stacked_grey_frames_and_a_seed_replays_its_games(backe
 
 def play(env: AtariVecEnv, steps: int) -> dict[str, np.ndarray]:
     """``steps`` random steps; each step's tensors and the back-end's raw rewards, (steps, N) each."""
-    raw, games_step = [], env.games.step
+    (games,) = env.games
+    raw, games_recv = [], games.recv
 
-    def recording(actions):
-        step = games_step(actions)
+    def recording():
+        step = games_recv()
         raw.append(step.reward.copy())
         return step
 
-    env.games.step = recording
+    games.recv = recording
     g = torch.Generator().manual_seed(0)
     env.reset()
     rows = []
@@ -200,6 +205,118 @@ def test_the_rollout_counts_whole_games_not_lives():
     done, end, score = (torch.stack(column) for column in zip(*ends, strict=True))
     assert done.sum() > end.sum() >= 4 and ep_count == end.sum()
     assert ep_return_sum == (score * end).sum()
+
+
+def joined(first: tuple, second: tuple) -> tuple:
+    """Two parts' steps as one: tensors and info entries concatenated."""
+    tensors = [torch.cat([x, y]) for x, y in zip(first[:4], second[:4], strict=True)]
+    return (*tensors, {k: torch.cat([first[4][k], second[4][k]]) for k in first[4]})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_games_in_two_parts_step_as_one_env(backend):
+    """``parts=2``: two back-ends of half the games each (env ``i`` still seeded ``seed + i``),
+    each part sent and received alone, give what one part gives, step by step (life losses,
+    game overs and the time limit included)."""
+    g = torch.Generator().manual_seed(3)
+    actions = torch.randint(0, 4, (300, 4), generator=g)
+    runs = []
+    for parts in (1, 2):
+        env = AtariVecEnv("Breakout-v5", 4, seed=2, training=True, backend=backend, max_episode_steps=90, parts=parts)
+        rows = [env.reset()]
+        for a in actions:
+            if parts == 1:
+                out = env.step(a)
+            else:
+                env.send(a[:2], 0)
+                env.send(a[2:], 1)  # both halves stepping at once
+                second, first = env.recv(1), env.recv(0)  # received in either order
+                out = joined(first, second)
+            rows.append((*out[:4], *out[4].values()))
+        assert env.render_rgb(3).shape == (210, 160, 3)
+        env.close()
+        runs.append(rows)
+    one, two = runs
+    assert torch.equal(one[0], two[0])
+    for a, b in zip(one[1:], two[1:], strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    ends = torch.stack([row[2] | row[3] for row in one[1:]])
+    assert ends.sum() >= 8 and torch.stack([row[3] for row in one[1:]]).any()  # lives lost, time limits hit
+    with pytest.raises(UsageError, match="cannot be split into 2 equal parts"):
+        AtariVecEnv("Breakout-v5", 3, backend=backend, parts=2)
+
+
+def test_a_rollout_in_two_parts_stores_what_one_part_stores():
+    """PPO's rollout acting on one half of the games while the other steps (``env.parts == 2``)
+    stores the observations, actions, rewards, ends, episode sums, next observation and generator
+    draws of the rollout over all games at once, bit for bit; log-probs and values to float
+    rounding (the Nature CNN's sums over half batches). Truncations included."""
+    backend = "envpool" if HAS_ENVPOOL else "gymnasium"
+    runs = []
+    for parts in (1, 2):
+        env = AtariVecEnv("Breakout-v5", 4, seed=1, training=True, backend=backend, max_episode_steps=70, parts=parts)
+        buffer = RolloutBuffer(96, 4, (4, 84, 84), (), torch.long, torch.device("cpu"), torch.uint8)
+        torch.manual_seed(0)
+        rollout = RolloutStep(
+            env, atari_fns.nature_cnn_agent(4), buffer, lambda x: x, contextlib.nullcontext(), obs=env.reset()
+        )
+        torch.manual_seed(7)
+        sums = [torch.stack(rollout.collect()) for _ in range(2)]
+        runs.append((rollout, sums, torch.get_rng_state()))
+        env.close()
+    (one, one_sums, one_rng), (two, two_sums, two_rng) = runs
+    truncated = one.buffer.data.truncated
+    assert truncated.any() and torch.equal(truncated, two.buffer.data.truncated)
+    for name, a, b in zip(one.buffer.data._fields, one.buffer.data, two.buffer.data, strict=True):
+        if name == "final_values":  # read where truncated; one part scores every game's final frame there
+            a, b = a[truncated], b[truncated]
+        if name in ("log_probs", "values", "final_values"):  # half batches: other sums, float rounding
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-5)  # 1-4e-7 here
+        else:
+            assert a.dtype == b.dtype and torch.equal(a, b), name
+    assert all(torch.equal(a, b) for a, b in zip(one_sums, two_sums, strict=True)) and one_sums[1][1] > 0
+    assert torch.equal(one.obs, two.obs) and torch.equal(one_rng, two_rng) and int(two.cursor) == 96
+
+
+def test_env_overlap_splits_the_games_where_a_core_or_gpu_can_step_them(monkeypatch, caplog):
+    """``env_overlap``: false never; auto where the games are EnvPool's, two equal parts a rank,
+    and the rank has a second core or a GPU; true refused in one line where it cannot."""
+    caplog.set_level(logging.INFO, logger="ddprl")
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+
+    def parts(*keys, device=cpu, local_num_envs=8, cores=2):
+        monkeypatch.setattr(ppo_loop, "usable_cores", lambda: cores)
+        return ppo_loop.env_parts(load_config(["task=Breakout-v5", *keys]), device, local_num_envs)
+
+    assert parts("env_overlap=false") == 1 and not caplog.messages
+    assert parts("task=CartPole-v1") == 1 and not caplog.messages  # nothing to say: not a game
+    assert parts("env_overlap=true", cores=1) == 1 + HAS_ENVPOOL
+    if HAS_ENVPOOL:
+        assert parts() == 2 and caplog.messages[-1].startswith("env_overlap: the policy acts on half of the 8 games")
+        assert parts(cores=1) == 1 and "this rank has one core" in caplog.messages[-1]
+        assert parts(device=gpu, cores=1) == 2
+    assert parts(local_num_envs=3) == 1 and caplog.messages[-1].startswith("env_overlap=auto: the games step together")
+    assert parts("env_backend=gymnasium") == 1 and "on Gymnasium" in caplog.messages[-1]
+    for keys, why in [
+        (["num_envs=6", "world_size=2"], "a rank's 3 games do not split into two equal parts"),
+        (["env_backend=gymnasium"], "the games run on Gymnasium"),
+        (["task=CartPole-v1"], "CartPole-v1 is no Atari game"),
+    ]:
+        cfg = resolved_config(load_config(["task=Breakout-v5", "env_overlap=true", *keys]))
+        with pytest.raises(UsageError, match=f"^env_overlap=true: {re.escape(why)}"):
+            cfg.check()
+
+
+@pytest.mark.skipif(not HAS_ENVPOOL, reason="envpool is not installed")
+def test_env_overlap_reaches_the_rollout(tmp_path, monkeypatch, capfd):
+    calls = []
+    overlapped = RolloutStep.overlapped_steps
+    monkeypatch.setattr(RolloutStep, "overlapped_steps", lambda self: calls.append(1) or overlapped(self))
+    keys = ["task=Breakout-v5", "world_size=1", "num_envs=4", "n_steps=16", "minibatches=1", "epochs=1"]
+    keys += ["steps=128", "eval_episodes=0", "progress=false", "compile=false", "env_overlap=true"]
+    launch(ppo_loop.train, prepare_train([*keys, "device=cpu", f"run_dir={tmp_path}"], None))
+    assert "env_overlap: the policy acts on half of the 4 games" in capfd.readouterr().err
+    assert len(calls) == 2 and [r["step"] for r in read_metrics(tmp_path)][-1] == 128
 
 
 # -- the Nature CNN ----------------------------------------------------------------------------------------

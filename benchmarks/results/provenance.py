@@ -22,6 +22,8 @@ PER_RUN |= {"wandb_mode", "malloc", "cpu_bind"}
 # how the update runs, not what it computes (eager and compiled steps are held to the same numbers by tests): PPO's
 # compile=auto since, and an explicit compile=false before, run the same algorithm
 PER_RUN |= {"compile"}
+# how a rank's Atari games step (together, or in two halves beside acting), not which transitions they give (a test)
+PER_RUN |= {"env_overlap"}
 # checkpoints a kept run read from where they were before they were committed: the same file (the stages were trained
 # once, then moved into runs/), so a run that read it there ran what its row now gives
 MOVED = dict.fromkeys(

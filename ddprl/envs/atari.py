@@ -23,6 +23,7 @@ agent steps, reported where ``info["episode_end"]`` marks the end of a game.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -135,6 +136,29 @@ def chosen_backend(backend: str) -> str:
     return "envpool" if not missing_packages("envpool") else "gymnasium"
 
 
+def worker_cores() -> list[int]:
+    """The cores EnvPool's threads take while the rank's own thread acts on the core left to it:
+    the rank's cores but its first, when numbered contiguously (EnvPool pins its thread i to core
+    offset + i); else none (the threads unpinned)."""
+    try:
+        rest = sorted(os.sched_getaffinity(0))[1:]
+    except AttributeError:  # not Linux
+        return []
+    return rest if rest and rest == list(range(rest[0], rest[0] + len(rest))) else []
+
+
+def overlap_unsupported(task: str, backend: str, num_envs: int) -> str | None:
+    """Why ``task`` cannot step a rank's ``num_envs`` games in two parts that overlap with acting
+    (``AtariVecEnv(parts=2)``), or None when it can."""
+    if atari_rom(task) is None:
+        return f"{task} is no Atari game (EnvPool's Atari games step in parts)"
+    if chosen_backend(backend) != "envpool":
+        return "the games run on Gymnasium, one after another in the rank's process: nothing to overlap"
+    if num_envs < 2 or num_envs % 2:
+        return f"a rank's {num_envs} games do not split into two equal parts"
+    return None
+
+
 class Settings(NamedTuple):
     """The game settings a task's ``env_kwargs`` may change (defaults: CleanRL's EnvPool run)."""
 
@@ -155,10 +179,24 @@ class Step(NamedTuple):
     game_over: np.ndarray  # (N,) bool: the whole game ended (the scored episode)
 
 
+class Games:
+    """What a back-end offers: :meth:`send` starts a step of its games, :meth:`recv` returns it."""
+
+    def send(self, actions: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def recv(self) -> Step:
+        raise NotImplementedError
+
+    def step(self, actions: np.ndarray) -> Step:
+        self.send(actions)
+        return self.recv()
+
+
 # -- EnvPool -------------------------------------------------------------------------------------------
 
 
-class EnvPoolAtari:
+class EnvPoolAtari(Games):
     """``num_envs`` games in one EnvPool (C++ threads); env ``i`` seeded ``seed + i``.
 
     EnvPool resets an env in the call after its episode ended (the action of that call is
@@ -168,14 +206,25 @@ class EnvPoolAtari:
     (``episodic_life``) the game continues, after a game over it starts anew.
     """
 
-    def __init__(self, rom: str, num_envs: int, seed: int, settings: Settings, episodic_life: bool):
+    def __init__(
+        self,
+        rom: str,
+        num_envs: int,
+        seed: int,
+        settings: Settings,
+        episodic_life: bool,
+        threads_on: list[int] | None = None,
+    ):
         from ddprl.runtime.placement import usable_cores
 
         self.num_envs = num_envs
+        # A thread per env up to the cores this rank may use (a rank's share under cpu_bind), or
+        # pinned to ``threads_on`` (contiguous: EnvPool pins its thread i to core offset + i).
+        pinned = {"thread_affinity_offset": threads_on[0]} if threads_on else {}
         self._kwargs = {
             "num_envs": num_envs,
-            # a thread per env up to the cores this rank may use (a rank's share under cpu_bind)
-            "num_threads": min(num_envs, usable_cores()),
+            "num_threads": min(num_envs, len(threads_on) if threads_on else usable_cores()),
+            **pinned,
             "episodic_life": episodic_life,
             "reward_clip": False,  # the loss's clipping is done above, the raw score is kept
             "repeat_action_probability": settings.repeat_action_probability,
@@ -208,9 +257,13 @@ class EnvPoolAtari:
         obs, info = self._pool.reset()
         return _in_env_order(obs, info["env_id"])
 
-    def step(self, actions: np.ndarray) -> Step:
+    def send(self, actions: np.ndarray) -> None:
+        """Start a step of every env (EnvPool's threads run it); :meth:`recv` waits for it."""
         self.fresh = False
-        obs, reward, terminated, truncated, info = self._pool.step(actions.astype(np.int32))
+        self._pool.send(actions.astype(np.int32))
+
+    def recv(self) -> Step:
+        obs, reward, terminated, truncated, info = self._pool.recv()
         order = np.argsort(info["env_id"])
         obs, reward, terminated, truncated = obs[order], reward[order], terminated[order], truncated[order]
         game_over = info["terminated"][order].astype(bool) | truncated
@@ -299,7 +352,7 @@ def gymnasium_atari(rom: str, settings: Settings, episodic_life: bool) -> tuple[
     return life, life
 
 
-class GymnasiumAtari:
+class GymnasiumAtari(Games):
     """``num_envs`` games of :func:`gymnasium_atari` stepped one after another in this process;
     env ``i`` seeded ``seed + i`` at each :meth:`reset`."""
 
@@ -315,8 +368,12 @@ class GymnasiumAtari:
                 life.game_over = True  # a new game, even where one is in play
         return np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(self.envs)])
 
-    def step(self, actions: np.ndarray) -> Step:
-        rows = [env.step(int(a)) for env, a in zip(self.envs, actions, strict=True)]
+    def send(self, actions: np.ndarray) -> None:
+        """Keep the actions; :meth:`recv` steps the games with them (here, one after another)."""
+        self._actions = actions
+
+    def recv(self) -> Step:
+        rows = [env.step(int(a)) for env, a in zip(self.envs, self._actions, strict=True)]
         obs = np.stack([row[0] for row in rows])
         reward = np.array([row[1] for row in rows], np.float32)
         terminated, truncated = np.array([row[2] for row in rows]), np.array([row[3] for row in rows])
@@ -344,6 +401,11 @@ class AtariVecEnv:
     """``num_envs`` games of an Atari ``task`` as torch tensors on ``device`` (see the module
     docstring for the protocol). ``backend``: auto | envpool | gymnasium.
 
+    ``parts=2`` splits the games into two halves, each a back-end of its own (env ``i`` keeps
+    seed ``seed + i``), that step apart: :meth:`send` starts a half's step and :meth:`recv`
+    returns it, so a rollout can act on one half while EnvPool's threads step the other.
+    :meth:`step` steps them all, as with one part.
+
     >>> env = AtariVecEnv("Pong-v5", num_envs=2, seed=0, training=True)   # doctest: +SKIP
     >>> env.reset().shape
     torch.Size([2, 4, 84, 84])
@@ -363,19 +425,27 @@ class AtariVecEnv:
         noop_max: int = 30,
         max_episode_steps: int = 27_000,
         full_action_space: bool = False,
+        parts: int = 1,
     ):
         rom = atari_rom(task)
         if rom is None:
             raise UsageError(f"{task!r} is no Atari task (Breakout-v5, Pong-v5, ...)")
+        if parts < 1 or num_envs % parts:
+            raise UsageError(f"{num_envs} games cannot be split into {parts} equal parts")
         check_installed(task, backend)
         settings = Settings(repeat_action_probability, noop_max, max_episode_steps, full_action_space)
         self.task, self.num_envs, self.seed = task, num_envs, seed
         self.device, self.training = torch.device(device), training
         self.backend = chosen_backend(backend)
         kind = EnvPoolAtari if self.backend == "envpool" else GymnasiumAtari
-        self.games = kind(rom, num_envs, seed, settings, episodic_life=training)
+        size = num_envs // parts
+        self.parts = parts
+        self.part_slices = [slice(p * size, (p + 1) * size) for p in range(parts)]
+        # In parts, EnvPool's threads keep off the core the rollout acts on (when they have others).
+        pinned = {"threads_on": worker_cores()} if parts > 1 and kind is EnvPoolAtari else {}
+        self.games: list[Games] = [kind(rom, size, seed + p * size, settings, training, **pinned) for p in range(parts)]
         self.single_observation_space = gym.spaces.Box(0, 255, (STACK, SIZE, SIZE), np.uint8)
-        self.single_action_space = self.games.action_space
+        self.single_action_space = self.games[0].action_space
         self.render_fps = FPS / FRAME_SKIP
         self._score = np.zeros(num_envs, np.float64)  # raw score of the game in play
         self._steps = np.zeros(num_envs, np.int64)  # its agent steps
@@ -386,23 +456,30 @@ class AtariVecEnv:
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
         """Start every game anew; env ``i`` seeded ``seed + i`` (default: the env's seed)."""
-        obs = self.games.reset(self.seed if seed is None else seed)
+        seed = self.seed if seed is None else seed
+        obs = [games.reset(seed + s.start) for games, s in zip(self.games, self.part_slices, strict=True)]
         self._score[:] = 0
         self._steps[:] = 0
-        return self._tensor(obs)
+        return self._tensor(np.concatenate(obs) if self.parts > 1 else obs[0])
 
-    def step(self, actions: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        step = self.games.step(actions.detach().cpu().numpy())
-        self._score += step.reward
-        self._steps += 1
+    def send(self, actions: torch.Tensor, part: int = 0) -> None:
+        """Start a step of part ``part``'s games (``actions``: one per game of the part)."""
+        self.games[part].send(actions.detach().cpu().numpy())
+
+    def recv(self, part: int = 0) -> tuple[torch.Tensor, ...]:
+        """The step :meth:`send` started for part ``part``: ``step``'s tuple over its games."""
+        step, rows = self.games[part].recv(), self.part_slices[part]
+        score, steps = self._score[rows], self._steps[rows]  # views: updated in place
+        score += step.reward
+        steps += 1
         out_info = {
             "final_obs": self._tensor(step.final_obs),
-            "episode_return": self._tensor(self._score.astype(np.float32)),
-            "episode_length": self._tensor(self._steps.copy(), np.int64),  # a copy: zeroed below
+            "episode_return": self._tensor(score.astype(np.float32)),
+            "episode_length": self._tensor(steps.copy(), np.int64),  # a copy: zeroed below
             "episode_end": self._tensor(step.game_over, np.bool_),
         }
-        self._score[step.game_over] = 0  # after the copies above
-        self._steps[step.game_over] = 0
+        score[step.game_over] = 0  # after the copies above
+        steps[step.game_over] = 0
         # Training: the loss sees rewards clipped to their sign (Mnih et al. 2015), the score stays raw.
         reward = np.sign(step.reward) if self.training else step.reward
         return (
@@ -413,13 +490,26 @@ class AtariVecEnv:
             out_info,
         )
 
+    def step(self, actions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.parts == 1:
+            self.send(actions)
+            return self.recv()
+        for part, rows in enumerate(self.part_slices):
+            self.send(actions[rows], part)
+        steps = [self.recv(part) for part in range(self.parts)]
+        *tensors, infos = zip(*steps, strict=True)
+        info = {key: torch.cat([i[key] for i in infos]) for key in infos[0]}
+        return (*(torch.cat(t) for t in tensors), info)
+
     def render_rgb(self, i: int = 0) -> np.ndarray:
         """(210, 160, 3) uint8: env ``i``'s screen."""
-        return np.ascontiguousarray(self.games.frame(i))
+        size = self.num_envs // self.parts
+        return np.ascontiguousarray(self.games[i // size].frame(i % size))
 
     def state_dict(self) -> None:
         """No exact resume: an emulator's state is not saved, a resumed run starts new games."""
         return None
 
     def close(self) -> None:
-        self.games.close()
+        for games in self.games:
+            games.close()

@@ -64,6 +64,11 @@ class PPOConfig(RLConfig):
         "where the compile's 10-50 s pay back, else false",
         type_name="bool | auto",
     )
+    env_overlap: Any = key(
+        "auto | true | false: Atari on EnvPool: step half of a rank's games while the policy acts on the other "
+        "half (two EnvPools, send/recv); auto = true where the rank has 2 or more cores or acts on a GPU",
+        type_name="bool | auto",
+    )
     compile_unroll: int = key(
         "compile=true, on-device envs (snake): at most this many env steps per compiled rollout graph "
         "(a divisor of n_steps; more steps per graph: fewer launches, longer compile)"
@@ -107,6 +112,10 @@ class PPOConfig(RLConfig):
             isinstance(self.compile, bool) or self.compile == "auto",
             f"compile={self.compile!r} is not auto, true or false",
         )
+        _check(
+            isinstance(self.env_overlap, bool) or self.env_overlap == "auto",
+            f"env_overlap={self.env_overlap!r} is not auto, true or false",
+        )
 
     def resolved(self, world_size: int) -> PPOConfig:
         cfg = super().resolved(world_size)
@@ -136,6 +145,11 @@ class PPOConfig(RLConfig):
         check_task(self.task, self.env_backend)  # RLConfig's check knows no back-end: what it lacks is named here
         warnings = super().check()
         rollout = self.local_num_envs(self.world_size) * self.n_steps
+        if self.env_overlap is True:
+            from ddprl.envs.atari import overlap_unsupported
+
+            why = overlap_unsupported(self.task, self.env_backend, self.local_num_envs(self.world_size))
+            _check(why is None, f"env_overlap=true: {why}; use env_overlap=auto or false")
         _check(
             self.batch_size <= rollout,
             f"batch_size={self.batch_size} is larger than the per-rank rollout "

@@ -29,11 +29,12 @@ from ddprl.algos.ppo.networks import ActorCritic
 from ddprl.algos.ppo.rollout import Rollout, RolloutBuffer, RolloutStep, compute_gae, obs_storage_dtype
 from ddprl.algos.ppo.update import UpdateStep, learn, update_batch
 from ddprl.checkpoint import Stateful, state_of
-from ddprl.envs import make_env
+from ddprl.envs import atari, make_env
 from ddprl.envs.base import VecEnv
 from ddprl.evaluate import Actor
 from ddprl.normalize import ReturnScaler, RunningMeanStd
 from ddprl.run import Run
+from ddprl.runtime.placement import usable_cores
 from ddprl.runtime.seeding import Seeds
 from ddprl.system import bf16_units, system_metrics
 
@@ -120,6 +121,23 @@ def compile_choice(rt: Runtime, setting: bool | str, optimizer_steps: int) -> bo
         optimizer_steps,
     )
     return True
+
+
+def env_parts(cfg: PPOConfig, device: torch.device, local_num_envs: int) -> int:
+    """How many parts this rank's games step in: 2 (the policy acts on one half while EnvPool's
+    threads step the other) with ``env_overlap=true``, or ``auto`` where the env can and there is
+    something to overlap with: a second core for EnvPool's threads, or a GPU acting; else 1."""
+    if cfg.env_overlap is False:
+        return 1
+    why = atari.overlap_unsupported(cfg.task, cfg.env_backend, local_num_envs)
+    if why is None and cfg.env_overlap == "auto" and device.type == "cpu" and usable_cores() < 2:
+        why = "this rank has one core: EnvPool's threads would take it from the policy"
+    if why is not None:  # never with true: the config's check refused it
+        if atari.atari_rom(cfg.task) is not None:
+            log.info("env_overlap=auto: the games step together (%s)", why)
+        return 1
+    log.info("env_overlap: the policy acts on half of the %d games while the other half steps", local_num_envs)
+    return 2
 
 
 def plan(cfg: PPOConfig, env: VecEnv) -> Plan:
@@ -251,6 +269,7 @@ def train(rt: Runtime, cfg: PPOConfig) -> None:
     num_iterations = math.ceil(cfg.steps / steps_per_iteration)
 
     run = Run(rt, cfg)  # the checkpoint being resumed (if any), seeds, later the run directory
+    parts = env_parts(cfg, rt.device, local_num_envs)
     env = make_env(
         cfg.task,
         local_num_envs,
@@ -259,6 +278,7 @@ def train(rt: Runtime, cfg: PPOConfig) -> None:
         training=True,
         backend=cfg.env_backend,
         **cfg.env_kwargs,
+        **({"parts": parts} if parts > 1 else {}),
     )
     obs = env.reset()
     policy = build_agent(cfg, env).to(rt.device)

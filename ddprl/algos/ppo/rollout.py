@@ -193,6 +193,8 @@ class RolloutStep:
         """``buffer.n_steps`` steps of every env: n_steps / unroll calls. Returns the summed
         returns of the episodes that ended and their count (0-d device tensors)."""
         self.cursor.zero_()
+        if getattr(self.env, "parts", 1) > 1 and not self.in_graph:
+            return self.overlapped_steps()
         if self.on_host:
             return self.host_steps()
         finished = torch.zeros(2, device=self.device)
@@ -240,6 +242,58 @@ class RolloutStep:
         self.obs = obs
         self.cursor.fill_(row)
         return finished[0], finished[1]
+
+    def overlapped_steps(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`collect` for an env stepped in parts (``env.parts``: EnvPool's Atari games with
+        ``env_overlap``): the policy acts on one part while the other steps in EnvPool's threads.
+
+        Each env sees what :meth:`host_steps` gives it: the same noise, observations, actions and
+        rewards; log-probs and values differ by float rounding (the policy's sums over half
+        batches; a test compares the two rollouts). Every part is received before the rollout
+        returns: no env steps during the update.
+        """
+        data, env, parts = self.buffer.data, self.env, self.env.part_slices
+        obs = [self.obs[rows] for rows in parts]  # each part's current observation
+        data.final_values.zero_()  # stays 0 on rows with no truncation, as the other paths store
+        finished = torch.zeros(2, device=self.device)
+        in_flight: list[tuple[int, int]] = []  # (part, row) sent and not received, oldest first
+        for row in range(self.buffer.n_steps):
+            j = row % self.unroll
+            if j == 0:
+                self.policy.fill_noise_(self.action_noise)  # drawn where the other paths draw it
+            for part, rows in enumerate(parts):
+                with self.autocast:
+                    action, log_prob, value = self.act(self.normalize(obs[part]), self.action_noise[j, rows])
+                start = time.perf_counter()
+                env.send(action, part)
+                self.env_s += time.perf_counter() - start
+                for field, x in zip(data, (obs[part], action, log_prob, value)):
+                    field[row, rows] = x
+                in_flight.append((part, row))
+                if len(in_flight) == len(parts):  # every part stepping: take the oldest back
+                    finished += self.receive(*in_flight.pop(0), obs)
+        while in_flight:
+            finished += self.receive(*in_flight.pop(0), obs)
+        self.obs = torch.cat(obs)
+        self.cursor.fill_(self.buffer.n_steps)
+        return finished[0], finished[1]
+
+    def receive(self, part: int, row: int, obs: list[torch.Tensor]) -> torch.Tensor:
+        """Part ``part``'s step of row ``row`` from the env: stored, its next observation put in
+        ``obs``. Returns (2,): the summed returns of the episodes that ended and their count."""
+        data, rows = self.buffer.data, self.env.part_slices[part]
+        start = time.perf_counter()
+        obs[part], reward, terminated, truncated, info = self.env.recv(part)
+        self.env_s += time.perf_counter() - start  # the wait for the part: what overlapping did not hide
+        data.rewards[row, rows], data.terminated[row, rows], data.truncated[row, rows] = reward, terminated, truncated
+        done = terminated | truncated
+        if not done.any():
+            return torch.zeros(2, device=self.device)
+        if truncated.any():
+            with self.autocast:
+                data.final_values[row, rows] = self.policy.value(self.normalize(info["final_obs"])).float()
+        scored = info.get("episode_end", done)  # within done
+        return torch.stack([(info["episode_return"] * scored).sum(), scored.sum().float()])
 
 
 def compute_gae(
