@@ -11,10 +11,12 @@
 #   regions  compiled regions: their GPU tests, TD-MPC2 walker-run twice (warm caches; the act as one graph), dog-run
 #   ppo      PPO eager against compile=true (CUDA graphs) on CartPole (SB3's keys) and HalfCheetah-v5: whether
 #            compile=auto, eager on GPUs until measured, should compile there too
+#   atari    PPO Breakout-v5 steps/s at 1 rank (target >= 15,000): env_overlap=false against auto (on: the GPU acts on
+#            half of the games while EnvPool steps the other half), the preset's 8 games and 64
 #
 # GPU_SESSION_DRY=1: all1..all3 on the CPU with tiny sizes, to check this script without a GPU.
 set -uo pipefail
-phase=${1:?phase: all | all1 | all2 | all3 | results | jax | regions | ppo}
+phase=${1:?phase: all | all1 | all2 | all3 | results | jax | regions | ppo | atari}
 if [ "$phase" = all ]; then
   failed=0
   for p in all1 all2 all3; do bash "$0" "$p" || failed=1; done
@@ -196,6 +198,17 @@ case "$phase" in
         compile=$compile
     done
     step "ppo fps" 15 fps "$RUNS"/ppo-*
+    finish
+    ;;
+  atari)
+    rm -rf "$RUNS"/atari-* && mkdir -p "$RUNS"
+    for envs in 8 $(pick 64 4); do
+      for overlap in false auto; do
+        step "Breakout x$envs env_overlap=$overlap" 100 train atari-$envs-$overlap task=Breakout-v5 num_envs=$envs \
+          steps=$(pick $((envs * 128 * 12)) 2048) eval_freq=0 eval_episodes=0 compile=false env_overlap=$overlap
+      done
+    done
+    step "atari fps" 15 fps "$RUNS"/atari-*
     finish
     ;;
   *)
