@@ -40,6 +40,7 @@ from ddprl.errors import UsageError
 from ddprl.metrics import read_metrics
 from ddprl.prepare import prepare_train
 from ddprl.runtime import launch, resolved_config
+from ddprl.runtime.placement import Placement
 
 # find_spec, not an import: importing ale-py registers its own ids (BreakoutNoFrameskip-v4) with Gymnasium
 pytestmark = pytest.mark.skipif(
@@ -244,6 +245,8 @@ def test_games_in_two_parts_step_as_one_env(backend):
     assert ends.sum() >= 8 and torch.stack([row[3] for row in one[1:]]).any()  # lives lost, time limits hit
     with pytest.raises(UsageError, match="cannot be split into 2 equal parts"):
         AtariVecEnv("Breakout-v5", 3, backend=backend, parts=2)
+    with pytest.raises(UsageError, match="EnvPool's threads, pinned to contiguous cores"):
+        AtariVecEnv("Breakout-v5", 4, backend=backend, parts=2, threads_on=[0, 2] if backend == "envpool" else [1])
 
 
 def test_a_rollout_in_two_parts_stores_what_one_part_stores():
@@ -280,23 +283,29 @@ def test_a_rollout_in_two_parts_stores_what_one_part_stores():
 
 def test_env_overlap_splits_the_games_where_a_core_or_gpu_can_step_them(monkeypatch, caplog):
     """``env_overlap``: false never; auto where the games are EnvPool's, two equal parts a rank,
-    and the rank has a second core or a GPU; true refused in one line where it cannot."""
+    and the rank has a second core of its own or a GPU; EnvPool's threads pinned to the rank's
+    cores but its first where they are contiguous; true refused in one line where it cannot."""
     caplog.set_level(logging.INFO, logger="ddprl")
-    cpu, gpu = torch.device("cpu"), torch.device("cuda")
 
-    def parts(*keys, device=cpu, local_num_envs=8, cores=2):
-        monkeypatch.setattr(ppo_loop, "usable_cores", lambda: cores)
-        return ppo_loop.env_parts(load_config(["task=Breakout-v5", *keys]), device, local_num_envs)
+    def split(*keys, device="cpu", local_num_envs=8, cores=(0, 1)):
+        monkeypatch.setattr(ppo_loop, "rank_cores", lambda placement, cpu_bind: list(cores))
+        placement = Placement("spawn", 0, 0, 1, 1, "127.0.0.1", 0, torch.device(device), "gloo")
+        return ppo_loop.env_split(load_config(["task=Breakout-v5", *keys]), placement, local_num_envs)
 
-    assert parts("env_overlap=false") == 1 and not caplog.messages
-    assert parts("task=CartPole-v1") == 1 and not caplog.messages  # nothing to say: not a game
-    assert parts("env_overlap=true", cores=1) == 1 + HAS_ENVPOOL
+    assert split("env_overlap=false") == {} and not caplog.messages
+    assert split("task=CartPole-v1") == {} and not caplog.messages  # nothing to say: not a game
     if HAS_ENVPOOL:
-        assert parts() == 2 and caplog.messages[-1].startswith("env_overlap: the policy acts on half of the 8 games")
-        assert parts(cores=1) == 1 and "this rank has one core" in caplog.messages[-1]
-        assert parts(device=gpu, cores=1) == 2
-    assert parts(local_num_envs=3) == 1 and caplog.messages[-1].startswith("env_overlap=auto: the games step together")
-    assert parts("env_backend=gymnasium") == 1 and "on Gymnasium" in caplog.messages[-1]
+        assert split() == {"parts": 2, "threads_on": [1]}
+        assert caplog.messages[-1] == (
+            "env_overlap: the policy acts on half of the 8 games while the other half steps "
+            "(EnvPool's threads on core 1)"
+        )
+        assert split(cores=range(4, 8)) == {"parts": 2, "threads_on": [5, 6, 7]}
+        assert split(cores=(0, 2, 5)) == {"parts": 2, "threads_on": None} and "on any core" in caplog.messages[-1]
+        assert split(cores=(3,)) == {} and "this rank has one core of its own" in caplog.messages[-1]
+        assert split(device="cuda", cores=()) == split("env_overlap=true", cores=()) == {"parts": 2, "threads_on": None}
+    assert split(local_num_envs=3) == {} and caplog.messages[-1].startswith("env_overlap=auto: the games step together")
+    assert split("env_backend=gymnasium") == {} and "on Gymnasium" in caplog.messages[-1]
     for keys, why in [
         (["num_envs=6", "world_size=2"], "a rank's 3 games do not split into two equal parts"),
         (["env_backend=gymnasium"], "the games run on Gymnasium"),

@@ -29,7 +29,7 @@ from ddprl.runtime import (
     unwrap,
 )
 from ddprl.runtime.compat import COMPILED_PREFIX
-from ddprl.runtime.placement import core_share, expand_hostlist, slurm_tasks_per_node
+from ddprl.runtime.placement import Placement, core_share, expand_hostlist, rank_cores, slurm_tasks_per_node
 
 
 def cfg2(**extra):
@@ -217,6 +217,25 @@ def test_core_share():
     assert core_share(0, 2, [3, 1, 0, 2]) == [0, 1]
     assert core_share(2, 3, list(range(7))) == [4, 5]  # the seventh core is left out: equal shares
     assert core_share(1, 4, [0, 1, 2]) is None
+
+
+def test_rank_cores_are_a_ranks_own(monkeypatch):
+    """The node's only rank: its affinity; a rank cpu_bind=cores bound: its affinity (its share), none where ranks
+    outnumber the cores; ranks that share an affinity (GPU ranks, cpu_bind=none): an equal share each."""
+
+    def cores(affinity, local_rank, local_world_size, device="cpu", cpu_bind="none", cpu_count=8):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(affinity))
+        monkeypatch.setattr(os, "cpu_count", lambda: cpu_count)
+        where = Placement(
+            "spawn", local_rank, local_rank, local_world_size, local_world_size, "", 0, torch.device(device), "gloo"
+        )
+        return rank_cores(where, cpu_bind)
+
+    assert cores({5, 4, 6}, 0, 1) == [4, 5, 6]
+    assert cores({2, 3}, 1, 4, cpu_bind="cores") == [2, 3]
+    assert cores({0, 1}, 1, 4, cpu_bind="cores", cpu_count=2) == []  # 4 ranks, 2 cores: bind_cores left them
+    assert cores(range(8), 1, 2) == cores(range(8), 1, 2, device="cuda", cpu_bind="cores") == [4, 5, 6, 7]
+    assert cores(range(2), 3, 4) == []
 
 
 def test_collectives_two_ranks(tmp_path, monkeypatch):

@@ -177,7 +177,7 @@ def env_kwarg_names(task: str, backend: str = "auto") -> list[str]:
             return envpool_mujoco.kwarg_names(task)
         if atari.atari_rom(task) is not None:
             constructor: Any = atari.AtariVecEnv.__init__
-            own += ("training", "backend", "parts")  # make_env's own keys; parts: PPO's env_overlap
+            own += ("training", "backend", "parts", "threads_on")  # make_env's own keys; the last two: env_overlap
         elif dmc.parse_dmc_task(task) is not None:
             constructor = dmc.DMCVecEnv.__init__
         elif task == "snake":

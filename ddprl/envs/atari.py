@@ -23,7 +23,6 @@ agent steps, reported where ``info["episode_end"]`` marks the end of a game.
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -134,17 +133,6 @@ def chosen_backend(backend: str) -> str:
     if backend != "auto":
         return backend
     return "envpool" if not missing_packages("envpool") else "gymnasium"
-
-
-def worker_cores() -> list[int]:
-    """The cores EnvPool's threads take while the rank's own thread acts on the core left to it:
-    the rank's cores but its first, when numbered contiguously (EnvPool pins its thread i to core
-    offset + i); else none (the threads unpinned)."""
-    try:
-        rest = sorted(os.sched_getaffinity(0))[1:]
-    except AttributeError:  # not Linux
-        return []
-    return rest if rest and rest == list(range(rest[0], rest[0] + len(rest))) else []
 
 
 def overlap_unsupported(task: str, backend: str, num_envs: int) -> str | None:
@@ -404,7 +392,9 @@ class AtariVecEnv:
     ``parts=2`` splits the games into two halves, each a back-end of its own (env ``i`` keeps
     seed ``seed + i``), that step apart: :meth:`send` starts a half's step and :meth:`recv`
     returns it, so a rollout can act on one half while EnvPool's threads step the other.
-    :meth:`step` steps them all, as with one part.
+    :meth:`step` steps them all, as with one part. ``threads_on``: contiguous cores EnvPool's
+    threads are pinned to (its thread i on the i-th; default: unpinned, one a game up to the
+    process's cores).
 
     >>> env = AtariVecEnv("Pong-v5", num_envs=2, seed=0, training=True)   # doctest: +SKIP
     >>> env.reset().shape
@@ -426,6 +416,7 @@ class AtariVecEnv:
         max_episode_steps: int = 27_000,
         full_action_space: bool = False,
         parts: int = 1,
+        threads_on: list[int] | None = None,
     ):
         rom = atari_rom(task)
         if rom is None:
@@ -441,8 +432,9 @@ class AtariVecEnv:
         size = num_envs // parts
         self.parts = parts
         self.part_slices = [slice(p * size, (p + 1) * size) for p in range(parts)]
-        # In parts, EnvPool's threads keep off the core the rollout acts on (when they have others).
-        pinned = {"threads_on": worker_cores()} if parts > 1 and kind is EnvPoolAtari else {}
+        if threads_on and (kind is not EnvPoolAtari or threads_on != list(range(threads_on[0], threads_on[-1] + 1))):
+            raise UsageError(f"threads_on={threads_on}: EnvPool's threads, pinned to contiguous cores")
+        pinned = {"threads_on": threads_on} if threads_on else {}
         self.games: list[Games] = [kind(rom, size, seed + p * size, settings, training, **pinned) for p in range(parts)]
         self.single_observation_space = gym.spaces.Box(0, 255, (STACK, SIZE, SIZE), np.uint8)
         self.single_action_space = self.games[0].action_space

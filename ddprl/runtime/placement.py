@@ -329,6 +329,21 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def rank_cores(placement: Placement, cpu_bind: str) -> list[int]:
+    """The cores this rank may take as its own: its affinity where it is the node's only rank or
+    ``cpu_bind=cores`` bound it to its share, else its :func:`core_share` of the affinity the
+    node's ranks have in common (GPU ranks, ``cpu_bind=none``); none where ranks outnumber cores."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return []
+    if placement.local_world_size == 1:
+        return cores
+    if cpu_bind == "cores" and placement.device.type == "cpu":  # bound by bind_cores, unless too few cores
+        return cores if len(cores) * placement.local_world_size <= (os.cpu_count() or 1) else []
+    return core_share(placement.local_rank, placement.local_world_size, cores) or []
+
+
 def core_share(local_rank: int, local_world_size: int, cores: list[int]) -> list[int] | None:
     """The cores of local rank ``local_rank`` when ``cores`` are split into ``local_world_size``
     contiguous, equal, disjoint shares (None when there are fewer cores than ranks). Contiguous

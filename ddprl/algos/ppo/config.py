@@ -66,7 +66,7 @@ class PPOConfig(RLConfig):
     )
     env_overlap: Any = key(
         "auto | true | false: Atari on EnvPool: step half of a rank's games while the policy acts on the other "
-        "half (two EnvPools, send/recv); auto = true where the rank has 2 or more cores or acts on a GPU",
+        "half (two EnvPools, send/recv); auto = true where the rank has 2 or more cores of its own or acts on a GPU",
         type_name="bool | auto",
     )
     compile_unroll: int = key(

@@ -34,7 +34,7 @@ from ddprl.envs.base import VecEnv
 from ddprl.evaluate import Actor
 from ddprl.normalize import ReturnScaler, RunningMeanStd
 from ddprl.run import Run
-from ddprl.runtime.placement import usable_cores
+from ddprl.runtime.placement import Placement, rank_cores
 from ddprl.runtime.seeding import Seeds
 from ddprl.system import bf16_units, system_metrics
 
@@ -123,21 +123,29 @@ def compile_choice(rt: Runtime, setting: bool | str, optimizer_steps: int) -> bo
     return True
 
 
-def env_parts(cfg: PPOConfig, device: torch.device, local_num_envs: int) -> int:
-    """How many parts this rank's games step in: 2 (the policy acts on one half while EnvPool's
-    threads step the other) with ``env_overlap=true``, or ``auto`` where the env can and there is
-    something to overlap with: a second core for EnvPool's threads, or a GPU acting; else 1."""
+def env_split(cfg: PPOConfig, placement: Placement, local_num_envs: int) -> dict[str, Any]:
+    """``make_env``'s keywords for this rank's games: ``parts=2`` (the policy acts on one half while
+    EnvPool's threads step the other, pinned to the rank's cores but its first) with
+    ``env_overlap=true``, or ``auto`` where the env can and there is something to overlap with: a
+    second core of the rank's own (:func:`rank_cores`) or a GPU acting; else none (one part)."""
     if cfg.env_overlap is False:
-        return 1
+        return {}
+    cores = rank_cores(placement, cfg.cpu_bind)
     why = atari.overlap_unsupported(cfg.task, cfg.env_backend, local_num_envs)
-    if why is None and cfg.env_overlap == "auto" and device.type == "cpu" and usable_cores() < 2:
-        why = "this rank has one core: EnvPool's threads would take it from the policy"
+    if why is None and cfg.env_overlap == "auto" and placement.device.type == "cpu" and len(cores) < 2:
+        why = "this rank has one core of its own: EnvPool's threads would take it from the policy"
     if why is not None:  # never with true: the config's check refused it
         if atari.atari_rom(cfg.task) is not None:
             log.info("env_overlap=auto: the games step together (%s)", why)
-        return 1
-    log.info("env_overlap: the policy acts on half of the %d games while the other half steps", local_num_envs)
-    return 2
+        return {}
+    rest = cores[1:]  # EnvPool pins thread i to core rest[0] + i: contiguous, or left unpinned
+    threads_on = rest if rest and rest == list(range(rest[0], rest[0] + len(rest))) else None
+    log.info(
+        "env_overlap: the policy acts on half of the %d games while the other half steps (EnvPool's threads on %s)",
+        local_num_envs,
+        (f"cores {rest[0]}-{rest[-1]}" if len(rest) > 1 else f"core {rest[0]}") if threads_on else "any core",
+    )
+    return {"parts": 2, "threads_on": threads_on}
 
 
 def plan(cfg: PPOConfig, env: VecEnv) -> Plan:
@@ -269,7 +277,6 @@ def train(rt: Runtime, cfg: PPOConfig) -> None:
     num_iterations = math.ceil(cfg.steps / steps_per_iteration)
 
     run = Run(rt, cfg)  # the checkpoint being resumed (if any), seeds, later the run directory
-    parts = env_parts(cfg, rt.device, local_num_envs)
     env = make_env(
         cfg.task,
         local_num_envs,
@@ -278,7 +285,7 @@ def train(rt: Runtime, cfg: PPOConfig) -> None:
         training=True,
         backend=cfg.env_backend,
         **cfg.env_kwargs,
-        **({"parts": parts} if parts > 1 else {}),
+        **env_split(cfg, rt.placement, local_num_envs),
     )
     obs = env.reset()
     policy = build_agent(cfg, env).to(rt.device)
