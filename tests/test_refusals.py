@@ -82,3 +82,28 @@ def test_mujoco_gl_backend_that_is_not_installed_is_one_line(dmc_run, tmp_path, 
     assert line.startswith("ddprl: error: MUJOCO_GL=osmesa: mujoco cannot load this OpenGL backend"), line
     assert "install OSMesa" in line and "MUJOCO_GL=egl" in line
     assert os.listdir(tmp_path) == []
+
+
+def _needs_box2d(**kwargs):
+    import gymnasium as gym
+
+    raise gym.error.DependencyNotInstalled('Box2D is not installed, run `pip install "gymnasium[box2d]"`')
+
+
+def test_a_gymnasium_task_whose_package_is_missing_is_one_line(tmp_path, monkeypatch, capsys):
+    """Gymnasium's DependencyNotInstalled (LunarLander without Box2D) is the user's to act on: one line, exit 2.
+    The task stands in for one whose package is missing (registered here, it raises as Gymnasium's Box2D tasks do)."""
+    import gymnasium as gym
+
+    gym.register("DdprlNeedsBox2D-v0", entry_point=_needs_box2d)
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main(["train", "task=DdprlNeedsBox2D-v0", "world_size=1"])
+    finally:
+        del gym.registry["DdprlNeedsBox2D-v0"]
+    assert code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "ddprl: error: task=DdprlNeedsBox2D-v0 needs a package that is not installed: Box2D is not installed, "
+        'run `pip install "gymnasium[box2d]"`'
+    ]
+    assert not (tmp_path / "runs").exists()

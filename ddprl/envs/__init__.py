@@ -121,6 +121,8 @@ def make_env(
         )
     try:
         return _make_env(task, num_envs, seed, device, training, backend, **kwargs)
+    except gym.error.DependencyNotInstalled as e:  # Gymnasium's own word for what to install (Box2D, MuJoCo)
+        raise UsageError(f"task={task} needs a package that is not installed: {e}") from None
     except TypeError as e:
         unknown = re.search(r"unexpected keyword argument '([^']+)'", str(e))
         if unknown is None or unknown.group(1) not in kwargs:
