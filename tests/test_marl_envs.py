@@ -155,8 +155,8 @@ def test_lbf_five_food_ids_are_registered():
         "Foraging-2s-10x10-3p-5f-coop-v3",
         "Foraging-10x10-3p-9f-v3",
     ]:
+        check_marl_task(task)  # imports ddprl's LBF module, which registers them (in any test order)
         assert task in gym.registry
-        check_marl_task(task)
     env = make_marl_env("Foraging-15x15-4p-5f-v3", 2, seed=0)
     assert env.obs_dim == 3 * 5 + 3 * 4 and env.reset().obs.shape == (2, 4, 27)
     from ddprl.envs.marl.lbf import register_more_food
