@@ -39,6 +39,7 @@ RUNS = ("cleanrl", "ddprl-1", "ddprl-2", "ddprl-2-weak", "ddprl-1-pair", "ddprl-
 # the issue's: run / base >= goal; the pair's ratio is the machine's ceiling for any 2-core run of this workload
 TARGETS = (("ddprl-1", "cleanrl", 1.0), ("ddprl-2", "ddprl-1", 1.8), ("ddprl-2-weak", "ddprl-1", 1.8))
 CORES = {"ddprl-2": 2, "ddprl-2-weak": 2, "ddprl-1-2c": 2, "ddprl-1-2c-sync": 2}  # else one (the pair: one a run)
+PROCESS_CORES = {"ddprl-1-2c": 2, "ddprl-1-2c-sync": 2}  # the cores one process has (a bound rank: one)
 CEILING = ("ddprl-1-pair", "ddprl-1")
 PACKAGES = ("torch", "numpy", "envpool", "gym", "gymnasium", "tyro", "tensorboard")
 # In either environment: the worker threads of the program's EnvPool (CleanRL's envpool.make, or ddprl's AtariVecEnv),
@@ -50,9 +51,11 @@ threads = lambda: len(os.listdir("/proc/self/task"))
 before = threads()
 if program == "cleanrl":  # ppo_atari_envpool.py's call, word for word
     made = envpool.make(task, env_type="gym", num_envs=num_envs, episodic_life=True, reward_clip=True, seed=1)
-else:
+else:  # with parts=2, EnvPool's threads where the training loop puts them for one rank (env_split)
     from ddprl.envs.atari import AtariVecEnv
-    made = AtariVecEnv(task, num_envs, seed=1, training=True, backend="envpool", parts=parts)
+    from ddprl.runtime.placement import beside_cores
+    pinned = beside_cores(sorted(os.sched_getaffinity(0))) if parts == 2 else None
+    made = AtariVecEnv(task, num_envs, seed=1, training=True, backend="envpool", parts=parts, threads_on=pinned)
 started, before = threads() - before, threads()
 pool = envpool.make(task, env_type="gym", num_envs=8, num_threads=1, episodic_life=True, reward_clip=True, seed=1)
 print(json.dumps({"threads": started - (threads() - before - 1), "envpool": envpool.__version__}))"""
@@ -143,7 +146,7 @@ def main() -> None:
     threads = {}
     for name in chosen:  # EnvPool threads as each program makes them on the cores one of its processes has
         program, envs = name.split("-")[0], 4 if name == "ddprl-2" else 8
-        on, parts = ",".join(cores[: CORES.get(name, 1)]), 2 if name == "ddprl-1-2c" else 1
+        on, parts = ",".join(cores[: PROCESS_CORES.get(name, 1)]), 2 if name == "ddprl-1-2c" else 1
         argv = ["taskset", "-c", on, pythons[program], "-c", PROBE, program, TASK, str(envs), str(parts)]
         lines = h.run(argv, env=h.ONE_THREAD, timeout=600)["lines"]
         found = json.loads(next(text for _, text in reversed(lines) if text.startswith("{")))

@@ -432,7 +432,9 @@ class AtariVecEnv:
         size = num_envs // parts
         self.parts = parts
         self.part_slices = [slice(p * size, (p + 1) * size) for p in range(parts)]
-        if threads_on and (kind is not EnvPoolAtari or threads_on != list(range(threads_on[0], threads_on[-1] + 1))):
+        from ddprl.runtime.placement import contiguous
+
+        if threads_on and (kind is not EnvPoolAtari or not contiguous(threads_on)):
             raise UsageError(f"threads_on={threads_on}: EnvPool's threads, pinned to contiguous cores")
         pinned = {"threads_on": threads_on} if threads_on else {}
         self.games: list[Games] = [kind(rom, size, seed + p * size, settings, training, **pinned) for p in range(parts)]

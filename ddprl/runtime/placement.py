@@ -344,6 +344,21 @@ def rank_cores(placement: Placement, cpu_bind: str) -> list[int]:
     return core_share(placement.local_rank, placement.local_world_size, cores) or []
 
 
+def contiguous(cores: list[int]) -> bool:
+    """Whether ``cores`` are numbered one after another (EnvPool pins its thread i to core offset + i)."""
+    return bool(cores) and cores == list(range(cores[0], cores[0] + len(cores)))
+
+
+def beside_cores(cores: list[int]) -> list[int] | None:
+    """The cores for EnvPool's threads beside a rank acting on the first of ``cores``: the others,
+    where they are contiguous (None: leave the threads unpinned).
+
+    >>> beside_cores([4, 5, 6]), beside_cores([0, 2, 5]), beside_cores([3])
+    ([5, 6], None, None)
+    """
+    return cores[1:] if contiguous(cores[1:]) else None
+
+
 def core_share(local_rank: int, local_world_size: int, cores: list[int]) -> list[int] | None:
     """The cores of local rank ``local_rank`` when ``cores`` are split into ``local_world_size``
     contiguous, equal, disjoint shares (None when there are fewer cores than ranks). Contiguous

@@ -34,7 +34,7 @@ from ddprl.envs.base import VecEnv
 from ddprl.evaluate import Actor
 from ddprl.normalize import ReturnScaler, RunningMeanStd
 from ddprl.run import Run
-from ddprl.runtime.placement import Placement, rank_cores
+from ddprl.runtime.placement import Placement, beside_cores, rank_cores
 from ddprl.runtime.seeding import Seeds
 from ddprl.system import bf16_units, system_metrics
 
@@ -138,12 +138,15 @@ def env_split(cfg: PPOConfig, placement: Placement, local_num_envs: int) -> dict
         if atari.atari_rom(cfg.task) is not None:
             log.info("env_overlap=auto: the games step together (%s)", why)
         return {}
-    rest = cores[1:]  # EnvPool pins thread i to core rest[0] + i: contiguous, or left unpinned
-    threads_on = rest if rest and rest == list(range(rest[0], rest[0] + len(rest))) else None
+    threads_on = beside_cores(cores)
+    if threads_on is None:
+        on = "any core"
+    else:
+        on = f"core {threads_on[0]}" if len(threads_on) == 1 else f"cores {threads_on[0]}-{threads_on[-1]}"
     log.info(
         "env_overlap: the policy acts on half of the %d games while the other half steps (EnvPool's threads on %s)",
         local_num_envs,
-        (f"cores {rest[0]}-{rest[-1]}" if len(rest) > 1 else f"core {rest[0]}") if threads_on else "any core",
+        on,
     )
     return {"parts": 2, "threads_on": threads_on}
 

@@ -271,16 +271,17 @@ class RolloutStep:
                     field[row, rows] = x
                 in_flight.append((part, row))
                 if len(in_flight) == len(parts):  # every part stepping: take the oldest back
-                    finished += self.receive(*in_flight.pop(0), obs)
+                    self.receive(*in_flight.pop(0), obs, finished)
         while in_flight:
-            finished += self.receive(*in_flight.pop(0), obs)
+            self.receive(*in_flight.pop(0), obs, finished)
         self.obs = torch.cat(obs)
         self.cursor.fill_(self.buffer.n_steps)
         return finished[0], finished[1]
 
-    def receive(self, part: int, row: int, obs: list[torch.Tensor]) -> torch.Tensor:
+    def receive(self, part: int, row: int, obs: list[torch.Tensor], finished: torch.Tensor) -> None:
         """Part ``part``'s step of row ``row`` from the env: stored, its next observation put in
-        ``obs``. Returns (2,): the summed returns of the episodes that ended and their count."""
+        ``obs``, the summed returns of the episodes that ended and their count added to
+        ``finished`` (2,). Nothing is added where none ended (adding zeros changes no bit)."""
         data, rows = self.buffer.data, self.env.part_slices[part]
         start = time.perf_counter()
         obs[part], reward, terminated, truncated, info = self.env.recv(part)
@@ -288,12 +289,12 @@ class RolloutStep:
         data.rewards[row, rows], data.terminated[row, rows], data.truncated[row, rows] = reward, terminated, truncated
         done = terminated | truncated
         if not done.any():
-            return torch.zeros(2, device=self.device)
+            return
         if truncated.any():
             with self.autocast:
                 data.final_values[row, rows] = self.policy.value(self.normalize(info["final_obs"])).float()
         scored = info.get("episode_end", done)  # within done
-        return torch.stack([(info["episode_return"] * scored).sum(), scored.sum().float()])
+        finished += torch.stack([(info["episode_return"] * scored).sum(), scored.sum().float()])
 
 
 def compute_gae(
