@@ -400,7 +400,7 @@ def test_kill_9_then_resume_auto(tmp_path):
         "train",
         "world_size=2",
         "steps=1000000",
-        "checkpoint_freq=1024",
+        "checkpoint_freq=4096",
         "eval_freq=0",
         "eval_episodes=0",
         f"run_dir={run_dir}",
@@ -420,10 +420,12 @@ def test_kill_9_then_resume_auto(tmp_path):
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
             steps = sorted(int(p.stem.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*.pt"))
+            # kill early in a checkpoint interval (rows of 1-2 of its 8 iterations written): the
+            # next checkpoint is 6 iterations away, so the kill cannot land just after it
             if (
                 len(steps) >= 2
                 and (run_dir / "metrics.jsonl").exists()
-                and read_metrics(run_dir)[-1]["step"] > steps[-1]
+                and steps[-1] < read_metrics(run_dir)[-1]["step"] <= steps[-1] + 1024
             ):
                 break
             time.sleep(0.2)
