@@ -482,13 +482,16 @@ def test_plan_says_what_stays_out_of_the_graphs():
     try:
         host_env = object()  # no traceable_step: a Gymnasium vector env, DMC
         assert loop.plan(load_config(["compile=true", "precision=fp16"]), host_env) == loop.Plan(False, 0)
+        assert loop.plan(load_config(["compile=true"]), host_env, joint=True) == loop.Plan(True, 0)
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
     assert lines == [
         "compile=true: torch.compile of the model; the update runs eagerly on the compiled model "
         "(precision=fp16: GradScaler skips steps on the host); the rollout compiles only the policy "
-        "(object steps outside a graph)"
+        "(object steps outside a graph)",
+        "compile=true: update as one graph per optimizer step; the rollout acts eagerly (actor and critic as "
+        "one network: cheaper than compiled on a CPU)",
     ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import gymnasium as gym
@@ -361,25 +362,39 @@ def gym_rollout(task, num_envs, n_steps, on_host):
     return rollout
 
 
+@pytest.mark.parametrize("joint", [False, True])
 @pytest.mark.parametrize("task", ["CartPole-v1", "Pendulum-v1"])
-def test_host_rollout_stores_what_the_step_region_stores(task):
+def test_host_rollout_stores_what_the_step_region_stores(task, joint):
     """On the CPU a Gymnasium rollout runs ``host_steps``: over two rollouts, its stored rows,
     episode sums, next observation and draws from the global generator are those of the region
-    ``steps``, bit for bit (CartPole's episodes end, Pendulum's are truncated at 200 steps)."""
+    ``steps``, bit for bit (CartPole's episodes end, Pendulum's are truncated at 200 steps).
+    Acting through the joint MLP (as ``train`` does here), the log-probs and values are the
+    same to float rounding; CartPole's actions, and so everything else, bit for bit; Pendulum's
+    actions (mean + std x noise) to rounding, and so the trajectory, its ends bit for bit."""
     runs = []
     for on_host in (True, False):
         rollout = gym_rollout(task, num_envs=3, n_steps=160, on_host=on_host)
+        assert rollout.joint is not None  # an MLP policy in fp32 on a CPU host env
+        if not joint:
+            rollout.joint = None
         torch.manual_seed(7)
         sums = [torch.stack(rollout.collect()) for _ in range(2)]
         runs.append((rollout, sums, torch.get_rng_state()))
     (host, host_sums, host_rng), (region, region_sums, region_rng) = runs
     for name, a, b in zip(host.buffer.data._fields, host.buffer.data, region.buffer.data, strict=True):
-        assert a.dtype == b.dtype and torch.equal(a, b), name
-    assert all(torch.equal(a, b) for a, b in zip(host_sums, region_sums, strict=True))
+        assert a.dtype == b.dtype, name
+        rounded = ("log_probs", "values") if task == "CartPole-v1" else ("obs", "actions", "log_probs", "values")
+        if joint and name in (*rounded, "rewards", "final_values") and (name in rounded or task != "CartPole-v1"):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
+            assert name != "values" or not torch.equal(a, b)  # the joint act ran: its sums round apart
+        else:
+            assert torch.equal(a, b), name
+    same = torch.equal if not joint or task == "CartPole-v1" else functools.partial(torch.allclose, rtol=1e-5)
+    assert all(same(a, b) for a, b in zip(host_sums, region_sums, strict=True))
     assert float(host_sums[1][1]) > 0  # episodes ended in the second rollout
     if task == "Pendulum-v1":
         assert bool(host.buffer.data.truncated.any()) and bool(host.buffer.data.final_values.ne(0).any())
-    assert torch.equal(host.obs, region.obs) and torch.equal(host_rng, region_rng)
+    assert same(host.obs, region.obs) and torch.equal(host_rng, region_rng)
     assert int(host.cursor) == int(region.cursor) == 160
 
 
@@ -394,6 +409,90 @@ def test_act_with_noise_scores_its_action_as_the_update_does(action_space):
         action, log_prob, value = net.act_with_noise(obs, net.fill_noise_(torch.empty(64, *net.noise_shape)))
         out = net(obs, action)
     assert torch.equal(log_prob, out.log_prob) and torch.equal(value, out.value)
+
+
+@pytest.mark.parametrize("hidden_sizes, activation", [([64, 64], "tanh"), ([8], "relu"), ([], "tanh")])
+@pytest.mark.parametrize("action_space", [gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,))])
+def test_the_joint_act_is_act_with_noise_to_rounding(action_space, hidden_sizes, activation):
+    """Actor and critic as one network act as the two do: the same actions from the same draws
+    (to rounding where they are mean + std x noise), log-probs and values to float rounding; built
+    from the parameters as they are when it is made (a rollout makes one after each update)."""
+    torch.manual_seed(0)
+    net = ActorCritic(
+        gym.spaces.Box(-1, 1, (4,)), action_space, hidden_sizes=hidden_sizes, activation=activation, log_std_init=-0.3
+    )
+    obs = torch.randn(64, 4)
+    noise = net.fill_noise_(torch.empty(64, *net.noise_shape))
+    with torch.no_grad():
+        joint = net.joint_act()
+        for p in net.parameters():  # an update moves every parameter
+            p.add_(0.1 * torch.randn_like(p))
+        ref, got, stale = net.act_with_noise(obs, noise), net.joint_act()(obs, noise), joint(obs, noise)
+    if net.discrete:
+        assert torch.equal(got[0], ref[0]) and got[0].unique().numel() > 1
+    for a, b in zip(got, ref, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(stale[2], ref[2], atol=1e-3)  # made before the step: the old values
+
+
+def test_acts_jointly_where_acting_is_bound_by_op_count():
+    """The joint act serves an MLP policy in fp32 on a host env of a CPU rank, nothing else."""
+    from types import SimpleNamespace
+
+    from ddprl.algos.ppo.rollout import acts_jointly
+
+    box, actions = gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2)
+    mlp, cnn = ActorCritic(box, actions), ActorCritic(gym.spaces.Box(0, 255, (3, 8, 8)), actions, policy="cnn")
+    cpu_host, gpu_host = SimpleNamespace(device=torch.device("cpu")), SimpleNamespace(device=torch.device("cuda"))
+    traced = SimpleNamespace(device=torch.device("cpu"), traceable_step=True)  # Snake: acting is inside the graph
+    fp32, bf16 = contextlib.nullcontext(), torch.autocast("cpu", dtype=torch.bfloat16)
+    assert acts_jointly(cpu_host, mlp, fp32)
+    assert not acts_jointly(cpu_host, cnn, fp32)
+    assert not acts_jointly(cpu_host, mlp, bf16)
+    assert not acts_jointly(gpu_host, mlp, fp32)
+    assert not acts_jointly(traced, mlp, fp32)
+
+
+@pytest.mark.parametrize("task", ["CartPole-v1", "Pendulum-v1", "Blackjack-v1"])
+def test_gym_vec_env_steps_as_gymnasiums_sync_vector_env(task):
+    """GymVecEnv steps its envs as Gymnasium's SyncVectorEnv does in SAME_STEP mode: for the same
+    seeds and actions, the same observations (encoded where the space is not a Box), rewards,
+    ends and last observations (CartPole's and Blackjack's episodes end, Pendulum's are cut)."""
+    from gymnasium.vector import AutoresetMode
+
+    from ddprl.envs import make_env
+    from ddprl.envs.flatten import FlatEncoder
+
+    n = 3
+    env = make_env(task, n, seed=4)
+    ref = gym.vector.SyncVectorEnv([lambda: gym.make(task)] * n, autoreset_mode=AutoresetMode.SAME_STEP)
+    space = ref.single_observation_space
+    flat = None if isinstance(space, gym.spaces.Box) else FlatEncoder(space)
+
+    def encoded(batch) -> torch.Tensor:
+        return torch.as_tensor(batch if flat is None else flat(batch, n), dtype=torch.float32)
+
+    ref_obs, _ = ref.reset(seed=4)
+    assert torch.equal(env.reset(), encoded(ref_obs))
+    ref.action_space.seed(0)
+    ends = 0
+    for _ in range(230):
+        action = ref.action_space.sample()
+        obs, reward, terminated, truncated, info = env.step(torch.as_tensor(action))
+        ref_obs, ref_reward, ref_terminated, ref_truncated, ref_info = ref.step(action)
+        assert torch.equal(obs, encoded(ref_obs))
+        assert torch.equal(reward, torch.as_tensor(ref_reward, dtype=torch.float32))
+        assert torch.equal(terminated, torch.as_tensor(ref_terminated))
+        assert torch.equal(truncated, torch.as_tensor(ref_truncated))
+        for i in np.flatnonzero(ref_terminated | ref_truncated):
+            last = ref_info["final_obs"][i]
+            want = torch.as_tensor(last if flat is None else flat.each([last])[0], dtype=torch.float32)
+            assert torch.equal(info["final_obs"][i], want)
+            ends += 1
+    assert ends >= n  # every env ended an episode at least once on average
+    env.close()
+    ref.close()
 
 
 def test_gym_vec_env_step_types_and_episode_counters():

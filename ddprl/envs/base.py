@@ -23,6 +23,9 @@ Step semantics (auto-reset in the same step, Gymnasium's ``SAME_STEP`` mode):
                                life: a lost life terminates, the game goes on); the two entries
                                above are then valid there (a whole game), not at every end.
 - further per-env tensors an env wants to report at episode end (Snake: ``episode_score``).
+
+A host env (one that steps outside a graph) hands the caller tensors it does not write again:
+PPO's CPU rollout keeps each step's reward and flags until the rollout ends.
 """
 
 from __future__ import annotations

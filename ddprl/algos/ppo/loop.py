@@ -26,7 +26,14 @@ from ddprl.algos.common import autocast_context, crossed
 from ddprl.algos.graphs import training_step_unsupported
 from ddprl.algos.ppo.loss import standardize
 from ddprl.algos.ppo.networks import ActorCritic
-from ddprl.algos.ppo.rollout import Rollout, RolloutBuffer, RolloutStep, compute_gae, obs_storage_dtype
+from ddprl.algos.ppo.rollout import (
+    Rollout,
+    RolloutBuffer,
+    RolloutStep,
+    acts_jointly,
+    compute_gae,
+    obs_storage_dtype,
+)
 from ddprl.algos.ppo.update import UpdateStep, learn, update_batch
 from ddprl.checkpoint import Stateful, state_of
 from ddprl.envs import atari, make_env
@@ -151,8 +158,9 @@ def env_split(cfg: PPOConfig, placement: Placement, local_num_envs: int) -> dict
     return {"parts": 2, "threads_on": threads_on}
 
 
-def plan(cfg: PPOConfig, env: VecEnv) -> Plan:
-    """The regions for ``cfg`` and ``env``; logs one line naming what stays out and why."""
+def plan(cfg: PPOConfig, env: VecEnv, joint: bool = False) -> Plan:
+    """The regions for ``cfg`` and ``env``; logs one line naming what stays out and why. ``joint``:
+    the rollout acts through the joint MLP (``rollout.acts_jointly``), eagerly."""
     if not cfg.compile:
         return Plan(update=False, unroll=0)
     unsupported = training_step_unsupported()  # an old torch: the eager update on the compiled model
@@ -160,6 +168,8 @@ def plan(cfg: PPOConfig, env: VecEnv) -> Plan:
     unroll, left_out = 0, []
     if getattr(env, "traceable_step", False):
         unroll = steps_per_call(cfg, env)
+    elif joint:
+        left_out.append("the rollout acts eagerly (actor and critic as one network: cheaper than compiled on a CPU)")
     else:
         left_out.append(f"the rollout compiles only the policy ({type(env).__name__} steps outside a graph)")
     if not update:
@@ -253,7 +263,7 @@ def rollout_and_update(
         rt.device,
         obs_storage_dtype(env.single_observation_space),
     )
-    regions = plan(cfg, env)  # what compile=true runs as compiled graphs here (logged)
+    regions = plan(cfg, env, acts_jointly(env, policy, autocast))  # what compile=true compiles here (logged)
     rollout = RolloutStep(env, policy, buffer, normalize, autocast, steps_per_call(cfg, env), cfg.compile, obs)
     update = UpdateStep(
         rt,

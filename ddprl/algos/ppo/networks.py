@@ -8,6 +8,7 @@ one call of the module (``torch.func.functional_call`` when compiled), trunk com
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import gymnasium as gym
@@ -183,6 +184,7 @@ class ActorCritic(nn.Module):
             # Separate actor and critic MLPs: the usual choice for low-dimensional control.
             self.actor = mlp(in_dim, list(hidden_sizes), n_out, 0.01, activation, ortho_init)
             self.critic = mlp(in_dim, list(hidden_sizes), 1, 1.0, activation, ortho_init)
+        self.is_mlp = type(self.trunk) is nn.Flatten  # separate actor and critic MLPs on the flat observation
         if not self.discrete:  # a state-independent log std, log_std_init at the start
             self.log_std = nn.Parameter(torch.full((n_out,), float(log_std_init)))
 
@@ -237,6 +239,11 @@ class ActorCritic(nn.Module):
             log_prob = (-((action - mean) ** 2) / (2 * std**2) - std.log() - _LOG_SQRT_2PI).sum(-1)
         return action, log_prob, self._critic(features).squeeze(-1).float()
 
+    def joint_act(self) -> JointMLPAct:
+        """:meth:`act_with_noise` as one network (:class:`JointMLPAct`), for an MLP policy
+        (``self.is_mlp``; a conv trunk's acting is bound by its convolutions, not by op count)."""
+        return JointMLPAct(self)
+
     def fill_noise_(self, noise: torch.Tensor) -> torch.Tensor:
         """Fill ``noise`` (..., *noise_shape) in place from the global generator with the draws
         :meth:`act_with_noise` expects."""
@@ -270,3 +277,55 @@ class ActorCritic(nn.Module):
             log_prob, entropy = log_prob.sum(-1), entropy.sum(-1)
         value = self._critic(features).squeeze(-1).float()
         return PolicyOutput(action, log_prob, entropy, value)
+
+
+class JointMLPAct:
+    """:meth:`ActorCritic.act_with_noise` of an MLP policy with the actor and the critic run as one
+    network: their first layers stacked, the later ones block-diagonal (zeros between the two), so
+    an act is three matrix products and one log-softmax instead of six products and a logsumexp.
+    On a CPU core at a rollout's batch of one to a few rows the networks are bound by the number
+    of ops, not by FLOPs: CartPole's act takes about a third of the time.
+
+    Built from the parameters as they are (detached copies): valid until they change, so a
+    rollout builds one as it starts. The same draws give the same actions; log-probs and values
+    equal ``act_with_noise``'s to float rounding (the products sum in another order; a test).
+
+    >>> net = ActorCritic(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), hidden_sizes=[8])
+    >>> act = net.joint_act()
+    >>> [x.shape for x in act(torch.zeros(3, 4), net.fill_noise_(torch.empty(3, 2)))]
+    [torch.Size([3]), torch.Size([3]), torch.Size([3])]
+    """
+
+    def __init__(self, policy: ActorCritic):
+        pairs = list(zip(policy.actor._modules.values(), policy.critic._modules.values(), strict=True))
+        self.layers: list[tuple[torch.Tensor, torch.Tensor] | Callable] = []
+        with torch.no_grad():
+            for depth, (a, c) in enumerate(pairs):
+                if isinstance(a, nn.Linear):
+                    weight = torch.cat([a.weight, c.weight]) if depth == 0 else torch.block_diag(a.weight, c.weight)
+                    # (bias, weight^T): the arguments of addmm(bias, x, weight^T), which is what F.linear runs
+                    self.layers.append((torch.cat([a.bias, c.bias]).float(), weight.float().t()))
+                else:
+                    assert type(a) is type(c), "actor and critic MLPs with the same activations"
+                    self.layers.append(_IN_PLACE[type(a)])
+            self.n_out = policy.actor[-1].out_features  # the actor's outputs; the critic's value follows
+            self.discrete = policy.discrete
+            if not self.discrete:
+                self.std = policy.log_std.exp()
+                # Normal's log-density at mean + std * noise: -noise^2 / 2 - log std - log sqrt(2 pi), summed
+                self.log_density_shift = float((-policy.log_std - _LOG_SQRT_2PI).sum())
+
+    def __call__(self, obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x = obs.flatten(1).float()
+        for layer in self.layers:
+            x = torch.addmm(layer[0], x, layer[1]) if isinstance(layer, tuple) else layer(x)
+        out, value = x[:, : self.n_out], x[:, self.n_out]
+        if self.discrete:
+            log_pmf = torch.log_softmax(out, -1)
+            action = (log_pmf - noise.log()).argmax(-1)  # Gumbel-max, as act_with_noise
+            return action, log_pmf.gather(-1, action.unsqueeze(-1)).squeeze(-1), value
+        action = out + self.std * noise
+        return action, noise.square().sum(-1).mul_(-0.5).add_(self.log_density_shift), value
+
+
+_IN_PLACE = {nn.Tanh: torch.Tensor.tanh_, nn.ReLU: torch.Tensor.relu_}  # the hidden activations, in place (no autograd)

@@ -71,11 +71,14 @@ class RolloutBuffer:
         for name, value in step.items():
             getattr(self.data, name)[t] = value
 
-    def store_row(self, t: int, *values: torch.Tensor) -> None:
-        """Row ``t`` of the first ``len(values)`` fields, in :class:`Rollout`'s order (no names
-        to look up: a host rollout stores every step)."""
-        for field, value in zip(self.data, values):
-            field[t] = value
+
+def acts_jointly(env: Any, policy: ActorCritic, autocast: contextlib.AbstractContextManager) -> bool:
+    """Whether a rollout of ``env`` acts through :class:`~ddprl.algos.ppo.networks.JointMLPAct`: an
+    MLP policy in fp32 on a host env of a CPU rank, where acting is bound by the count of small ops.
+    Eager, it is cheaper than the compiled act there too (CartPole, SB3's keys, a core: 73 against
+    113 us a step, the loop's own work included), so ``compile`` leaves it eager."""
+    on_host = not getattr(env, "traceable_step", False) and env.device.type == "cpu"
+    return on_host and policy.is_mlp and isinstance(autocast, contextlib.nullcontext)
 
 
 class RolloutStep:
@@ -85,9 +88,10 @@ class RolloutStep:
     An env whose step traces (``env.traceable_step``: Snake) steps inside the function
     (``env.advance`` on random integers drawn before each call): compiled, the ``unroll`` steps
     are ONE graph (``ddprl.algos.graphs``; a CUDA graph on one GPU). Any other env (Gymnasium,
-    DMC) steps on the host, and compiling covers the policy alone. The policy's random draw is
-    an input either way (``act_with_noise`` on noise filled from the global generator before
-    each call), so an eager and a compiled run act alike.
+    DMC) steps on the host, and compiling covers the policy alone; on a CPU rank an MLP policy in
+    fp32 acts eagerly through :class:`~ddprl.algos.ppo.networks.JointMLPAct` (:func:`acts_jointly`).
+    The policy's random draw is an input either way (``act_with_noise`` on noise filled from the
+    global generator before each call), so an eager and a compiled run act alike.
 
     Writes rows ``0..n_steps-1`` through a device cursor; :meth:`collect` returns the episode
     sums the loop logs.
@@ -136,7 +140,9 @@ class RolloutStep:
             )
             if compile:
                 self.region = compile_region(self.steps, device, name="ppo rollout")
-        elif compile:
+        # the joint act's builder: it is rebuilt from the parameters at each rollout (the update changes them)
+        self.joint = policy.joint_act if acts_jointly(env, policy, autocast) else None
+        if compile and not self.in_graph and self.joint is None:
             self.act = torch.compile(policy.act_with_noise)
 
     def observe(self) -> torch.Tensor:
@@ -208,26 +214,32 @@ class RolloutStep:
 
     def host_steps(self) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`collect` for a host env on a CPU rank: the draws, the stored rows and the episode
-        sums of :meth:`steps` (a test compares them), at less Python and fewer tiny tensors a step.
+        sums of :meth:`steps` (a test compares them), at less Python and fewer tiny tensors a step;
+        acting jointly (:func:`acts_jointly`), log-probs and values to float rounding.
 
         A CPU rollout of a few envs is bound by the cost of each small tensor op, not by the env
         count. Reading a tensor costs nothing on the CPU, so the episode sums and V(final_obs) are
         computed only on the steps where an episode ended (adding the others' zeros changes no
-        bit); rows are Python integers (a tensor index is an indexed copy).
+        bit); rows are Python integers (a tensor index is an indexed copy), and each step's small
+        tensors are kept and stacked into the buffer once at the end (the env hands over tensors
+        it does not write again: ``ddprl.envs.base``).
         """
         data, obs, row = self.buffer.data, self.obs, 0
         data.final_values.zero_()  # V(final_obs) stays 0 on the rows with no truncation, as steps() stores here
         finished = torch.zeros(2, device=self.device)
+        act = self.act if self.joint is None else self.joint()
+        kept: list[tuple[torch.Tensor, ...]] = []  # each step's small tensors, stacked into the buffer at the end
         for _ in range(self.buffer.n_steps // self.unroll):
             self.policy.fill_noise_(self.action_noise)
             call = None  # this call's episode sums, added up per call as steps() does
             for j in range(self.unroll):
                 with self.autocast:
-                    action, log_prob, value = self.act(self.normalize(obs), self.action_noise[j])
+                    action, log_prob, value = act(self.normalize(obs), self.action_noise[j])
                 start = time.perf_counter()
                 next_obs, reward, terminated, truncated, info = self.env.step(action)
                 self.env_s += time.perf_counter() - start
-                self.buffer.store_row(row, obs, action, log_prob, value, reward, terminated, truncated)
+                data.obs[row] = obs
+                kept.append((action, log_prob, value, reward, terminated, truncated))
                 done = terminated | truncated
                 if done.any():
                     if truncated.any():
@@ -239,6 +251,9 @@ class RolloutStep:
                 obs, row = next_obs, row + 1
             if call is not None:
                 finished += call
+        fields = (data.actions, data.log_probs, data.values, data.rewards, data.terminated, data.truncated)
+        for field, column in zip(fields, zip(*kept, strict=True), strict=True):
+            torch.stack(column, out=field)
         self.obs = obs
         self.cursor.fill_(row)
         return finished[0], finished[1]
