@@ -8,7 +8,6 @@ one call of the module (``torch.func.functional_call`` when compiled), trunk com
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import NamedTuple
 
 import gymnasium as gym
@@ -298,17 +297,23 @@ class JointMLPAct:
 
     def __init__(self, policy: ActorCritic):
         pairs = list(zip(policy.actor._modules.values(), policy.critic._modules.values(), strict=True))
-        self.layers: list[tuple[torch.Tensor, torch.Tensor] | Callable] = []
+        linears = [(a, c) for a, c in pairs if isinstance(a, nn.Linear)]
+        activations = {type(a) for a, _ in pairs if not isinstance(a, nn.Linear)}
+        assert len(activations) <= 1 and all(type(a) is type(c) for a, c in pairs), "mlp()'s actor and critic"
+        # an activation after every hidden layer (none without hidden layers)
+        self.activation = _IN_PLACE[activations.pop()] if activations else None
         with torch.no_grad():
-            for depth, (a, c) in enumerate(pairs):
-                if isinstance(a, nn.Linear):
-                    weight = torch.cat([a.weight, c.weight]) if depth == 0 else torch.block_diag(a.weight, c.weight)
-                    # (bias, weight^T): the arguments of addmm(bias, x, weight^T), which is what F.linear runs
-                    self.layers.append((torch.cat([a.bias, c.bias]).float(), weight.float().t()))
-                else:
-                    assert type(a) is type(c), "actor and critic MLPs with the same activations"
-                    self.layers.append(_IN_PLACE[type(a)])
-            self.n_out = policy.actor[-1].out_features  # the actor's outputs; the critic's value follows
+            # (bias, weight^T) of each layer: the arguments of addmm(bias, x, weight^T), which is what F.linear runs
+            self.linears = [
+                (
+                    torch.cat([a.bias, c.bias]).float(),
+                    (torch.cat([a.weight, c.weight]) if depth == 0 else torch.block_diag(a.weight, c.weight))
+                    .float()
+                    .t(),
+                )
+                for depth, (a, c) in enumerate(linears)
+            ]
+            self.n_out = linears[-1][0].out_features  # the actor's outputs; the critic's value follows
             self.discrete = policy.discrete
             if not self.discrete:
                 self.std = policy.log_std.exp()
@@ -316,9 +321,13 @@ class JointMLPAct:
                 self.log_density_shift = float((-policy.log_std - _LOG_SQRT_2PI).sum())
 
     def __call__(self, obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        x = obs.flatten(1).float()
-        for layer in self.layers:
-            x = torch.addmm(layer[0], x, layer[1]) if isinstance(layer, tuple) else layer(x)
+        x = (
+            obs if obs.dim() == 2 and obs.dtype == torch.float32 else obs.flatten(1).float()
+        )  # no op where none is needed
+        *hidden, (bias, weight) = self.linears
+        for b, w in hidden:
+            x = self.activation(torch.addmm(b, x, w))
+        x = torch.addmm(bias, x, weight)
         out, value = x[:, : self.n_out], x[:, self.n_out]
         if self.discrete:
             log_pmf = torch.log_softmax(out, -1)
