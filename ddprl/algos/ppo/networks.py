@@ -283,7 +283,7 @@ class JointMLPAct:
     network: their first layers stacked, the later ones block-diagonal (zeros between the two), so
     an act is three matrix products and one log-softmax instead of six products and a logsumexp.
     On a CPU core at a rollout's batch of one to a few rows the networks are bound by the number
-    of ops, not by FLOPs: CartPole's act takes about a third of the time.
+    of ops, not by FLOPs: CartPole's act takes 40 % of the time (50 against 126 us in a rollout).
 
     Built from the parameters as they are (detached copies): valid until they change, so a
     rollout builds one as it starts. The same draws give the same actions; log-probs and values
@@ -321,9 +321,8 @@ class JointMLPAct:
                 self.log_density_shift = float((-policy.log_std - _LOG_SQRT_2PI).sum())
 
     def __call__(self, obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        x = (
-            obs if obs.dim() == 2 and obs.dtype == torch.float32 else obs.flatten(1).float()
-        )  # no op where none is needed
+        flat = obs.dim() == 2 and obs.dtype == torch.float32  # as it comes: no op where none is needed
+        x = obs if flat else obs.flatten(1).float()
         *hidden, (bias, weight) = self.linears
         for b, w in hidden:
             x = self.activation(torch.addmm(b, x, w))
