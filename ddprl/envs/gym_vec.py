@@ -119,9 +119,10 @@ class GymVecEnv:
         self._episode_length += 1
         obs_t = self._tensor(obs)
         final_obs_t = obs_t  # most steps end no episode: no copy, no second conversion
-        if last:
+        ended = list(last)  # the envs whose episode ended (most steps: none)
+        if ended:
             final_obs = obs.copy()
-            final_obs[list(last)] = self._encode_each(list(last.values()))
+            final_obs[ended] = self._encode_each(list(last.values()))
             final_obs_t = self._tensor(final_obs)
         out_info = {
             "final_obs": final_obs_t,
@@ -129,9 +130,9 @@ class GymVecEnv:
             "episode_return": self._tensor(self._episode_return.astype(np.float32)),
             "episode_length": self._tensor(self._episode_length.copy(), np.int64),
         }
-        if last:
-            self._episode_return[list(last)] = 0
-            self._episode_length[list(last)] = 0
+        if ended:
+            self._episode_return[ended] = 0
+            self._episode_length[ended] = 0
         self._obs = obs
         return (
             obs_t,

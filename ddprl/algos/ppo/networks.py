@@ -313,6 +313,7 @@ class JointMLPAct:
                 )
                 for depth, (a, c) in enumerate(linears)
             ]
+            *self.hidden, self.output = self.linears  # the hidden layers' and the output layer's (bias, weight^T)
             self.n_out = linears[-1][0].out_features  # the actor's outputs; the critic's value follows
             self.discrete = policy.discrete
             if not self.discrete:
@@ -323,9 +324,9 @@ class JointMLPAct:
     def __call__(self, obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         flat = obs.dim() == 2 and obs.dtype == torch.float32  # as it comes: no op where none is needed
         x = obs if flat else obs.flatten(1).float()
-        *hidden, (bias, weight) = self.linears
-        for b, w in hidden:
-            x = self.activation(torch.addmm(b, x, w))
+        for bias, weight in self.hidden:
+            x = self.activation(torch.addmm(bias, x, weight))
+        bias, weight = self.output
         x = torch.addmm(bias, x, weight)
         out, value = x[:, : self.n_out], x[:, self.n_out]
         if self.discrete:
