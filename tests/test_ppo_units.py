@@ -621,3 +621,71 @@ def test_crossed_is_true_at_the_step_that_passes_a_multiple_by_hand():
     assert [s for s in range(1, 6) if crossed(s, 1, 1)] == [1, 2, 3, 4, 5]  # every step
     assert [s for s in range(16, 65, 16) if crossed(s, 16, 16)] == [16, 32, 48, 64]
     assert not any(crossed(s, 16, 0) for s in range(16, 129, 16))  # 0: never
+
+
+class _Ranks:
+    """Two ranks seen from one: ``all_reduce_sum`` adds whether the other rank lacks bf16 units."""
+
+    world_size, device = 2, torch.device("cpu")
+
+    def __init__(self, peer_without: bool):
+        self.peer_without = peer_without
+
+    def all_reduce_sum(self, values):
+        return {key: value + float(self.peer_without) for key, value in values.items()}
+
+
+def test_precision_auto_is_bf16_for_convolutional_policies_where_every_rank_has_bf16_units(monkeypatch, caplog):
+    import logging
+
+    from ddprl.algos.ppo import loop
+
+    caplog.set_level(logging.INFO, logger="ddprl")
+    choose = loop.precision_choice
+    monkeypatch.setattr(loop, "bf16_units", lambda device: "AVX512_BF16")
+    for given in ("fp32", "tf32", "bf16", "fp16"):
+        assert choose(_Ranks(True), given, "nature_cnn") == given  # as given, nothing said
+    assert choose(_Ranks(False), "auto", "mlp") == "fp32" and not caplog.messages  # an MLP: fp32, nothing said
+    assert choose(_Ranks(False), "auto", "nature_cnn") == "bf16"
+    assert caplog.messages[-1] == "precision=auto: bf16 (this cpu has AVX512_BF16), with fp32 weights"
+    assert choose(_Ranks(True), "auto", "cnn") == "fp32"  # the other rank has none: neither uses bf16
+    assert caplog.messages[-1] == "precision=auto: fp32 (1 of 2 ranks have no bf16 units)"
+    monkeypatch.setattr(loop, "bf16_units", lambda device: None)
+    assert choose(_Ranks(False), "auto", "cnn") == "fp32"
+    assert caplog.messages[-1] == "precision=auto: fp32 (no bf16 units on this cpu)"
+
+
+def test_precision_auto_is_a_ppo_key_only():
+    from ddprl.config import load_config
+    from ddprl.errors import UsageError
+
+    assert load_config(["precision=auto"]).precision == "auto"
+    assert load_config(["engine=jax", "precision=auto"]).precision == "auto"  # the JAX engine: fp32 either way
+    with pytest.raises(UsageError, match="precision='auto' is not one of fp32, tf32, bf16, fp16"):
+        load_config(["algo=qmix", "task=lbforaging:Foraging-8x8-2p-2f-coop-v3", "precision=auto"])
+    with pytest.raises(UsageError, match="precision='bf8' is not one of auto, fp32, tf32, bf16, fp16"):
+        load_config(["precision=bf8"])
+
+
+@pytest.mark.parametrize("units", ["AMX", None])
+def test_precision_auto_reaches_the_loop_as_bf16_or_fp32(tmp_path, monkeypatch, capfd, units):
+    """What ``auto`` resolves to is the autocast the rollout and the update are built with."""
+    from ddprl.algos.common import autocast_context
+    from ddprl.algos.ppo import loop
+    from ddprl.prepare import prepare_train
+    from ddprl.runtime import launch
+
+    built = []
+
+    def recorded(device, precision):
+        built.append(precision)
+        return autocast_context(device, precision)
+
+    monkeypatch.setattr(loop, "bf16_units", lambda device: units)
+    monkeypatch.setattr(loop, "autocast_context", recorded)
+    keys = ["task=snake", "world_size=1", "num_envs=4", "n_steps=4", "batch_size=16", "epochs=1", "steps=16"]
+    keys += ["eval_episodes=0", "progress=false", "policy=cnn", "policy_width=4", "policy_depth=1", "compile=false"]
+    keys += ["hidden_sizes=[8]", "env_kwargs={grid_size: 5}", "device=cpu", f"run_dir={tmp_path}", "precision=auto"]
+    launch(loop.train, prepare_train(keys, None))
+    assert built == ["bf16" if units else "fp32"]
+    assert ("precision=auto: bf16 (this cpu has AMX), with fp32 weights" in capfd.readouterr().err) == bool(units)

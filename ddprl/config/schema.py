@@ -105,6 +105,7 @@ class JobConfig:
     # Resumed on another number of ranks, the samples behind an optimizer step stay (prepare.same_global_batch
     # scales batch_size per rank); an algorithm whose batch_size must stay per rank says why here instead.
     PER_RANK_BATCH: ClassVar[str] = ""
+    PRECISIONS: ClassVar[tuple[str, ...]] = ("fp32", "tf32", "bf16", "fp16")  # an algorithm may add its own
     # Not a key: which layer gave each value (load_config fills it; config.yaml and `ddprl keys` show it).
     sources: dict[str, str] = field(default_factory=dict, repr=False, compare=False, metadata={"internal": True})
 
@@ -129,8 +130,8 @@ class JobConfig:
         _check(self.dist_timeout > 0, f"dist_timeout={self.dist_timeout} must be > 0")
         _check(self.keep_last >= 0, f"keep_last={self.keep_last} must be >= 0 (0 keeps every checkpoint)")
         _check(
-            self.precision in ("fp32", "tf32", "bf16", "fp16"),
-            f"precision={self.precision!r} is not one of fp32, tf32, bf16, fp16",
+            self.precision in self.PRECISIONS,
+            f"precision={self.precision!r} is not one of {', '.join(self.PRECISIONS)}",
         )
         _check(self.device in ("auto", "cpu", "cuda"), f"device={self.device!r} is not one of auto, cpu, cuda")
         _check(self.backend in ("auto", "nccl", "gloo"), f"backend={self.backend!r} is not one of auto, nccl, gloo")

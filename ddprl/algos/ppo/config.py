@@ -58,6 +58,11 @@ class PPOConfig(RLConfig):
     )
     eval_deterministic: bool = key("evaluate (and play) with the most likely action; false: sample from the policy")
     autoscale: bool = key("choose num_envs, n_steps and batch_size from the device's memory (keys you set win)")
+    precision: str = key(
+        "auto | fp32 | tf32 (fp32 with TF32 matrix products on CUDA) | bf16 (autocast, fp32 weights) | fp16 (with a "
+        "gradient scaler); auto = bf16 for cnn and nature_cnn policies where every rank has bf16 units (a GPU of "
+        "compute capability 8.0+, a CPU with AMX or AVX512_BF16), else fp32 (mlp policies: fp32, faster there)"
+    )
     compile: Any = key(
         "auto | true | false: torch.compile the update whole and the policy's act (Snake: its rollout too; CUDA "
         "graphs on one GPU); auto = true on a CPU with a C++ compiler for runs of 50,000 optimizer steps or more, "
@@ -74,6 +79,7 @@ class PPOConfig(RLConfig):
         "(a divisor of n_steps; more steps per graph: fewer launches, longer compile)"
     )
 
+    PRECISIONS: ClassVar[tuple[str, ...]] = ("auto", *RLConfig.PRECISIONS)
     # batch_size and minibatches set one size two ways: the one from the later layer wins.
     ALTERNATIVES: ClassVar[tuple[tuple[str, str], ...]] = (("batch_size", "minibatches"),)
 

@@ -130,6 +130,28 @@ def compile_choice(rt: Runtime, setting: bool | str, optimizer_steps: int) -> bo
     return True
 
 
+def precision_choice(rt: Runtime, setting: str, policy: str) -> str:
+    """The precision this job trains in: as given, or for ``auto`` bf16 autocast (fp32 weights) for a
+    convolutional policy where every rank has bf16 units (``bf16_units``; agreed in one collective), where
+    the update runs ~1.5x faster and learns as fp32 does (docs/benchmarks.md), else fp32: an MLP's small
+    matrix products gain nothing from bf16. Says which for a convolutional policy."""
+    if setting != "auto":
+        return setting
+    if policy == "mlp":
+        return "fp32"
+    units = bf16_units(rt.device)
+    ranks_without = rt.all_reduce_sum({"without": float(units is None)})["without"]
+    if units is None:
+        why = f"no bf16 units on this {rt.device.type}"
+    elif ranks_without:
+        why = f"{int(ranks_without)} of {rt.world_size} ranks have no bf16 units"
+    else:
+        log.info("precision=auto: bf16 (this %s has %s), with fp32 weights", rt.device.type, units)
+        return "bf16"
+    log.info("precision=auto: fp32 (%s)", why)
+    return "fp32"
+
+
 def env_split(cfg: PPOConfig, placement: Placement, local_num_envs: int) -> dict[str, Any]:
     """``make_env``'s keywords for this rank's games: ``parts=2`` (the policy acts on one half while
     EnvPool's threads step the other, pinned to the rank's cores but its first) with
@@ -330,12 +352,12 @@ def train(rt: Runtime, cfg: PPOConfig) -> None:
         num_iterations,
         steps_per_iteration,
     )
-    if cfg.precision == "fp32" and cfg.policy != "mlp" and (units := bf16_units(rt.device)):
-        # a convolutional update is where bf16 pays (docs/benchmarks.md, roofline); not the default until
-        # learning curves show it changes nothing
-        log.info("this %s has %s: precision=bf16 runs the update in bf16 with fp32 weights", rt.device.type, units)
     optimizer_steps = num_iterations * cfg.epochs * (local_rollout // cfg.batch_size) // cfg.sync_freq
-    cfg = dataclasses.replace(cfg, compile=compile_choice(rt, cfg.compile, optimizer_steps))
+    cfg = dataclasses.replace(
+        cfg,
+        precision=precision_choice(rt, cfg.precision, cfg.policy),  # auto is never fp16: the scaler above holds
+        compile=compile_choice(rt, cfg.compile, optimizer_steps),
+    )
     normalize = observation_normalizer(obs_rms, cfg.norm_obs)
     autocast = autocast_context(rt.device, cfg.precision)
     buffer, rollout, update = rollout_and_update(rt, cfg, env, policy, optimizer, scaler, normalize, autocast, obs)

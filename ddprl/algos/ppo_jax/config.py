@@ -24,7 +24,7 @@ class JaxPPOConfig(PPOConfig):
             f"devices={d!r} must be auto or an integer >= 1",
         )
         _check(self.policy == "mlp", f"policy={self.policy!r}: engine=jax has the mlp policy only")
-        _check(self.precision == "fp32", f"precision={self.precision}: engine=jax trains in fp32 only")
+        _check(self.precision in ("auto", "fp32"), f"precision={self.precision}: engine=jax trains in fp32 only")
         _check(not self.autoscale, "autoscale=true is a torch-engine option; give num_envs and n_steps")
 
     def resolved(self, world_size: int) -> JaxPPOConfig:
