@@ -2,8 +2,8 @@
 over 10M, as the results page's seeds), 2 CPU ranks with cpu_bind=cores, seeds 1..--seeds each way: whether bf16
 learns as fp32 does (its speed: roofline.py, atari_throughput.py). A run stops at --steps with a checkpoint; one
 stopped sooner (a sitting's end: SIGTERM to this script) goes on from it with --resume, on any machine: its state is
-kept under precision/ to commit, as the results' long rows keep theirs, and removed once the run reaches --steps. An
-fp32 seed that the results page's CPU row of the game has trained that far (the same command) is read from there.
+kept under precision/ to commit, as the results' long rows keep theirs, and removed once the run reaches --steps. A
+seed that the results page's CPU row of the game has trained that far at the same precision is read from there.
 
     python benchmarks/precision_curves.py [--task Pong-v5] [--steps 2000000] [--seeds 2] [--resume]
     python benchmarks/precision_curves.py --report [--task Pong-v5] [--steps 2000000] [--seeds 2]
@@ -35,15 +35,23 @@ def results_row(task: str) -> str:
 
 
 def keys_of(task: str, precision: str) -> list[str]:
-    """The results row's command (2 CPU ranks, 10M steps), with ``precision=bf16`` for bf16."""
-    return [*ROWS[results_row(task)].keys, *(["precision=bf16"] if precision == "bf16" else [])]
+    """The results row's command (2 CPU ranks, 10M steps) at ``precision``."""
+    return [*ROWS[results_row(task)].keys, f"precision={precision}"]
+
+
+def row_trains_at(task: str, precision: str) -> bool:
+    """Whether the results row's own command trains at ``precision`` (not ``auto``, which depends on the machine)."""
+    from ddprl.config import load_config
+
+    return load_config(list(ROWS[results_row(task)].keys)).precision == precision
 
 
 def kept_dirs(task: str, precision: str, seed: int) -> list[Path]:
-    """Where a seed's record may be, first found first: this script's, then (fp32) the results row's."""
+    """Where a seed's record may be, first found first: this script's, then the results row's where that
+    row trains at ``precision``."""
     mine = RUNS / f"{task}-{precision}"
     dirs = [mine / f"seed{seed}", mine / training.IN_PROGRESS / f"seed{seed}"]
-    if precision == "fp32":
+    if row_trains_at(task, precision):
         theirs = store.RUNS / results_row(task)
         dirs += [theirs / f"seed{seed}", theirs / training.IN_PROGRESS / f"seed{seed}"]
     return [d for d in dirs if (d / "metrics.jsonl.gz").exists()]
