@@ -643,9 +643,15 @@ def test_precision_auto_is_bf16_for_convolutional_policies_where_every_rank_has_
     caplog.set_level(logging.INFO, logger="ddprl")
     choose = loop.precision_choice
     monkeypatch.setattr(loop, "bf16_units", lambda device: "AVX512_BF16")
-    for given in ("fp32", "tf32", "bf16", "fp16"):
+    for given in ("tf32", "bf16", "fp16"):
         assert choose(_Ranks(True), given, "nature_cnn") == given  # as given, nothing said
     assert choose(_Ranks(False), "auto", "mlp") == "fp32" and not caplog.messages  # an MLP: fp32, nothing said
+    assert choose(_Ranks(False), "fp32", "mlp") == "fp32" and not caplog.messages
+    assert choose(_Ranks(True), "fp32", "cnn") == "fp32"  # as given, with where bf16 would run
+    assert (
+        caplog.messages[-1]
+        == "this cpu has AVX512_BF16: precision=auto or bf16 runs the update in bf16 with fp32 weights"
+    )
     assert choose(_Ranks(False), "auto", "nature_cnn") == "bf16"
     assert caplog.messages[-1] == "precision=auto: bf16 (this cpu has AVX512_BF16), with fp32 weights"
     assert choose(_Ranks(True), "auto", "cnn") == "fp32"  # the other rank has none: neither uses bf16
@@ -653,6 +659,8 @@ def test_precision_auto_is_bf16_for_convolutional_policies_where_every_rank_has_
     monkeypatch.setattr(loop, "bf16_units", lambda device: None)
     assert choose(_Ranks(False), "auto", "cnn") == "fp32"
     assert caplog.messages[-1] == "precision=auto: fp32 (no bf16 units on this cpu)"
+    said = len(caplog.messages)
+    assert choose(_Ranks(False), "fp32", "cnn") == "fp32" and len(caplog.messages) == said  # no units: no hint
 
 
 def test_precision_auto_is_a_ppo_key_only():

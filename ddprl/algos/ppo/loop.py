@@ -132,14 +132,21 @@ def compile_choice(rt: Runtime, setting: bool | str, optimizer_steps: int) -> bo
 
 def precision_choice(rt: Runtime, setting: str, policy: str) -> str:
     """The precision this job trains in: as given, or for ``auto`` bf16 autocast (fp32 weights) for a
-    convolutional policy where every rank has bf16 units (``bf16_units``; agreed in one collective), where
-    the update runs ~1.5x faster and learns as fp32 does (docs/benchmarks.md), else fp32: an MLP's small
-    matrix products gain nothing from bf16. Says which for a convolutional policy."""
-    if setting != "auto":
-        return setting
-    if policy == "mlp":
-        return "fp32"
+    convolutional policy where every rank has bf16 units (``bf16_units``; agreed in one collective), whose
+    update runs ~1.5x faster in bf16 (docs/benchmarks.md, roofline), else fp32: an MLP's small matrix
+    products gain nothing from bf16. Says which for a convolutional policy, and where fp32 leaves bf16
+    units idle."""
+    if policy == "mlp" or setting not in ("auto", "fp32"):
+        return "fp32" if setting == "auto" else setting
     units = bf16_units(rt.device)
+    if setting == "fp32":
+        if units is not None:
+            log.info(
+                "this %s has %s: precision=auto or bf16 runs the update in bf16 with fp32 weights",
+                rt.device.type,
+                units,
+            )
+        return setting
     ranks_without = rt.all_reduce_sum({"without": float(units is None)})["without"]
     if units is None:
         why = f"no bf16 units on this {rt.device.type}"
