@@ -1,6 +1,6 @@
 """benchmarks/precision_curves.py on a short Breakout run: each precision's run stops at its step count with its
 record kept and its state removed, a run stopped sooner keeps its state and goes on from it, and the report reads
-both precisions' curves."""
+both precisions' curves; a results row's seeds count only at the precision its own command trains at."""
 
 from __future__ import annotations
 
@@ -56,3 +56,22 @@ def test_runs_stop_at_their_steps_keep_their_records_and_go_on_elsewhere(tmp_pat
     P.report("Breakout-v5", 512, 1)
     table = capsys.readouterr().out
     assert "| fp32 | 1 | " in table and "| bf16 | 1 | " in table
+
+
+def test_a_results_rows_seeds_count_only_at_the_precision_its_command_trains_at(tmp_path, monkeypatch):
+    """The row's own command decides: the preset's fp32, or a precision its keys name (never ``auto``)."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(P, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(P.store, "RUNS", tmp_path / "results")
+    row = P.results_row("Breakout-v5")
+    seed1 = tmp_path / "results" / row / "seed1"
+    seed1.mkdir(parents=True)
+    (seed1 / "metrics.jsonl.gz").touch()
+    keys = "task=Breakout-v5 world_size=2 device=cpu".split()
+    for given, counts_for in ([], "fp32"), (["precision=bf16"], "bf16"), (["precision=auto"], None):
+        monkeypatch.setitem(P.ROWS, row, SimpleNamespace(keys=[*keys, *given]))
+        for precision in P.PRECISIONS:
+            assert P.row_trains_at("Breakout-v5", precision) == (precision == counts_for)
+            assert P.kept_dirs("Breakout-v5", precision, 1) == ([seed1] if precision == counts_for else [])
+    assert P.keys_of("Breakout-v5", "fp32")[-1] == "precision=fp32"  # each run names its precision

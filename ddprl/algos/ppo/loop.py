@@ -136,10 +136,12 @@ def precision_choice(rt: Runtime, setting: str, policy: str) -> str:
     update runs ~1.5x faster in bf16 (docs/benchmarks.md, roofline), else fp32: an MLP's small matrix
     products gain nothing from bf16. Says which for a convolutional policy, and where fp32 leaves bf16
     units idle."""
-    if policy == "mlp" or setting not in ("auto", "fp32"):
-        return "fp32" if setting == "auto" else setting
+    if setting not in ("auto", "fp32"):
+        return setting
+    if policy == "mlp":
+        return "fp32"
     units = bf16_units(rt.device)
-    if setting == "fp32":
+    if setting == "fp32":  # as given; the line says where bf16 would pay
         if units is not None:
             log.info(
                 "this %s has %s: precision=auto or bf16 runs the update in bf16 with fp32 weights",
