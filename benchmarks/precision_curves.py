@@ -1,6 +1,6 @@
-"""PPO's Atari preset in fp32 against ``precision=bf16``: the first --steps of 10M-step runs (the learning rate annealed
-over 10M, as the results page's seeds), 2 CPU ranks with cpu_bind=cores, seeds 1..--seeds each way: whether bf16
-learns as fp32 does (its speed: roofline.py, atari_throughput.py). A run stops at --steps with a checkpoint; one
+"""PPO's Atari preset at ``precision=fp32`` against ``bf16``: the first --steps of 10M-step runs (the learning rate
+annealed over 10M, as the results page's seeds), 2 CPU ranks with cpu_bind=cores, seeds 1..--seeds each way: whether
+bf16 learns as fp32 does (its speed: roofline.py, atari_throughput.py). A run stops at --steps with a checkpoint; one
 stopped sooner (a sitting's end: SIGTERM to this script) goes on from it with --resume, on any machine: its state is
 kept under precision/ to commit, as the results' long rows keep theirs, and removed once the run reaches --steps. A
 seed that the results page's CPU row of the game has trained that far at the same precision is read from there.

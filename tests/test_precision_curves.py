@@ -1,6 +1,6 @@
 """benchmarks/precision_curves.py on a short Breakout run: each precision's run stops at its step count with its
 record kept and its state removed, a run stopped sooner keeps its state and goes on from it, and the report reads
-both precisions' curves; a results row's seeds count only at the precision its own command trains at."""
+both precisions' curves; a results row's seeds count only at the precision its own command names."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def test_runs_stop_at_their_steps_keep_their_records_and_go_on_elsewhere(tmp_pat
 
 
 def test_a_results_rows_seeds_count_only_at_the_precision_its_command_trains_at(tmp_path, monkeypatch):
-    """The row's own command decides: the preset's fp32, or a precision its keys name (never ``auto``)."""
+    """The row's own command decides: a precision its keys name, never ``auto`` (the preset's)."""
     from types import SimpleNamespace
 
     monkeypatch.setattr(P, "RUNS", tmp_path / "runs")
@@ -69,7 +69,8 @@ def test_a_results_rows_seeds_count_only_at_the_precision_its_command_trains_at(
     seed1.mkdir(parents=True)
     (seed1 / "metrics.jsonl.gz").touch()
     keys = "task=Breakout-v5 world_size=2 device=cpu".split()
-    for given, counts_for in ([], "fp32"), (["precision=bf16"], "bf16"), (["precision=auto"], None):
+    cases = ([], None), (["precision=fp32"], "fp32"), (["precision=bf16"], "bf16"), (["precision=auto"], None)
+    for given, counts_for in cases:  # the Atari preset's own precision is auto
         monkeypatch.setitem(P.ROWS, row, SimpleNamespace(keys=[*keys, *given]))
         for precision in P.PRECISIONS:
             assert P.row_trains_at("Breakout-v5", precision) == (precision == counts_for)

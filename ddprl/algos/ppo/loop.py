@@ -131,11 +131,11 @@ def compile_choice(rt: Runtime, setting: bool | str, optimizer_steps: int) -> bo
 
 
 def precision_choice(rt: Runtime, setting: str, policy: str) -> str:
-    """The precision this job trains in: as given, or for ``auto`` bf16 autocast (fp32 weights) for a
-    convolutional policy where every rank has bf16 units (``bf16_units``; agreed in one collective), whose
-    update runs ~1.5x faster in bf16 (docs/benchmarks.md, roofline), else fp32: an MLP's small matrix
-    products gain nothing from bf16. Says which for a convolutional policy, and where fp32 leaves bf16
-    units idle."""
+    """The precision this job trains in: as given, or for ``auto`` (the Atari preset's) bf16 autocast
+    (fp32 weights) for a convolutional policy where every rank has bf16 units (``bf16_units``; agreed in
+    one collective), whose update runs ~1.5x faster in bf16 and learns alike (docs/benchmarks.md: roofline,
+    Pong's curves), else fp32: an MLP's small matrix products gain nothing from bf16. Says which for a
+    convolutional policy, and where fp32 leaves bf16 units idle."""
     if setting not in ("auto", "fp32"):
         return setting
     if policy == "mlp":
