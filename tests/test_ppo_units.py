@@ -532,6 +532,32 @@ def test_pixels_are_stored_as_bytes_exactly():
     assert torch.equal(buffer.data.obs[1].float(), frames)
 
 
+def test_channels_last_storage_keeps_the_frames_and_gathers_minibatches_channels_last():
+    """Frames stored H x W x C read back as the env gave them (C x H x W); the update's flat view
+    and a minibatch gathered from it are channels-last (what the CPU convolutions take), so the
+    gather copies whole frames; the Nature CNN asks for it on a CPU only."""
+    from ddprl.algos.ppo.update import update_batch
+
+    shape = (4, 84, 84)
+    buffer = RolloutBuffer(2, 3, shape, (), torch.long, torch.device("cpu"), torch.uint8, obs_channels_last=True)
+    frames = torch.randint(0, 256, (2, 3, *shape), dtype=torch.uint8)
+    for t in range(2):
+        buffer.store(t, obs=frames[t])
+    assert buffer.data.obs.shape == (2, 3, *shape) and torch.equal(buffer.data.obs, frames)
+    flat = update_batch(buffer)["obs"]
+    assert flat.data_ptr() == buffer.data.obs.data_ptr()  # a view: no copy of the rollout
+    minibatch = flat[torch.tensor([5, 0, 3])]
+    assert minibatch.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(minibatch, frames.flatten(0, 1)[[5, 0, 3]])
+    with pytest.raises(ValueError, match="C x H x W frames"):
+        RolloutBuffer(2, 3, (8,), (), torch.long, torch.device("cpu"), obs_channels_last=True)
+    space = gym.spaces.Box(0, 255, shape, np.uint8)
+    cnn = ActorCritic(space, gym.spaces.Discrete(4), policy="nature_cnn")
+    assert cnn.frames_channels_last(torch.device("cpu")) and not cnn.frames_channels_last(torch.device("cuda"))
+    mlp = ActorCritic(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))
+    assert not mlp.frames_channels_last(torch.device("cpu"))
+
+
 # -- the loop's pieces around the update, on a stand-in for two ranks ---------------------------------
 
 

@@ -293,6 +293,7 @@ def rollout_and_update(
         torch.long if policy.discrete else torch.float32,
         rt.device,
         obs_storage_dtype(env.single_observation_space),
+        obs_channels_last=policy.frames_channels_last(rt.device),
     )
     regions = plan(cfg, env, acts_jointly(env, policy, autocast))  # what compile=true compiles here (logged)
     rollout = RolloutStep(env, policy, buffer, normalize, autocast, steps_per_call(cfg, env), cfg.compile, obs)

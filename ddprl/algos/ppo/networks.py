@@ -131,8 +131,13 @@ class NatureCNN(nn.Module):
             n = (n - kernel) // stride + 1
         return n
 
+    @staticmethod
+    def channels_last(device: torch.device) -> bool:
+        """Whether the convolutions take channels-last frames on ``device``."""
+        return device.type == "cpu"
+
     def forward(self, obs: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) in [0, 255] -> (B, 512)
-        if obs.device.type == "cpu":
+        if self.channels_last(obs.device):
             # oneDNN's CPU convolutions are faster on channels-last frames (the Atari preset's update
             # on one core: about a sixth less time); CUDA keeps the layout it is given (not measured).
             obs = obs.contiguous(memory_format=torch.channels_last)
@@ -186,6 +191,11 @@ class ActorCritic(nn.Module):
         self.is_mlp = type(self.trunk) is nn.Flatten  # separate actor and critic MLPs on the flat observation
         if not self.discrete:  # a state-independent log std, log_std_init at the start
             self.log_std = nn.Parameter(torch.full((n_out,), float(log_std_init)))
+
+    def frames_channels_last(self, device: torch.device) -> bool:
+        """Whether this policy's convolutions take frames channels-last on ``device`` (so that a
+        rollout stores them so)."""
+        return isinstance(self.trunk, NatureCNN) and self.trunk.channels_last(device)
 
     def _trunk(self, obs: torch.Tensor) -> torch.Tensor:
         return obs.flatten(1) if type(self.trunk) is nn.Flatten else self.trunk(obs)  # nn.Flatten's op, no call

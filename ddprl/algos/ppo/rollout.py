@@ -40,7 +40,13 @@ def obs_storage_dtype(space: Any) -> torch.dtype:
 
 
 class RolloutBuffer:
-    """Preallocated storage for one rollout of ``n_steps`` x ``num_envs`` on ``device``."""
+    """Preallocated storage for one rollout of ``n_steps`` x ``num_envs`` on ``device``.
+
+    ``obs_channels_last``: C x H x W frames kept in H x W x C memory order (``data.obs`` is a
+    permuted view, indexed as ever): a minibatch's frames are then gathered whole into the
+    channels-last layout the CPU convolutions take, where gathering from C x H x W memory
+    transposes element by element (the Atari update on a core: 49 -> 42 ms an optimizer step).
+    """
 
     def __init__(
         self,
@@ -51,12 +57,20 @@ class RolloutBuffer:
         action_dtype: torch.dtype,
         device: torch.device,
         obs_dtype: torch.dtype = torch.float32,
+        obs_channels_last: bool = False,
     ):
         def z(*shape, dtype=torch.float32):
             return torch.zeros((n_steps, num_envs, *shape), dtype=dtype, device=device)
 
+        if obs_channels_last:
+            if len(obs_shape) != 3:
+                raise ValueError(f"channels-last storage is for C x H x W frames, not observations of {obs_shape}")
+            c, h, w = obs_shape
+            obs = z(h, w, c, dtype=obs_dtype).permute(0, 1, 4, 2, 3)
+        else:
+            obs = z(*obs_shape, dtype=obs_dtype)
         self.data = Rollout(
-            obs=z(*obs_shape, dtype=obs_dtype),
+            obs=obs,
             actions=z(*action_shape, dtype=action_dtype),
             log_probs=z(),
             values=z(),
