@@ -329,6 +329,7 @@ def ppo_learn_compiled(rt, cfg, out: str, batch_path: str, steps: int = 1, backe
 def host_collectives(rt, cfg, out: str) -> None:
     """Sums through whichever collectives the job chose: several dtypes, a tensor larger than a
     shared-memory slot (chunks), a DDP model's averaged gradient, and objects (one larger than a slot)."""
+    from ddprl.algos import graphs
     from ddprl.runtime import shm
 
     big = torch.arange(shm.SLOT_BYTES // 4 * 2 + 5, dtype=torch.float32) * (rt.rank + 1)
@@ -342,6 +343,9 @@ def host_collectives(rt, cfg, out: str) -> None:
         "int64": rt.all_reduce_sum(torch.tensor([2**40 + rt.rank], dtype=torch.int64)),
         "big": rt.all_reduce_sum(big),
         "region_mean": rt.region_mean(torch.tensor([1.0, 3.0]) * rt.rank),
+        # inside a compiled region (inductor: the op is called, not traced), and the graph's ops
+        "compiled_region_mean": torch.compile(rt.region_mean, fullgraph=True)(big),
+        "region_graph": str(graphs.capture_graphs(rt.region_mean, big)[0].graph),
         "transposed": rt.all_reduce_sum(torch.arange(6.0).view(2, 3).t() * (rt.rank + 1)),
         "grad": model.weight.grad.clone(),
         "collective_s": rt.collective_s,

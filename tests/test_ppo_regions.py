@@ -437,9 +437,10 @@ def test_compiled_rollout_equals_eager():
 
 @pytest.mark.slow
 def test_update_region_two_ranks_equal_one_process(tmp_path):
-    """Update regions on 2 ranks (gradients averaged inside the graph by a functional all-reduce,
-    rank 1's different initial weights replaced by ``rt.broadcast_module``), each on half the
-    batch == eager ``learn`` in one process on the whole batch, with the global norm clip acting
+    """Update regions on 2 ranks (gradients averaged inside the graph by one all-reduce: the
+    shared-memory op on one machine, gloo's functional collective elsewhere; rank 1's different
+    initial weights replaced by ``rt.broadcast_module``), each on half the batch == eager
+    ``learn`` in one process on the whole batch, with the global norm clip acting
     on every step. Captured whole (fullgraph) with the ``aot_eager`` backend: inductor's codegen
     would add a minute of compiling per rank on 2 cores, and is covered by the one-rank tests."""
     n = 64

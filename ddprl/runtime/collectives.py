@@ -287,7 +287,9 @@ class Runtime:
         """
         if self.world_size == 1:
             return tensor
-        if torch.compiler.is_compiling():  # public since torch 2.3 (the floor is 2.4)
+        if torch.compiler.is_compiling() and self._host is not None:
+            total = self._host.region_all_reduce_sum(tensor.float())
+        elif torch.compiler.is_compiling():  # public since torch 2.3 (the floor is 2.4)
             total = functional_all_reduce(tensor.float(), "sum", self._group())
         else:
             # Run eagerly (compile=false, or a region fallen back): the in-place collective. The

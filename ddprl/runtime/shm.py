@@ -81,20 +81,25 @@ class SharedMemoryGroup:
         data = torch.frombuffer(self._map, dtype=torch.uint8, offset=header, count=world_size * 2 * SLOT_BYTES)
         self._slots = data.view(world_size, 2, SLOT_BYTES)  # [rank, parity] -> bytes
         self._seq = int(self._counters[rank])  # 0 in a fresh file
+        self.key = id(self)  # how an op in a compiled region finds this group (_OPEN)
+        _OPEN[self.key] = self
 
-    def all_reduce_sum_(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum ``tensor`` (a CPU tensor) over ranks, in place; every rank gets the same bits."""
+    def all_reduce_sum_(self, tensor: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Sum ``tensor`` (a CPU tensor) over ranks, in place or into ``out`` (contiguous, of its
+        shape and dtype); every rank gets the same bits."""
         if not tensor.is_contiguous():
-            return tensor.copy_(self.all_reduce_sum_(tensor.contiguous()))
+            return (tensor if out is None else out).copy_(self.all_reduce_sum_(tensor.contiguous()))
         flat = tensor.view(-1)
+        flat_out = flat if out is None else out.view(-1)
         per_chunk = SLOT_BYTES // tensor.element_size()
         for start in range(0, flat.numel(), per_chunk):
-            self._round(flat[start : start + per_chunk])
-        return tensor
+            self._round(flat[start : start + per_chunk], flat_out[start : start + per_chunk])
+        return tensor if out is None else out
 
     def barrier(self) -> None:
         """Return once every rank has called it."""
-        self._round(torch.empty(0))
+        empty = torch.empty(0)
+        self._round(empty, empty)
 
     def all_gather_bytes(self, data: bytes) -> list[bytes] | None:
         """Every rank's ``data`` in rank order, in one round; None on every rank when some rank's is
@@ -113,7 +118,8 @@ class SharedMemoryGroup:
             return None
         return [slot[8 : 8 + n].tobytes() for slot, n in zip(slots, sizes, strict=True)]
 
-    def _round(self, chunk: torch.Tensor) -> None:
+    def _round(self, chunk: torch.Tensor, out: torch.Tensor) -> None:
+        """One round: ``chunk`` summed over ranks into ``out`` (``chunk`` itself or as large)."""
         n = chunk.numel() * chunk.element_size()
 
         def write(slot: torch.Tensor) -> None:
@@ -125,11 +131,11 @@ class SharedMemoryGroup:
             parts = [self._slots[r, parity, :n].view(chunk.dtype) for r in range(self.world_size)]
             # rank order on every rank: the same sum everywhere; the first two in one pass over memory
             if len(parts) == 1:
-                chunk.copy_(parts[0])
+                out.copy_(parts[0])
             else:
-                torch.add(parts[0], parts[1], out=chunk)
+                torch.add(parts[0], parts[1], out=out)
             for part in parts[2:]:
-                chunk.add_(part)
+                out.add_(part)
 
     def _exchange(self, write: Callable[[torch.Tensor], None]) -> int:
         """One round: ``write`` this rank's slot (bytes), publish it, wait for every rank's; returns
@@ -174,13 +180,34 @@ class SharedMemoryGroup:
                 f"{self.timeout_s:g}s (rank {self.rank} waited {waited:.0f}s)"
             )
 
+    def region_all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks of ``tensor`` as a new tensor, callable inside a compiled region: one
+        opaque op there (the compiler calls it, it does not trace it), where gloo's traceable
+        all-reduce would move the tensor through TCP (1.69M floats, 2 ranks: 8-10 ms against 1.5)."""
+        return torch.ops.ddprl.shm_all_reduce_sum(tensor, self.key)
+
     def close(self) -> None:
+        _OPEN.pop(self.key, None)
         self._counters = None  # the views go before the map they point into
         self._slots = None
         try:
             self._map.close()
         except BufferError:  # a view still held somewhere: the map goes with the process
             pass
+
+
+_OPEN: dict[int, SharedMemoryGroup] = {}  # the groups an op in a compiled region reaches, by id
+
+
+# the schema given: this module's annotations are strings, which the oldest torch does not parse
+@torch.library.custom_op("ddprl::shm_all_reduce_sum", mutates_args=(), schema="(Tensor tensor, int group) -> Tensor")
+def _all_reduce_sum(tensor: torch.Tensor, group: int) -> torch.Tensor:
+    return _OPEN[group].all_reduce_sum_(tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format))
+
+
+@_all_reduce_sum.register_fake
+def _(tensor: torch.Tensor, group: int) -> torch.Tensor:
+    return torch.empty_like(tensor, memory_format=torch.contiguous_format)
 
 
 def create_file(world_size: int, directory: str = "/dev/shm") -> str:
