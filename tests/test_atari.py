@@ -281,6 +281,41 @@ def test_a_rollout_in_two_parts_stores_what_one_part_stores():
     assert torch.equal(one.obs, two.obs) and torch.equal(one_rng, two_rng) and int(two.cursor) == 96
 
 
+@pytest.mark.parametrize("parts", [1, 2])
+def test_a_bf16_rollout_acts_through_its_bf16_trunk_as_the_policy_acts(parts):
+    """Under bf16 autocast a CPU rollout acts through a copy of the policy whose trunk is bf16
+    already (autocast would cast the weights at every act): the rows it stores are those of the
+    policy acting itself, bit for bit, also after the policy's weights change between rollouts
+    (the copy is refreshed as each rollout starts), in one part and in two."""
+    backend = "envpool" if HAS_ENVPOOL else "gymnasium"
+    policy = atari_fns.nature_cnn_agent(4)
+    start = {k: v.clone() for k, v in policy.state_dict().items()}
+    runs = []
+    for cast in (True, False):
+        policy.load_state_dict(start)
+        env = AtariVecEnv("Breakout-v5", 4, seed=1, training=True, backend=backend, max_episode_steps=70, parts=parts)
+        buffer = RolloutBuffer(24, 4, (4, 84, 84), (), torch.long, torch.device("cpu"), torch.uint8)
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16)
+        rollout = RolloutStep(env, policy, buffer, lambda x: x, autocast, obs=env.reset())
+        assert rollout.act.__self__ is rollout.cast.policy
+        assert next(rollout.cast.policy.trunk.parameters()).dtype == torch.bfloat16
+        if not cast:  # the policy acting itself
+            rollout.cast, rollout.act = None, policy.act_with_noise
+        torch.manual_seed(7)
+        stored = []
+        for i in range(2):
+            with torch.no_grad():  # an update between the rollouts
+                for p in policy.parameters():
+                    p.mul_(1.0 + 0.05 * i)
+            rollout.collect()
+            stored.append([x.clone() for x in buffer.data])
+        runs.append(stored)
+        env.close()
+    for one, two in zip(*runs, strict=True):
+        for name, a, b in zip(buffer.data._fields, one, two, strict=True):
+            assert torch.equal(a, b), name
+
+
 def test_env_overlap_splits_the_games_where_a_core_or_gpu_can_step_them(monkeypatch, caplog):
     """``env_overlap``: false never; auto where the games are EnvPool's, two equal parts a rank,
     and the rank has a second core of its own or a GPU; EnvPool's threads pinned to the rank's

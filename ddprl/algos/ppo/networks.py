@@ -7,6 +7,7 @@ one call of the module (``torch.func.functional_call`` when compiled), trunk com
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import NamedTuple
 
@@ -286,6 +287,30 @@ class ActorCritic(nn.Module):
             log_prob, entropy = log_prob.sum(-1), entropy.sum(-1)
         value = self._critic(features).squeeze(-1).float()
         return PolicyOutput(action, log_prob, entropy, value)
+
+
+class CastTrunk:
+    """A copy of ``policy`` to act with under ``dtype`` autocast, its trunk's weights already in
+    ``dtype``: autocast casts an fp32 weight at every call (the Nature CNN's 1.7M: ~0.35 ms of an
+    act's 1.2 ms on 4 frames on a CPU core), and takes one of its own dtype as it is, so the copy
+    acts bit for bit as ``policy`` under that autocast. :meth:`refresh` copies the weights over
+    (a rollout calls it as it starts: the update changes them).
+
+    >>> net = ActorCritic(gym.spaces.Box(0, 255, (4, 84, 84)), gym.spaces.Discrete(4), policy="nature_cnn")
+    >>> acting = CastTrunk(net, torch.bfloat16); acting.refresh()
+    >>> acting.policy.trunk.head[0].weight.dtype
+    torch.bfloat16
+    """
+
+    def __init__(self, policy: ActorCritic, dtype: torch.dtype):
+        self.source = policy
+        self.policy = copy.deepcopy(policy).requires_grad_(False)
+        self.policy.trunk.to(dtype)
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        for mine, theirs in zip(self.policy.parameters(), self.source.parameters(), strict=True):
+            mine.copy_(theirs)  # the trunk's rounded to its dtype as autocast rounds them
 
 
 class JointMLPAct:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ddprl.algos.graphs import compile_region, mark_static, step_begin
-from ddprl.algos.ppo.networks import ActorCritic
+from ddprl.algos.ppo.networks import ActorCritic, CastTrunk
 
 
 class Rollout(NamedTuple):
@@ -86,6 +86,11 @@ class RolloutBuffer:
             getattr(self.data, name)[t] = value
 
 
+def casts_to_bf16(autocast: contextlib.AbstractContextManager) -> bool:
+    """Whether ``autocast`` (``ddprl.algos.common.autocast_context``'s) runs bf16 autocast."""
+    return isinstance(autocast, torch.autocast) and autocast.fast_dtype == torch.bfloat16
+
+
 def acts_jointly(env: Any, policy: ActorCritic, autocast: contextlib.AbstractContextManager) -> bool:
     """Whether a rollout of ``env`` acts through :class:`~ddprl.algos.ppo.networks.JointMLPAct`: an
     MLP policy in fp32 on a host env of a CPU rank, where acting is bound by the count of small ops.
@@ -141,7 +146,14 @@ class RolloutStep:
         self.env_noise = (
             torch.empty(unroll, *env.draw_shape, dtype=torch.long, device=device) if self.in_graph else None
         )
-        self.act = policy.act_with_noise
+        # bf16 on a host rollout of a CPU rank: act through a copy whose trunk is bf16 already
+        self.cast = (
+            CastTrunk(policy, torch.bfloat16)
+            if self.on_host and casts_to_bf16(autocast) and next(policy.trunk.parameters(), None) is not None
+            else None
+        )
+        acting = policy if self.cast is None else self.cast.policy
+        self.act = acting.act_with_noise
         self.region: Callable = self.steps
         if self.in_graph:
             # fixed addresses: a CUDA graph reads and writes these in place (mark_static)
@@ -157,7 +169,7 @@ class RolloutStep:
         # the joint act's builder: it is rebuilt from the parameters at each rollout (the update changes them)
         self.joint = policy.joint_act if acts_jointly(env, policy, autocast) else None
         if compile and not self.in_graph and self.joint is None:
-            self.act = torch.compile(policy.act_with_noise)
+            self.act = torch.compile(acting.act_with_noise)
 
     def observe(self) -> torch.Tensor:
         """The observation the next step acts on."""
@@ -213,6 +225,8 @@ class RolloutStep:
         """``buffer.n_steps`` steps of every env: n_steps / unroll calls. Returns the summed
         returns of the episodes that ended and their count (0-d device tensors)."""
         self.cursor.zero_()
+        if self.cast is not None:
+            self.cast.refresh()
         if getattr(self.env, "parts", 1) > 1 and not self.in_graph:
             return self.overlapped_steps()
         if self.on_host:
