@@ -1,4 +1,4 @@
-"""Published results, reproduced: run one row of docs/results.md, or rebuild the page.
+"""ddprl beside published numbers and peer libraries: run one row of docs/results.md, or rebuild the page.
 
     python benchmarks/results/run.py ROW [--seeds 3] [--resume] [--jobs N]   # train its seeds, keep their curves
     python benchmarks/results/run.py --page      # docs/results.md, results.csv and a figure per suite from runs/
