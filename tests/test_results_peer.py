@@ -137,7 +137,7 @@ def test_the_tables_and_the_csv_are_computed_from_the_kept_runs(tmp_store):
         in text
     )
     assert "| `jax-cartpole` | not run |" in text and (tmp_store / "results" / "ppo-mujoco.png").exists()
-    assert "| PPO, MuJoCo | 17 | 0 | 1 | 1 | 15 | 0 |" in text  # the verdicts counted
+    assert "| PPO, MuJoCo | 18 | 0 | 1 | 1 | 16 | 0 |" in text  # the verdicts counted
     assert "| Supervised | 2 | 0 | 1 | 1 | 0 | 0 |" in text
     assert text.count(f"{page.COLUMNS}\n|---|---|---|---|---|---|---|---|---|---|\n") == len(page.SUITES)
     table = (tmp_store / "results.csv").read_text().splitlines()
@@ -474,6 +474,44 @@ def test_jaxmarl_qmix_on_smax_is_kept_per_seed_and_tabled_as_a_win_rate(tmp_stor
     text = page.page()
     where = "JaxMARL `c793d09` run here | win rate, final greedy test at 500k (JaxMARL's at 24.6k) | above | 2 / 2 |"
     assert f"| smax/3m | `qmix-smax-3m` | 0.950 [0.900, 1.000] | 0.150 [0.100, 0.200] | {where}" in text
+
+
+def test_a_suite_of_one_scale_pools_its_tasks_first_seeds_into_an_aggregate_and_a_profile(tmp_store):
+    """SMAX: ddprl's win rates on 3 battles (5 seeds on 3m, whose last two would lift the IQM) against JaxMARL's
+    (3 a battle) pool into runs x battles matrices of the first 3 seeds; LBF, not run, says so."""
+    ours = {"3m": [0.5, 0.6, 0.7, 1.0, 1.0], "2s3z": [0.4, 0.5, 0.6], "5m_vs_6m": [0.0, 0.1, 0.2]}
+    theirs = {"3m": [0.2, 0.3, 0.4], "2s3z": [0.0, 0.1, 0.1], "5m_vs_6m": [0.0, 0.0, 0.0]}
+    for battle in ours:
+        keep(
+            f"qmix-smax-{battle}", {f"seed{s}": [{"step": 500_000, rows.WON: v}] for s, v in enumerate(ours[battle], 1)}
+        )
+        runs = {f"seed{s}": [{"step": 491_520, rows.WON: v}] for s, v in enumerate(theirs[battle], 1)}
+        keep(f"jaxmarl-smax-{battle}", runs, jaxmarl_commit="c793d09")
+    text = page.page()
+    cells = []
+    for side in (ours, theirs):
+        matrix = np.array([side[battle][:3] for battle in side]).T
+        low, high = page.stats.bootstrap_interval(matrix)
+        cells.append(f"{page.stats.iqm(matrix):.3f} [{low:.3f}, {high:.3f}]")
+    assert cells[0].startswith("0.440 ")  # the middle 5 of the 9 first seeds: 0.2, 0.4, 0.5, 0.5, 0.6
+    line = f"| SMAX, 3 battles | win rate | ddprl | {cells[0]} | JaxMARL `c793d09` run here | {cells[1]} | above |"
+    assert f"{line} 3 / 3 a task |" in text
+    assert "| LBF, 3 tasks | team return (1: all the food loaded) | ddprl | not run |" in text
+    assert (tmp_store / "results" / "across-tasks.png").exists()
+
+
+def test_the_commands_table_gives_each_row_once_and_rows_differing_in_their_task_alone_one_line():
+    lines = page.commands()
+    named = [name for line in lines for name in re.findall(r"`([a-z0-9_-]+)`", line.split(" | ")[0])]
+    assert sorted(named) == sorted([*rows.ROWS, *rows.SUPERVISED_ROWS])
+    mujoco = next(line for line in lines if line.startswith("| `ppo-halfcheetah`, `ppo-hopper`"))
+    assert mujoco.endswith("| `ddprl train task=<task> world_size=2 n_steps=1024 batch_size=32` |")
+    assert "| `ppo-acrobot` | `ddprl train task=Acrobot-v1 world_size=2 steps=1000000` |" in lines  # alone: its task
+    for line in lines:  # each row's own command is the shared one with its task
+        shared, names = line.split(" | ")[-1].strip("` |"), re.findall(r"`([a-z0-9_-]+)`", line.split(" | ")[0])
+        for name in names:
+            row = {**rows.ROWS, **rows.SUPERVISED_ROWS}[name]
+            assert shared.replace("task=<task>", f"task={row.key('task')}") == row.command()
 
 
 def test_a_row_whose_kept_run_ran_other_keys_is_marked_stale_and_counted_apart(tmp_store):

@@ -58,3 +58,19 @@ def test_the_probability_of_improvement_counts_pairs_per_task_and_averages_the_t
     assert low == high == 1.0  # every redraw keeps every pair ordered
     low, high = stats.improvement_interval([[1.0, 2.0, 3.0, 4.0]], [[2.5, 2.6, 2.4]], reps=500)
     assert low < stats.improvement([[1.0, 2.0, 3.0, 4.0]], [[2.5, 2.6, 2.4]]) == 0.5 < high
+
+
+def test_the_performance_profile_and_its_band_equal_rliables():
+    """rliable 1.2.0: ``create_performance_profile({"a": SCORES / [1, 1, 1000]}, TAUS, reps=2000)`` after
+    ``np.random.seed(3)`` (the run-score distribution, percentile intervals)."""
+    scores, taus = SCORES / [1.0, 1.0, 1000.0], np.array([0.0, 0.1, 0.2, 0.3, 0.35, 0.5, 0.7, 0.8])
+    profile = stats.score_distribution(scores, taus)
+    assert profile * 15 == pytest.approx([15, 14, 12, 10, 6, 4, 2, 1])  # of the 15 runs, how many score above
+    low, high = stats.profile_band(scores, taus, reps=2000, seed=3)
+    assert low * 15 == pytest.approx([15, 12, 10, 7, 5, 2, 0, 0])
+    assert high * 15 == pytest.approx([15, 15, 14, 13, 8, 5, 4, 3])
+
+
+def test_tasks_pool_over_the_seeds_every_task_has():
+    matrix = stats.first_seeds([[1.0, 2.0, 3.0, 4.0, 5.0], [6.0, 7.0, 8.0]])
+    assert matrix.tolist() == [[1.0, 6.0], [2.0, 7.0], [3.0, 8.0]]  # runs x tasks, each task's first 3

@@ -61,6 +61,19 @@ class Aggregate:
     high: np.ndarray | None
 
 
+@dataclass(frozen=True)
+class Profile:
+    """An implementation's performance profile over a suite's tasks: at each threshold of a common scale, the
+    share of its runs scoring above it (``stats.score_distribution``) and that share's 95 % interval."""
+
+    label: str
+    colour: str
+    taus: np.ndarray
+    share: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+
+
 def binned(points: Curve, end: float, bins: int = BINS) -> list[tuple[float, float]]:
     """The mean of the points in each of ``bins`` equal bins of (0, ``end``], at the mean step of its points
     (a straight line stays on itself); points past ``end`` are left out, empty bins give no point."""
@@ -128,6 +141,34 @@ def legend_columns(labels: Sequence[str], width: float) -> int:
         if sum(max(entries[i : i + rows]) for i in range(0, len(labels), rows)) <= width:
             return ncols
     return 1
+
+
+def draw_profiles(path: Path, title: str, panels: Sequence[tuple[str, str, Sequence[Profile]]]) -> None:
+    """One figure into ``path`` (PNG) with a panel per (title, x label, profiles): each profile's share of runs
+    above each threshold as a line, its interval shaded, and a legend of the panel's own (lower left, where a
+    profile, falling from the top left, leaves room)."""
+    from matplotlib.figure import Figure
+
+    rows, cols = layout(len(panels))
+    fig = Figure(figsize=(cols * PANEL[0], rows * PANEL[1] + 0.4), dpi=DPI, layout="constrained")
+    grid = fig.subplots(rows, cols, squeeze=False)
+    for i, (task, xlabel, profiles) in enumerate(panels):
+        ax = grid[divmod(i, cols)]
+        for profile in profiles:
+            ax.plot(profile.taus, profile.share, color=profile.colour, linewidth=1.4, label=profile.label)
+            ax.fill_between(profile.taus, profile.low, profile.high, color=profile.colour, alpha=0.2, linewidth=0)
+        ax.set_title(task, fontsize=10)
+        ax.set_xlabel(xlabel, fontsize=9)
+        ax.set_ylim(-0.02, 1.02)
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.25, linewidth=0.5)
+        ax.legend(loc="lower left", fontsize=7, frameon=False)
+        if i % cols == 0:
+            ax.set_ylabel("share of runs scoring above", fontsize=9)
+    for ax in grid.ravel()[len(panels) :]:
+        ax.set_visible(False)
+    fig.suptitle(title, fontsize=12)
+    fig.savefig(path, format="png", metadata={"Software": None})
 
 
 def draw_suite(path: Path, title: str, panels: Sequence[Panel], columns: int = COLUMNS) -> None:

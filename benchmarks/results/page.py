@@ -13,6 +13,8 @@ import statistics
 import textwrap
 from dataclasses import dataclass
 
+import numpy as np
+
 from . import figures, provenance, stats, store
 from . import rows as R
 from .store import at_steps, curve, mean_std, welch, window_mean
@@ -90,8 +92,55 @@ SUITES = {  # the page's tables: each row's suite by its name's start, in this o
 }
 
 
+@dataclass(frozen=True)
+class Across:
+    """A suite whose tasks share a scale, so that its runs pool over tasks (rliable's aggregate IQM and performance
+    profile): the tasks in words, the scale, what divides a score onto [0, 1], and ddprl's configurations, each
+    with the rows it pools (one a task; a row's per-seed reference pools alike)."""
+
+    tasks: str
+    scale: str
+    divisor: float
+    configurations: dict[str, tuple[str, ...]]
+
+
+LBF = ("8x8-2p-2f-coop", "2s-8x8-2p-2f-coop", "10x10-3p-3f")
+ACROSS = {
+    "QMIX, LBF, RWARE and MPE": Across(
+        "LBF, 3 tasks",
+        "team return (1: all the food loaded)",
+        1,
+        {
+            "ddprl": tuple(f"qmix-lbf-{task}" for task in LBF),
+            "ddprl, EPyMARL's settings": tuple(f"qmix-lbf-{task}-epymarl" for task in LBF),
+        },
+    ),
+    "QMIX, SMAX": Across(
+        "SMAX, 3 battles", "win rate", 1, {"ddprl": ("qmix-smax-3m", "qmix-smax-2s3z", "qmix-smax-5m_vs_6m")}
+    ),
+    "TD-MPC2, DeepMind Control": Across(
+        "DMC, 3 tasks",
+        "return / 1,000",
+        1000,
+        {"ddprl, model_size 1 on a CPU": ("tdmpc2-cartpole-swingup", "tdmpc2-reacher-easy", "tdmpc2-finger-spin")},
+    ),
+}
+TAUS = np.linspace(0.0, 1.0, 101)  # the performance profiles' thresholds on the [0, 1] scale
+
+
 def suite_of(name: str) -> str:
     return next(suite for suite, starts in SUITES.items() if name.startswith(starts))
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A table line whose reference has per-seed numbers: its row, the reference's source, and both sides' runs
+    (negated where lower is better, so that higher is better in every pair)."""
+
+    row: str
+    source: str
+    ours: tuple[float, ...]
+    theirs: tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -105,8 +154,8 @@ class Versus:
     values: tuple[float, ...] = ()  # its runs' scores, where known: for the probability of improvement
 
 
-def scored(values: list[float], digits: int) -> tuple[str, tuple[float, float] | None]:
-    """Seeds' cell, IQM [95 % CI], and the interval (one seed: its value, no interval)."""
+def scored(values: list[float] | np.ndarray, digits: int) -> tuple[str, tuple[float, float] | None]:
+    """Seeds' cell, IQM [95 % CI], and the interval (one seed: its value, no interval); a matrix: runs x tasks."""
     if len(values) < 2:
         return (f"{values[0]:.{digits}f} (1 seed)" if values else ""), None
     low, high = stats.bootstrap_interval(values)
@@ -160,7 +209,7 @@ class Page:
         self.tables: dict[str, list[str]] = {suite: [] for suite in SUITES}
         self.verdicts: dict[str, list[str]] = {suite: [] for suite in SUITES}
         self.stale: dict[str, list[str]] = {}  # row: the keys its kept runs ran otherwise
-        self.pairs: dict[str, list[tuple[list[float], tuple[float, ...]]]] = {suite: [] for suite in SUITES}
+        self.pairs: dict[str, list[Pair]] = {suite: [] for suite in SUITES}
 
     def values(self, name, algo, task, metric, steps=None, agents=1, prefix="seed", what=None) -> list[float]:
         """Each kept seed's ``metric`` at ``steps`` (TRAIN: the mean over the last 5 %; no steps: its last value)
@@ -185,7 +234,8 @@ class Page:
         self.verdicts[suite].append(verdict)
         if ours and versus.values:  # lower better: negated, so that "above" is better here too
             sign = -1 if more.get("lower") else 1
-            self.pairs[suite].append(([sign * v for v in ours], tuple(sign * v for v in versus.values)))
+            signed = tuple(sign * v for v in ours), tuple(sign * v for v in versus.values)
+            self.pairs[suite].append(Pair(label.split("`")[1], source, *signed))
         if more.get("lower") and verdict != "within" and verdict != "—":
             verdict += " (worse)" if verdict == "above" else " (better)"
         seeds = f"{len(ours)}" + (f" / {versus.runs}" if versus.runs else "")
@@ -468,12 +518,79 @@ def verdict_counts(p: Page) -> list[str]:
     for suite, verdicts in p.verdicts.items():
         counts = [verdicts.count(v) for v in ("above", "within", "below", "—")]
         counts.append(sum(v.endswith(" stale") for v in verdicts))
-        ours, theirs = [list(a) for a, _ in p.pairs[suite]], [list(b) for _, b in p.pairs[suite]]
+        ours, theirs = [list(pair.ours) for pair in p.pairs[suite]], [list(pair.theirs) for pair in p.pairs[suite]]
         chance = "—"
         if ours:
             low, high = stats.improvement_interval(ours, theirs)
             chance = f"{stats.improvement(ours, theirs):.2f} [{low:.2f}, {high:.2f}], {len(ours)}"
         lines.append(f"| {suite} | {len(verdicts)} | " + " | ".join(map(str, counts)) + f" | {chance} |")
+    return lines
+
+
+ACROSS_TEXT = (
+    "Where a suite's tasks share a scale, its runs pool over tasks: the IQM of every run of every task (each task's "
+    "first N seeds, N the fewest any task has, so that tasks weigh alike) with its 95 % stratified-bootstrap "
+    "interval, and the performance profile, the share of runs scoring above each point of the scale (rliable's "
+    "`create_performance_profile`). MuJoCo has per-seed references on one task only, the JAX engine's tasks no "
+    "common scale.\n"
+)
+ACROSS_COLUMNS = (
+    "| tasks | scale | ddprl | aggregate IQM [95 % CI] | reference | aggregate IQM [95 % CI] | verdict | seeds |"
+)
+
+
+def pooled(pairs: dict[str, Pair], names: tuple[str, ...], side: str, divisor: float) -> np.ndarray:
+    """One side's (``ours`` or ``theirs``) runs of the rows ``names``, runs x tasks on the [0, 1] scale."""
+    return stats.first_seeds([list(getattr(pairs[name], side)) for name in names]) / divisor
+
+
+def profile(label: str, colour: str, scores: np.ndarray) -> figures.Profile:
+    """The performance profile of ``scores`` (runs x tasks on [0, 1]) at :data:`TAUS`, with its 95 % band."""
+    return figures.Profile(
+        label, colour, TAUS, stats.score_distribution(scores, TAUS), *stats.profile_band(scores, TAUS)
+    )
+
+
+def across_tasks(p: Page) -> list[str]:
+    """Each :data:`ACROSS` suite's runs pooled over its tasks: a line for every configuration, its aggregate IQM
+    beside its reference's, and a figure of their performance profiles, a panel a suite."""
+    lines, panels = [ACROSS_TEXT, ACROSS_COLUMNS, "|---" * 8 + "|"], []
+    for suite, spec in ACROSS.items():
+        pairs, profiles, references = {pair.row: pair for pair in p.pairs[suite]}, [], {}
+        for (label, names), colour in zip(spec.configurations.items(), ("C0", "C2"), strict=False):
+            cells = f"| {spec.tasks} | {spec.scale} | {label} |"
+            if any(name not in pairs or len(pairs[name].ours) < 2 for name in names):
+                lines.append(f"{cells} not run | | | — | |")
+                continue
+            ours, theirs = (pooled(pairs, names, side, spec.divisor) for side in ("ours", "theirs"))
+            (mine, interval), (reference, theirs_interval) = scored(ours, 3), scored(theirs, 3)
+            source, verdict = pairs[names[0]].source, stats.verdict(interval, theirs_interval)
+            lines.append(f"{cells} {mine} | {source} | {reference} | {verdict} | {len(ours)} / {len(theirs)} a task |")
+            who = re.sub(r" `[0-9a-f]+`", "", source)  # "EPyMARL run here": a commit is the table's
+            profiles.append(profile(label, colour, ours))
+            references.setdefault(who, profile(who, "C1", theirs))  # each reference once a panel, last
+        if profiles:
+            panels.append((spec.tasks, spec.scale, [*profiles, *references.values()]))
+    if panels:
+        path = store.IMAGES / "across-tasks.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figures.draw_profiles(path, "Performance profiles over each suite's tasks, 95 % CI shaded", panels)
+        lines += ["", f"![Performance profiles]({path.relative_to(store.PAGE.parent)})"]
+    return lines
+
+
+def commands() -> list[str]:
+    """The commands table's lines, one a command: rows whose commands differ in their task alone share one, with
+    the task written ``<task>`` (each row's task is in its table)."""
+    groups: dict[str, list[tuple[str, R.Row]]] = {}  # the command with <task>: its rows
+    for name, row in {**R.ROWS, **R.SUPERVISED_ROWS}.items():
+        groups.setdefault(re.sub(r"(?<= )task=\S+", "task=<task>", row.command()), []).append((name, row))
+    lines = []
+    for shared, rows in groups.items():
+        if len(rows) == 1:
+            lines.append(f"| `{rows[0][0]}` | `{rows[0][1].command()}` |")
+        else:
+            lines.append("| " + ", ".join(f"`{name}`" for name, _ in rows) + f" | `{shared}` |")
     return lines
 
 
@@ -485,7 +602,7 @@ def page() -> str:
     rl_tables(p)
     times = peer_tables(p)
     supervised_table(p)
-    text = [HEADER, *verdict_counts(p), ""]
+    text = [HEADER, *verdict_counts(p), "", *map(paragraph, across_tasks(p)), ""]
     for suite, lines in p.tables.items():
         text += [f"## {suite}\n", COLUMNS, "|---" * COLUMNS.count(" | ") + "|---|", *lines, "", *figure(p, suite)]
     section = [
@@ -515,12 +632,14 @@ def page() -> str:
     sources = dict.fromkeys(ref.source for row in R.ROWS.values() for ref in row.references)
     text += ["## References\n", *(f"* {source}" for source in sources), "", "## Commands\n"]  # * : not wrapped
     text += [
-        f"`{RUN} ROW --seeds 3` reruns a row; `{RUN} --list` prints every row's command. The peer libraries run "
-        f"from checkouts and environments of their own: `{RUN} ROW --purejaxrl DIR --purejaxrl-python PY` "
-        "(likewise `--cleanrl`, `--epymarl`, `--jaxmarl`); rows.py's `*_CLONE` and `*_VENV` make them (EPyMARL's: "
-        "qmix_speed.py).",
+        paragraph(
+            f"`{RUN} ROW --seeds 3` reruns a row; `{RUN} --list` prints every row's command (below, `<task>` is the "
+            "row's task in its table). The peer libraries run from checkouts and environments of their own: "
+            f"`{RUN} ROW --purejaxrl DIR --purejaxrl-python PY` (likewise `--cleanrl`, `--epymarl`, `--jaxmarl`); "
+            "rows.py's `*_CLONE` and `*_VENV` make them (EPyMARL's: qmix_speed.py)."
+        ),
         "\n| row | command |\n|---|---|",
-        *(f"| `{name}` | `{row.command()}` |" for name, row in {**R.ROWS, **R.SUPERVISED_ROWS}.items()),
+        *commands(),
     ]
     out, header = io.StringIO(), [("row", "algorithm", "task", "seed", "metric", "value", "steps_reached", *PROVENANCE)]
     records = [(n, a, t, s, w, repr(v), *more) for (n, a, s, w), (t, v, *more) in p.csv.items()]

@@ -68,6 +68,36 @@ def replicate_runs(runs: int, tasks: int, reps: int, seed: int) -> np.ndarray:
     return drawn
 
 
+def first_seeds(tasks: list[list[float]]) -> np.ndarray:
+    """Each task's runs as a column of one runs x tasks matrix, cut to the fewest any task has (its first ones),
+    so that every task weighs alike in a statistic over all runs, as rliable's matrices make them."""
+    runs = min(len(task) for task in tasks)
+    return np.asarray([task[:runs] for task in tasks], np.float64).T
+
+
+def score_distribution(scores: np.ndarray, taus: np.ndarray) -> np.ndarray:
+    """The performance profile (rliable's ``run_score_distribution``): for each threshold of ``taus``, the share
+    of all runs of every task (runs x tasks) that score above it."""
+    flat = np.asarray(scores, np.float64).ravel()
+    return (flat[None, :] > np.asarray(taus, np.float64)[:, None]).mean(axis=1)
+
+
+def profile_band(
+    scores: np.ndarray, taus: np.ndarray, reps: int = 2_000, seed: int = SEED
+) -> tuple[np.ndarray, np.ndarray]:
+    """The 95 % percentile band of :func:`score_distribution` at every threshold over ``reps`` stratified
+    bootstrap replicates of ``scores`` (runs x tasks): the draws of :func:`bootstrap_interval`, as rliable's
+    ``create_performance_profile`` makes them for one algorithm."""
+    scores = np.asarray(scores, np.float64)
+    runs, tasks = scores.shape
+    samples = scores[replicate_runs(runs, tasks, reps, seed), np.arange(tasks)]  # reps x runs x tasks
+    taus = np.asarray(taus, np.float64)
+    replicates = (samples[:, None] > taus[None, :, None, None]).mean(axis=(2, 3))  # reps x taus
+    tail = 100 * (1 - CONFIDENCE) / 2
+    low, high = np.percentile(replicates, [tail, 100 - tail], axis=0)
+    return low, high
+
+
 def verdict(ours: tuple[float, float], reference: tuple[float, float]) -> str:
     """``above`` / ``below`` when the two intervals do not overlap, else ``within``."""
     if ours[0] > reference[1]:
