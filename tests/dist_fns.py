@@ -27,6 +27,14 @@ def collectives(rt, cfg, out: str) -> None:
     torch.save(result, Path(out) / f"rank{rt.rank}.pt")
 
 
+def denormal_product(rt, cfg, out: str | None = None) -> float:
+    """A denormal float times one, as this rank computes it (written to ``out`` when given)."""
+    product = (torch.tensor([1e-39]) * 1.0).item()
+    if out is not None:
+        (Path(out) / f"rank{rt.rank}.txt").write_text(repr(product))
+    return product
+
+
 def drifted_params(rt, cfg, out: str) -> None:
     """Ranks whose parameters differ must be caught by check_in_sync."""
     net = torch.nn.Linear(3, 2)

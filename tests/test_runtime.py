@@ -256,6 +256,17 @@ def test_collectives_two_ranks(tmp_path, monkeypatch):
         assert torch.equal(r["gathered_tensor"], torch.tensor([[0.0, 0.0], [1.0, 10.0]]))
 
 
+def test_ranks_flush_denormal_floats_and_a_rank_in_the_callers_process_gives_them_back(tmp_path):
+    """Adam's moments decaying into the denormal range slowed a CPU update by a fifth: every rank flushes them to
+    zero, one run in the caller's process (world_size=1) too, and the caller computes with them again after."""
+    denormal = (torch.tensor([1e-39]) * 1.0).item()  # a Python float: read under flushing, a tensor's would be 0
+    assert denormal != 0.0  # torch's default
+    launch(functools.partial(dist_fns.denormal_product, out=str(tmp_path)), cfg2())
+    assert [float((tmp_path / f"rank{r}.txt").read_text()) for r in (0, 1)] == [0.0, 0.0]
+    assert launch(dist_fns.denormal_product, load_config(["world_size=1", "device=cpu", "progress=false"])) == 0.0
+    assert (torch.tensor([1e-39]) * 1.0).item() == denormal
+
+
 def test_check_in_sync_catches_drift_and_wrap_broadcasts(tmp_path):
     launch(functools.partial(dist_fns.drifted_params, out=str(tmp_path)), cfg2())
     assert all(r["caught"] for r in _results(tmp_path))
