@@ -40,7 +40,7 @@ SECONDS = ("wall_s", "compile_s", "train_s")
 PROVENANCE = ("commit", "library_commit", "machine", "torch", "date")  # of each kept run, in the CSV
 NOTES = {
     "": "A published reference's ± is what its source reports. Runs made before ddprl hashed evaluation seeds shared "
-    "all but one evaluation environment between consecutive seeds (every row but `ppo-ant`, the Humanoid rows, "
+    "all but one evaluation environment between consecutive seeds (every row but the Ant rows, the Humanoid rows, "
     "reacher-easy seed 3, finger-spin seeds 2-3 and the bootstrap row's seeds 2-3): their std is over largely the "
     "same episodes.",
     "PPO": "The SB3 zoo's numbers are one agent's evaluation episodes on older task versions; CleanRL's the "
@@ -531,8 +531,8 @@ ACROSS_TEXT = (
     "Where a suite's tasks share a scale, its runs pool over tasks: the IQM of every run of every task (each task's "
     "first N seeds, N the fewest any task has, so that tasks weigh alike) with its 95 % stratified-bootstrap "
     "interval, and the performance profile, the share of runs scoring above each point of the scale (rliable's "
-    "`create_performance_profile`). MuJoCo has per-seed references on one task only, the JAX engine's tasks no "
-    "common scale.\n"
+    "`create_performance_profile`). PPO's suites have per-seed references on one task only (Humanoid-v4), the JAX "
+    "engine's tasks no common scale.\n"
 )
 ACROSS_COLUMNS = (
     "| tasks | scale | ddprl | aggregate IQM [95 % CI] | reference | aggregate IQM [95 % CI] | verdict | seeds |"

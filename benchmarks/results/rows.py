@@ -182,9 +182,9 @@ NOTES = {  # at most ~3 lines each on the page
     "ppo-halfcheetah-v4": "The v5 preset on CleanRL's task version (the `-v4` rows). The zoo's v3 tasks cannot be "
     "run here: Gymnasium moved them to gymnasium-robotics, where they need mujoco-py and MuJoCo 2.1's binaries, "
     "which no package index serves.",
-    "ppo-ant": "33 % below the zoo: not explained. All 3 seeds reach 1M steps, their curves still rising and their "
-    "final greedy episodes still ending early (mean length 409 to 720 of 1,000). The zoo runs SB3's defaults "
-    "(constant lr, no value clipping, per-minibatch advantages) on Ant-v3, one agent; no kept run isolates a cause.",
+    "ppo-ant": "33 % below the zoo on v5, and the task version accounts for it: the same keys on Ant-v4, without "
+    "the contact forces v5 observes and charges, end above the zoo (`ppo-ant-v4`). The zoo runs SB3's defaults "
+    "(constant lr, no value clipping, per-minibatch advantages) on Ant-v3, one agent.",
     "ppo-ant-v4": "Ant-v4 leaves the contact forces out of the observation and the reward by default; Ant-v3 read "
     "them as zero under MuJoCo 2.0 and later (openai/gym issue 1541): of the versions that run here, the closest "
     "to the zoo's. Ant-v5 observes and charges them.",
