@@ -257,7 +257,7 @@ def test_collectives_two_ranks(tmp_path, monkeypatch):
 
 
 def test_ranks_flush_denormal_floats_and_a_rank_in_the_callers_process_gives_them_back(tmp_path):
-    """Adam's moments decaying into the denormal range slowed a CPU update by a fifth: every rank flushes them to
+    """Adam's moments decaying into the denormal range slowed a CPU update: every rank flushes them to
     zero, one run in the caller's process (world_size=1) too, and the caller computes with them again after."""
     denormal = (torch.tensor([1e-39]) * 1.0).item()  # a Python float: read under flushing, a tensor's would be 0
     assert denormal != 0.0  # torch's default
