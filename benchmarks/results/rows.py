@@ -197,7 +197,7 @@ NOTES = {  # at most ~3 lines each on the page
     "ppo-humanoid-mbadv": "Per-minibatch advantages on v5; the MuJoCo preset keeps `norm_adv=true` until the other "
     "MuJoCo rows have been run so. Both task versions:",
     "ppo-atari-pong": "The three GPU rows are not run yet: no GPU has been available to run them. On a 2-core CPU "
-    "machine the `-cpu` rows' 10M-step seed takes about 2.5 h in bf16 on AMX (~1,100 steps/s, benchmarks.md, "
+    "machine the `-cpu` rows' 10M-step seed takes 2.5-2.8 h in bf16 on AMX (1,000-1,100 steps/s, benchmarks.md, "
     "Atari), 6 to 13 h in fp32 (221 to 495 steps/s).",
     "ppo-atari-pong-cpu": "Pong on 2 CPU cores in fp32, a seed over several sittings (seed 1: 7.5 h of training at "
     "~490 steps/s). A seed in progress keeps its checkpoint (model, optimizer, normalizers, RNG; 21 MB) in runs/ "
