@@ -500,6 +500,33 @@ def test_a_suite_of_one_scale_pools_its_tasks_first_seeds_into_an_aggregate_and_
     assert (tmp_store / "results" / "across-tasks.png").exists()
 
 
+def test_mujoco_pools_over_d4rls_tasks_each_on_its_own_random_to_expert_scale(tmp_store):
+    """ddprl's and CleanRL's training returns on the 4 tasks D4RL scores map each task's random return to 0 and its
+    expert's to 1 before they pool: a raw HalfCheetah return would outweigh a Hopper one."""
+    ours = {"HalfCheetah": [2000.0, 3000.0], "Hopper": [2500.0, 2900.0], "Walker2d": [3000.0, 3600.0]}
+    ours |= {"Ant": [2400.0, 2800.0]}
+    theirs = {"HalfCheetah": [1400.0, 1500.0], "Hopper": [2200.0, 2600.0], "Walker2d": [2000.0, 2600.0]}
+    theirs |= {"Ant": [1000.0, 1400.0]}
+    tasks, where = "MuJoCo, D4RL's 4 tasks (v4) | D4RL score (0: random, 1: expert)", "CleanRL `fe8d8a0` run here"
+    for task in ours:
+        name = task.lower() + "-v4"
+        keep(f"ppo-{name}", {f"seed{s}": [{"step": 990_000, TRAIN: v}] for s, v in enumerate(ours[task], 1)})
+    assert f"| {tasks} | ddprl | — | | not run | — | |" in page.page()  # ddprl kept, CleanRL not yet
+    for task in theirs:
+        runs = {f"seed{s}": [{"step": 999_000, TRAIN: v}] for s, v in enumerate(theirs[task], 1)}
+        keep(f"cleanrl-{task.lower()}-v4", runs, steps=10**6, cleanrl_commit="fe8d8a0")
+    text = page.page()
+    cells = []
+    for side in (ours, theirs):
+        low, high = np.array([page.D4RL[f"{task}-v4"] for task in side]).T
+        matrix = (np.array([side[task] for task in side]).T - low) / (high - low)
+        interval = page.stats.bootstrap_interval(matrix)
+        cells.append(f"{page.stats.iqm(matrix):.3f} [{interval[0]:.3f}, {interval[1]:.3f}]")
+    assert cells[0].startswith("0.705 ")  # the middle 4 of 8 runs: Ant 2400 and 2800, Walker2d 3000, Hopper 2500
+    assert f"| {tasks} | ddprl | {cells[0]} | {where} | {cells[1]} | above | 2 / 2 a task |" in text
+    assert "| Ant-v4 | `ppo-ant-v4` | 2600.0 [2400.0, 2800.0] | 1200.0 [1000.0, 1400.0] | CleanRL `fe8d8a0`" in text
+
+
 def test_the_commands_table_gives_each_row_once_and_rows_differing_in_their_task_alone_one_line():
     lines = page.commands()
     named = [name for line in lines for name in re.findall(r"`([a-z0-9_-]+)`", line.split(" | ")[0])]

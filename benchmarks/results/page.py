@@ -95,33 +95,52 @@ SUITES = {  # the page's tables: each row's suite by its name's start, in this o
 @dataclass(frozen=True)
 class Across:
     """A suite whose tasks share a scale, so that its runs pool over tasks (rliable's aggregate IQM and performance
-    profile): the tasks in words, the scale, what divides a score onto [0, 1], and ddprl's configurations, each
-    with the rows it pools (one a task; a row's per-seed reference pools alike)."""
+    profile): the tasks in words, the scale, the scores that scale maps to 0 and 1 (one pair for every task, or
+    each task's own by its ``task=`` key), and ddprl's configurations, each with the rows it pools (one a task; a
+    row's per-seed reference pools alike)."""
 
     tasks: str
     scale: str
-    divisor: float
+    bounds: tuple[float, float] | dict[str, tuple[float, float]]
     configurations: dict[str, tuple[str, ...]]
+
+    def normalised(self, scores: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
+        """``scores`` (runs x the tasks of the rows ``names``) on the scale's [0, 1]."""
+        bounds = [self.bounds if isinstance(self.bounds, tuple) else self.bounds[R.ROWS[n].key("task")] for n in names]
+        low, high = np.array(bounds, dtype=float).T
+        return (scores - low) / (high - low)
 
 
 LBF = ("8x8-2p-2f-coop", "2s-8x8-2p-2f-coop", "10x10-3p-3f")
+D4RL = {  # Fu et al. 2020, d4rl/infos.py: the return of a random policy and of an expert, on the v2 tasks
+    "HalfCheetah-v4": (-280.178953, 12135.0),
+    "Hopper-v4": (-20.272305, 3234.3),
+    "Walker2d-v4": (1.629008, 4592.3),
+    "Ant-v4": (-325.6, 3879.7),
+}
 ACROSS = {
+    "PPO, MuJoCo": Across(
+        "MuJoCo, D4RL's 4 tasks (v4)",
+        "D4RL score (0: random, 1: expert)",
+        D4RL,
+        {"ddprl": tuple(f"ppo-{task.lower()}" for task in D4RL)},
+    ),
     "QMIX, LBF, RWARE and MPE": Across(
         "LBF, 3 tasks",
         "team return (1: all the food loaded)",
-        1,
+        (0, 1),
         {
             "ddprl": tuple(f"qmix-lbf-{task}" for task in LBF),
             "ddprl, EPyMARL's settings": tuple(f"qmix-lbf-{task}-epymarl" for task in LBF),
         },
     ),
     "QMIX, SMAX": Across(
-        "SMAX, 3 battles", "win rate", 1, {"ddprl": ("qmix-smax-3m", "qmix-smax-2s3z", "qmix-smax-5m_vs_6m")}
+        "SMAX, 3 battles", "win rate", (0, 1), {"ddprl": ("qmix-smax-3m", "qmix-smax-2s3z", "qmix-smax-5m_vs_6m")}
     ),
     "TD-MPC2, DeepMind Control": Across(
         "DMC, 3 tasks",
         "return / 1,000",
-        1000,
+        (0, 1000),
         {"ddprl, model_size 1 on a CPU": ("tdmpc2-cartpole-swingup", "tdmpc2-reacher-easy", "tdmpc2-finger-spin")},
     ),
 }
@@ -531,7 +550,8 @@ ACROSS_TEXT = (
     "Where a suite's tasks share a scale, its runs pool over tasks: the IQM of every run of every task (each task's "
     "first N seeds, N the fewest any task has, so that tasks weigh alike) with its 95 % stratified-bootstrap "
     "interval, and the performance profile, the share of runs scoring above each point of the scale (rliable's "
-    "`create_performance_profile`). PPO's suites have per-seed references on one task only (Humanoid-v4), the JAX "
+    "`create_performance_profile`). MuJoCo's returns map onto D4RL's scale (Fu et al. 2020: 0 its random policy's "
+    "return, 1 its expert's) for the four tasks D4RL scores; classic control has no per-seed reference, the JAX "
     "engine's tasks no common scale.\n"
 )
 ACROSS_COLUMNS = (
@@ -539,9 +559,9 @@ ACROSS_COLUMNS = (
 )
 
 
-def pooled(pairs: dict[str, Pair], names: tuple[str, ...], side: str, divisor: float) -> np.ndarray:
+def pooled(pairs: dict[str, Pair], names: tuple[str, ...], side: str, spec: Across) -> np.ndarray:
     """One side's (``ours`` or ``theirs``) runs of the rows ``names``, runs x tasks on the [0, 1] scale."""
-    return stats.first_seeds([list(getattr(pairs[name], side)) for name in names]) / divisor
+    return spec.normalised(stats.first_seeds([list(getattr(pairs[name], side)) for name in names]), names)
 
 
 def profile(label: str, colour: str, scores: np.ndarray) -> figures.Profile:
@@ -560,9 +580,10 @@ def across_tasks(p: Page) -> list[str]:
         for (label, names), colour in zip(spec.configurations.items(), ("C0", "C2"), strict=False):
             cells = f"| {spec.tasks} | {spec.scale} | {label} |"
             if any(name not in pairs or len(pairs[name].ours) < 2 for name in names):
-                lines.append(f"{cells} not run | | | — | |")
+                ran = all(len(seed_runs(name)) >= 2 for name in names)  # ddprl's seeds kept: its reference's missing
+                lines.append(f"{cells} {'— | | not run' if ran else 'not run | |'} | — | |")
                 continue
-            ours, theirs = (pooled(pairs, names, side, spec.divisor) for side in ("ours", "theirs"))
+            ours, theirs = (pooled(pairs, names, side, spec) for side in ("ours", "theirs"))
             (mine, interval), (reference, theirs_interval) = scored(ours, 3), scored(theirs, 3)
             source, verdict = pairs[names[0]].source, stats.verdict(interval, theirs_interval)
             lines.append(f"{cells} {mine} | {source} | {reference} | {verdict} | {len(ours)} / {len(theirs)} a task |")

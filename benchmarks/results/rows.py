@@ -74,7 +74,11 @@ CLEANRL_VENV = (
     "python3 -m venv cleanrl-venv && cleanrl-venv/bin/pip install torch==2.13.0 'gymnasium==0.29.1' "
     "'mujoco==2.3.3' 'numpy<2' tyro tensorboard imageio"
 )
-CLEANRL_ROWS = {"cleanrl-humanoid-v4": ("Humanoid-v4", 1_000_000)}  # row: (its --env-id, its --total-timesteps)
+# row: (its --env-id, its --total-timesteps)
+CLEANRL_ROWS = {
+    f"cleanrl-{task.lower()}-v4": (f"{task}-v4", 1_000_000)
+    for task in ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid")
+}
 LUNAR = zoo("LunarLander-v2", 242.119, 31.823, " (LunarLander-v2: the same task before Gymnasium's fixes)")
 HUMANOID, TUNED = cleanrl("Humanoid", 716.11, 49.08), "SB3 zoo (tuned keys)"
 GSDE = (", with gSDE exploration", "SB3 zoo (gSDE)")
@@ -130,10 +134,15 @@ ROWS: dict[str, Row] = {
     "ppo-ant-v4": row(
         f"task=Ant-v4 {MUJOCO}",
         zoo("Ant-v3", 1327.158, 451.577, ", Ant-v3, SB3's default keys", "SB3 zoo (SB3 defaults)"),
+        cleanrl="cleanrl-ant-v4",
     ),
-    "ppo-halfcheetah-v4": row(f"task=HalfCheetah-v4 {MUJOCO}", cleanrl("HalfCheetah", 1442.64, 46.03)),
-    "ppo-hopper-v4": row(f"task=Hopper-v4 {MUJOCO}", cleanrl("Hopper", 2382.86, 271.74)),
-    "ppo-walker2d-v4": row(f"task=Walker2d-v4 {MUJOCO}", cleanrl("Walker2d", 2287.95, 571.78)),
+    "ppo-halfcheetah-v4": row(
+        f"task=HalfCheetah-v4 {MUJOCO}", cleanrl("HalfCheetah", 1442.64, 46.03), cleanrl="cleanrl-halfcheetah-v4"
+    ),
+    "ppo-hopper-v4": row(f"task=Hopper-v4 {MUJOCO}", cleanrl("Hopper", 2382.86, 271.74), cleanrl="cleanrl-hopper-v4"),
+    "ppo-walker2d-v4": row(
+        f"task=Walker2d-v4 {MUJOCO}", cleanrl("Walker2d", 2287.95, 571.78), cleanrl="cleanrl-walker2d-v4"
+    ),
     "ppo-humanoid": row(f"task=Humanoid-v5 {MUJOCO}", HUMANOID),
     "ppo-humanoid-v4": row(HUMANOID_V4, HUMANOID, cleanrl="cleanrl-humanoid-v4"),
     "ppo-humanoid-v4-mbadv": row(V4_MB, HUMANOID, cleanrl="cleanrl-humanoid-v4"),
