@@ -44,7 +44,8 @@ NOTES = {
     "reacher-easy seed 3, finger-spin seeds 2-3 and the bootstrap row's seeds 2-3): their std is over largely the "
     "same episodes.",
     "PPO": "The SB3 zoo's numbers are one agent's evaluation episodes on older task versions; CleanRL's the "
-    "training episodes' return at 1M steps over 3 seeds, on v4 tasks.",
+    "training episodes' return at 1M steps over 3 seeds, on v4 tasks. CleanRL run here: its unchanged "
+    "`ppo_continuous_action.py`, a seed a core, on the gymnasium 0.29.1 and mujoco 2.3.3 it pins.",
     "QMIX": "Reference: EPyMARL's QMIX run here on the same task and protocol (100 greedy test episodes every 50k), "
     "Papoudakis et al. 2021 (arXiv 2006.07869) Table 3 not being transcribed (no copy was reachable). `-epymarl` "
     "rows run EPyMARL's QMIX settings (raw mixer states, unbootstrapped time limits, 32 episodes an update).\n"
@@ -550,9 +551,9 @@ ACROSS_TEXT = (
     "Where a suite's tasks share a scale, its runs pool over tasks: the IQM of every run of every task (each task's "
     "first N seeds, N the fewest any task has, so that tasks weigh alike) with its 95 % stratified-bootstrap "
     "interval, and the performance profile, the share of runs scoring above each point of the scale (rliable's "
-    "`create_performance_profile`). MuJoCo's returns map onto D4RL's scale (Fu et al. 2020: 0 its random policy's "
-    "return, 1 its expert's) for the four tasks D4RL scores; classic control has no per-seed reference, the JAX "
-    "engine's tasks no common scale.\n"
+    "`create_performance_profile`). MuJoCo's returns map onto D4RL's scale (Fu et al. 2020, arXiv 2004.07219, "
+    "`d4rl/infos.py`: 0 its random policy's return, 1 its expert's) for the four tasks D4RL scores; classic "
+    "control has no per-seed reference, the JAX engine's tasks no common scale.\n"
 )
 ACROSS_COLUMNS = (
     "| tasks | scale | ddprl | aggregate IQM [95 % CI] | reference | aggregate IQM [95 % CI] | verdict | seeds |"

@@ -209,13 +209,11 @@ NOTES = {  # at most ~3 lines each on the page
     "machine the `-cpu` rows' 10M-step seed takes 2.5-2.8 h in bf16 on AMX (1,000-1,100 steps/s, benchmarks.md, "
     "Atari), 6 to 13 h in fp32 (221 to 495 steps/s).",
     "ppo-atari-pong-cpu": "Pong on 2 CPU cores in fp32, a seed over several sittings (seed 1: 7.5 h of training at "
-    "~490 steps/s). A seed in progress keeps its checkpoint (model, optimizer, normalizers, RNG; 21 MB) in runs/ "
-    "beside its record, so the next sitting goes on anywhere. Seed 1 ends 0.45 points a game under CleanRL's mean, "
-    "whose ± 0.09 is over 3 seeds at Pong's ceiling of 21; one seed gives no verdict.",
+    "~490 steps/s), a seed in progress resumable from its checkpoint (21 MB) in runs/. Seed 1 ends 0.45 points a "
+    "game under CleanRL's mean, whose ± 0.09 is over 3 seeds at Pong's ceiling of 21; one seed gives no verdict.",
     "ppo-atari-breakout-cpu": "Breakout on 2 CPU cores in bf16 (fp32 weights; the preset's `precision=auto` on these "
-    "CPUs), kept and resumed across sittings as `ppo-atari-pong-cpu` (seed 1: 4.1 h of training in five stretches "
-    "over two sittings, on three commits that changed its speed, not its arithmetic). Seed 1 ends above CleanRL's "
-    "mean and inside its 3 seeds' spread (± 151.8); one seed gives no verdict.",
+    "CPUs), kept and resumed across sittings as `ppo-atari-pong-cpu` (seed 1: 4.1 h of training in five stretches). "
+    "Seed 1 ends above CleanRL's mean and inside its 3 seeds' spread (± 151.8); one seed gives no verdict.",
     "ppo-atari-beamrider-cpu": "BeamRider on 2 CPU cores in bf16 (fp32 weights; the preset's `precision=auto` on these "
     "CPUs), kept and resumed across sittings as `ppo-atari-pong-cpu`.",
     "qmix-lbf-2s-8x8-2p-2f-coop": "One seed of each ddprl row drops at its final test (to 0.43 and 0.24, from "
