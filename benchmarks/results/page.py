@@ -53,8 +53,8 @@ NOTES = {
     "1.24.3's simple_spread_v3, whose wrapper reports 0 for an episode's 25th step.\n"
     "SMAX rows: the share of greedy test battles won (32 a test), against JaxMARL's QMIX run here "
     f"({R.JAXMARL_REPO} `baselines/QLearning/qmix_rnn.py` with its `ql_rnn_smax` configuration) on the same battle "
-    "and budget; JaxMARL's own runs of that configuration go to 10M steps, and its published SMAX curves are not "
-    "transcribed here.",
+    "and budget; JaxMARL's own runs of that configuration go to 10M steps, and its paper's SMAX curves (Rutherford et "
+    "al. 2024, no table of numbers) are not transcribed here.",
     "TD-MPC2": "CPU rows: model_size 1 (1M parameters), 4 evaluation episodes; GPU rows: the CSVs' model_size 5, "
     "compiled, the official 10 (`bash benchmarks/gpu_session.sh results`, about a seed a session). Agent steps "
     "(action repeat 2). Attempts whose checkpoint was lost are kept in runs/ROW/lost/, counting for nothing.",

@@ -229,9 +229,7 @@ NOTES = {  # at most ~3 lines each on the page
     "(mean Q of the taken actions 21 to 24 at 110k steps, 3,373 to 17,781 at 1.2M, beyond any return the task "
     "pays). ddprl's MPE preset treats the time limit as terminal (docs/qmix.md).",
     "qmix-smax-3m": "Both libraries' win rates swing by 0.3 to 0.4 between tests of 32 battles, JaxMARL's seed 2 "
-    "from 0.41 at 172k to 0.05 at the end. A seed took ddprl 4 to 8 min and JaxMARL 27 to 29 min on 2 cores. "
-    "JaxMARL's paper (Rutherford et al. 2024) gives its SMAX results as curves without a table of numbers: the "
-    "SMAX rows compare against its QMIX run here, on the same battles and budget.",
+    "from 0.41 at 172k to 0.05 at the end. A seed took ddprl 4 to 8 min and JaxMARL 27 to 29 min on 2 cores.",
     "qmix-smax-5m_vs_6m": "Five marines against six: at any test ddprl's greedy policies won 0 to 4 of 32 battles, 0 "
     "at the last; JaxMARL's won at most 0.006 of its test battles. Final greedy returns: ddprl 0.61 to 0.65, "
     "JaxMARL 0.53 to 0.58. JaxMARL's configuration is for 10M steps (its TOTAL_TIMESTEPS), 20 times this budget.",
