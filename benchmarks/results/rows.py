@@ -32,7 +32,7 @@ class Row:
     agents: int = 1  # the page divides returns by this (MPE: per agent, as Papoudakis et al.)
     epymarl: str = ""  # the EPyMARL row run here on the same task: a QMIX row's reference
     jaxmarl: str = ""  # the JaxMARL row run here on the same battle: a QMIX-on-SMAX row's reference (win rate)
-    cleanrl: str = ""  # the CleanRL row run here on the same task, beside CleanRL's published number
+    cleanrl: str = ""  # the CleanRL row run here on the same task, beside the row's published references
     long: bool = False  # hours per seed: trained in WORK across sittings, from checkpoints
     dataset: str = ""  # a supervised row's task, against baselines fitted on the same split (baselines.py) ...
     metric: str = ""  # ... on the test metric it logs as test/<metric>
