@@ -191,7 +191,7 @@ NOTES = {  # at most ~3 lines each on the page
     "ppo-halfcheetah-v4": "The v5 preset on CleanRL's task version (the `-v4` rows). The zoo's v3 tasks cannot be "
     "run here: Gymnasium moved them to gymnasium-robotics, where they need mujoco-py and MuJoCo 2.1's binaries, "
     "which no package index serves.",
-    "ppo-ant": "33 % below the zoo on v5, and the task version accounts for it: the same keys on Ant-v4, without "
+    "ppo-ant": "Below the zoo on v5, and the task version accounts for it: the same keys on Ant-v4, without "
     "the contact forces v5 observes and charges, end above the zoo (`ppo-ant-v4`). The zoo runs SB3's defaults "
     "(constant lr, no value clipping, per-minibatch advantages) on Ant-v3, one agent.",
     "ppo-ant-v4": "Ant-v4 leaves the contact forces out of the observation and the reward by default; Ant-v3 read "
@@ -218,8 +218,8 @@ NOTES = {  # at most ~3 lines each on the page
     "CPUs), kept and resumed across sittings as `ppo-atari-pong-cpu` (seed 1: 4.2 h of training in three stretches; "
     "from 1.7M steps on with denormal floats flushed to zero, as every rank now runs). Seed 1 ends 58 points above "
     "CleanRL's mean, inside its 3 seeds' spread (± 210.5); one seed gives no verdict.",
-    "qmix-lbf-2s-8x8-2p-2f-coop": "One seed of each ddprl row drops at its final test (to 0.43 and 0.24, from "
-    "best tests of 0.66 and 0.56); 3 seeds a side do not resolve a gap this size.",
+    "qmix-lbf-2s-8x8-2p-2f-coop": "Seed 3 of each ddprl row drops at its final test (to 0.43 and 0.24, from "
+    "best tests of 0.66 and 0.56); the `-epymarl` row's seeds 4 and 5 end at 0.565 and 0.635.",
     "qmix-lbf-10x10-3p-3f": "Most food needs two or three agents loading it together. Neither library learns much "
     "in 2.05M steps: both end below random actions; ddprl's training episodes returned 0.11 to 0.13 in the first "
     "10k steps (epsilon near 1), 0.07 to 0.09 at the end.",
