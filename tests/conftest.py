@@ -62,11 +62,16 @@ def cli_env() -> dict[str, str]:
 
 
 def run_cli(
-    args: list[str], cwd: Path | str | None = None, timeout: float = 300, launcher: list[str] | None = None
+    args: list[str],
+    cwd: Path | str | None = None,
+    timeout: float = 300,
+    launcher: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
-    """``python -m ddprl ARGS`` (or ``LAUNCHER -m ddprl ARGS``); killed after ``timeout``."""
+    """``python -m ddprl ARGS`` (or ``LAUNCHER -m ddprl ARGS``) in ``env`` (default: ``cli_env()``); killed after
+    ``timeout``."""
     cmd = (launcher or [sys.executable]) + ["-m", "ddprl", *args]
-    return subprocess.run(cmd, cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=cwd, env=env or cli_env(), capture_output=True, text=True, timeout=timeout)
 
 
 def start_job(

@@ -193,13 +193,10 @@ def test_mujoco_task_renders_headless(mujoco_run, tmp_path):
 
 def test_mujoco_without_a_backend_is_one_error_line(mujoco_run, tmp_path):
     # set here, not inherited: a test that writes a video in this process sets MUJOCO_GL=egl in os.environ
-    res = subprocess.run(
-        [sys.executable, "-m", "ddprl", "play", f"checkpoint={mujoco_run}", f"video={tmp_path / 'ip.gif'}"],
+    res = run_cli(
+        ["play", f"checkpoint={mujoco_run}", f"video={tmp_path / 'ip.gif'}"],
         cwd=tmp_path,
         env={**cli_env(), "MUJOCO_GL": "disable"},
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
