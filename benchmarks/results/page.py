@@ -42,8 +42,8 @@ NOTES = {
     "": "A published reference's ± is what its source reports. Runs at commits before `4a9eb82` (evaluation seeds "
     "not yet hashed) shared all but one evaluation environment between consecutive seeds, so their std is over "
     "largely the same episodes: seeds 1-3 of the LunarLander, CartPole, Acrobot, v5 HalfCheetah, Hopper and Walker2d "
-    "rows, the QMIX LBF, RWARE and MPE rows (MPE bootstrap: seed 1) and the JAX engine's (Breakout: 1-6); "
-    "TD-MPC2's but reacher-easy's 3 and finger-spin's 2-3.",
+    "rows, the QMIX LBF, RWARE and MPE rows (MPE bootstrap: seed 1), the JAX engine's Breakout row "
+    "(seeds 1-6) and TD-MPC2's runs but reacher-easy's seed 3 and finger-spin's 2-3.",
     "PPO": "The SB3 zoo's numbers are one agent's evaluation episodes on older task versions; CleanRL's the "
     "training episodes' return at 1M steps over 3 seeds, on v4 tasks. CleanRL run here: its unchanged "
     "`ppo_continuous_action.py`, a seed a core, on the gymnasium 0.29.1 and mujoco 2.3.3 it pins.",
