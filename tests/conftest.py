@@ -171,6 +171,21 @@ def _cpu_session():
 
 
 @pytest.fixture(autouse=True)
+def _environ_as_found() -> Iterator[None]:
+    """Each test leaves os.environ as it found it. Code run in the pytest process sets variables
+    that every later test's subprocesses would inherit (ddprl/video.py's headless MUJOCO_GL=egl
+    and SDL_* defaults, an nccl_preset's NCCL_* variables), so a test's outcome would hang on
+    the tests that ran before it."""
+    before = dict(os.environ)
+    yield
+    for key in os.environ.keys() - before.keys():
+        del os.environ[key]
+    for key, value in before.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+
+
+@pytest.fixture(autouse=True)
 def _cuda_for_gpu_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     if request.node.get_closest_marker("gpu") is not None:
         show_cuda(monkeypatch)

@@ -93,6 +93,41 @@ def test_tests_not_marked_gpu_run_on_the_cpu_where_a_gpu_is_visible(tmp_path):
     assert res.returncode == 0 and "3 passed" in res.stdout, res.stdout[-3000:] + res.stderr[-2000:]
 
 
+TESTS_THAT_SET_VARIABLES = """
+import os
+import subprocess
+import sys
+
+from ddprl.video import headless_rendering
+
+
+def test_1_writes_a_video_in_process():
+    headless_rendering()
+    os.environ["DDPRL_SET_BY_A_TEST"] = "1"
+    assert os.environ["MUJOCO_GL"] == "egl" and os.environ["SDL_VIDEODRIVER"] == "dummy"
+
+
+def test_2_a_later_subprocess_inherits_none_of_it():
+    names = {"MUJOCO_GL", "SDL_VIDEODRIVER", "DDPRL_SET_BY_A_TEST"}
+    code = f"import os; print(sorted({names!r} & set(os.environ)))"
+    seen = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout.strip()
+    assert seen == "[]", seen
+"""
+
+
+def test_a_test_leaves_the_environment_as_it_found_it(tmp_path):
+    """Variables a test sets in the pytest process (ddprl/video.py's headless defaults, among
+    them MUJOCO_GL=egl) are gone when the next test starts its subprocesses."""
+    for helper in ("conftest.py", "hosts.py"):
+        (tmp_path / helper).write_text((REPO / "tests" / helper).read_text())
+    (tmp_path / "test_variables.py").write_text(TESTS_THAT_SET_VARIABLES)
+    unset = {"MUJOCO_GL", "SDL_VIDEODRIVER", "DISPLAY", "WAYLAND_DISPLAY", "PYOPENGL_PLATFORM"}  # so the defaults apply
+    env = {k: v for k, v in cli_env().items() if k not in unset}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "test_variables.py"]
+    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "2 passed" in res.stdout, res.stdout[-3000:] + res.stderr[-2000:]
+
+
 def test_inner_timeouts_end_before_the_per_test_timeout():
     """Every ``timeout=<seconds>`` a test passes (a subprocess, a wait) is shorter than the
     per-test timeout of pyproject.toml, so a hang is reported by the test's own check."""
