@@ -174,7 +174,7 @@ def _cpu_session():
 def _environ_as_found() -> Iterator[None]:
     """Each test leaves os.environ as it found it. Code run in the pytest process sets variables
     that every later test's subprocesses would inherit (ddprl/video.py's headless MUJOCO_GL=egl
-    and SDL_* defaults, an nccl_preset's NCCL_* variables), so a test's outcome would hang on
+    and SDL_* defaults, an nccl_preset's NCCL_* variables), so a test's outcome would depend on
     the tests that ran before it."""
     before = dict(os.environ)
     yield
