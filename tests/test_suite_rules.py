@@ -62,6 +62,17 @@ def test_cpu_after_a_gpu_test(world_size_in_a_module_fixture):
 """
 
 
+def run_on_this_conftest(tmp_path, tests: str, env: dict[str, str], *, timeout: float, plugins=()):
+    """``tests`` as a test file beside a copy of this suite's conftest (with what it imports), run by
+    pytest in its own process, in file order, each ``-p`` plugin in ``plugins`` loaded first."""
+    for helper in ("conftest.py", "hosts.py"):
+        (tmp_path / helper).write_text((REPO / "tests" / helper).read_text())
+    (tmp_path / "test_on_this_conftest.py").write_text(tests)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
+    cmd += [word for plugin in plugins for word in ("-p", plugin)] + ["test_on_this_conftest.py"]
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 @pytest.mark.slow
 def test_tests_not_marked_gpu_run_on_the_cpu_where_a_gpu_is_visible(tmp_path):
     """This suite's conftest on a machine that shows one GPU (CUDA_VISIBLE_DEVICES=0, torch
@@ -69,26 +80,8 @@ def test_tests_not_marked_gpu_run_on_the_cpu_where_a_gpu_is_visible(tmp_path):
     world_size=auto to 2 CPU ranks and hand CUDA_VISIBLE_DEVICES="" to every process they start;
     the gpu test between them sees the GPU (one rank: what every test would get without the rule)."""
     (tmp_path / "fake_gpu_machine.py").write_text(FAKE_GPU_MACHINE)  # a plugin: loaded before the conftest
-    for helper in ("conftest.py", "hosts.py"):  # the suite's conftest, with what it imports
-        (tmp_path / helper).write_text((REPO / "tests" / helper).read_text())
-    (tmp_path / "test_fake_machine.py").write_text(TESTS_ON_THE_FAKE_MACHINE)
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            "fake_gpu_machine",
-            "test_fake_machine.py",
-        ],
-        cwd=tmp_path,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    res = run_on_this_conftest(
+        tmp_path, TESTS_ON_THE_FAKE_MACHINE, cli_env(), timeout=300, plugins=["fake_gpu_machine"]
     )
     assert res.returncode == 0 and "3 passed" in res.stdout, res.stdout[-3000:] + res.stderr[-2000:]
 
@@ -118,13 +111,9 @@ def test_2_a_later_subprocess_inherits_none_of_it():
 def test_a_test_leaves_the_environment_as_it_found_it(tmp_path):
     """Variables a test sets in the pytest process (ddprl/video.py's headless defaults, among
     them MUJOCO_GL=egl) are gone when the next test starts its subprocesses."""
-    for helper in ("conftest.py", "hosts.py"):
-        (tmp_path / helper).write_text((REPO / "tests" / helper).read_text())
-    (tmp_path / "test_variables.py").write_text(TESTS_THAT_SET_VARIABLES)
     unset = {"MUJOCO_GL", "SDL_VIDEODRIVER", "DISPLAY", "WAYLAND_DISPLAY", "PYOPENGL_PLATFORM"}  # so the defaults apply
     env = {k: v for k, v in cli_env().items() if k not in unset}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "test_variables.py"]
-    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    res = run_on_this_conftest(tmp_path, TESTS_THAT_SET_VARIABLES, env, timeout=120)
     assert res.returncode == 0 and "2 passed" in res.stdout, res.stdout[-3000:] + res.stderr[-2000:]
 
 

@@ -192,7 +192,7 @@ def test_mujoco_task_renders_headless(mujoco_run, tmp_path):
 
 
 def test_mujoco_without_a_backend_is_one_error_line(mujoco_run, tmp_path):
-    # set here, not inherited: a test that writes a video in this process sets MUJOCO_GL=egl in os.environ
+    # set here, not inherited: cli_env() keeps a MUJOCO_GL the developer's shell exports (egl would render)
     res = run_cli(
         ["play", f"checkpoint={mujoco_run}", f"video={tmp_path / 'ip.gif'}"],
         cwd=tmp_path,
