@@ -7,6 +7,8 @@ import ast
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 from conftest import REPO, cli_env
@@ -62,7 +64,9 @@ def test_cpu_after_a_gpu_test(world_size_in_a_module_fixture):
 """
 
 
-def run_on_this_conftest(tmp_path, tests: str, env: dict[str, str], *, timeout: float, plugins=()):
+def run_on_this_conftest(
+    tmp_path: Path, tests: str, env: dict[str, str], *, timeout: float, plugins: Sequence[str] = ()
+) -> subprocess.CompletedProcess[str]:
     """``tests`` as a test file beside a copy of this suite's conftest (with what it imports), run by
     pytest in its own process, in file order, each ``-p`` plugin in ``plugins`` loaded first."""
     for helper in ("conftest.py", "hosts.py"):
